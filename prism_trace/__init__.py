@@ -1,0 +1,28 @@
+"""prism-trace: ingest profiler traces of a few ranks into DuckDB, and reason about the full job."""
+
+from prism_trace.errors import (
+    CollectiveMismatchError,
+    DuplicateRankError,
+    DuplicateRunError,
+    MissingFieldError,
+    PrismError,
+    SchemaVersionError,
+    StoreLockedError,
+    TraceFormatError,
+    TruncatedTraceError,
+    UnknownFormatError,
+)
+
+__all__ = [
+    "CollectiveMismatchError",
+    "DuplicateRankError",
+    "DuplicateRunError",
+    "MissingFieldError",
+    "PrismError",
+    "SchemaVersionError",
+    "StoreLockedError",
+    "TraceFormatError",
+    "TruncatedTraceError",
+    "UnknownFormatError",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,179 @@
+"""The contract every format reader fulfils: ``read_<format>(path, *, rank) -> TraceTables``.
+
+A reader turns one file into polars frames shaped like the store's tables (see ``schema.py``), minus
+``run_id`` (which ingest assigns) and with communicator *names* instead of minted group ids. Readers never
+touch the store, so they can be tested alone, and ingest can validate everything before it writes.
+
+Frames and their columns (each frame may hold several ranks; every frame has a ``rank`` column):
+
+- ``ranks``: rank, backend, hostname, pid, device, args (JSON text)
+- ``tracks``: as table ``track`` minus run_id
+- ``events``: as table ``event`` minus run_id; ``parent_id``/``depth``/``iteration`` may be left null,
+  ingest derives them (nesting per track, iteration by time or by launch correlation)
+- ``collectives``: as table ``collective`` minus run_id, with ``group_name`` (VARCHAR) instead of
+  ``group_id``; ``seq`` may be null, ingest numbers calls per (rank, group) in host-time order
+- ``p2p``: as table ``p2p`` minus run_id, with ``group_name`` instead of ``group_id``
+- ``memory``, ``flows``, ``iterations``, ``et_ops``: as their tables minus run_id
+- ``comm_groups``: name, description, backend, size, ranks (list[int]); one row per group name
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+import polars as pl
+
+from prism_trace import schema
+from prism_trace.errors import TraceFormatError, TruncatedTraceError
+
+__all__ = [
+    "FRAME_SCHEMAS",
+    "FormatName",
+    "TraceTables",
+    "empty_frame",
+    "open_maybe_gzip",
+    "read_all_bytes",
+]
+
+FormatName = Literal["kineto", "host_et", "chakra", "op_timeline"]
+
+_DUCK_TO_POLARS: dict[str, pl.DataType] = {
+    "INTEGER": pl.Int32(),
+    "BIGINT": pl.Int64(),
+    "VARCHAR": pl.Utf8(),
+    "JSON": pl.Utf8(),
+    "BOOLEAN": pl.Boolean(),
+    "DOUBLE": pl.Float64(),
+    "TIMESTAMP": pl.Datetime(),
+    "INTEGER[]": pl.List(pl.Int32()),
+}
+
+
+def _frame_schema(table_name: str, *, group_name: bool = False) -> dict[str, pl.DataType]:
+    out: dict[str, pl.DataType] = {}
+    for c in schema.table(table_name).columns:
+        if c.name == "run_id":
+            continue
+        if group_name and c.name == "group_id":
+            out["group_name"] = pl.Utf8()
+            continue
+        out[c.name] = _DUCK_TO_POLARS[c.type]
+    return out
+
+
+FRAME_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
+    "ranks": {
+        "rank": pl.Int32(),
+        "backend": pl.Utf8(),
+        "hostname": pl.Utf8(),
+        "pid": pl.Int64(),
+        "device": pl.Utf8(),
+        "args": pl.Utf8(),
+    },
+    "tracks": _frame_schema("track"),
+    "events": _frame_schema("event"),
+    "collectives": _frame_schema("collective", group_name=True),
+    "p2p": _frame_schema("p2p", group_name=True),
+    "memory": _frame_schema("memory"),
+    "flows": _frame_schema("flow"),
+    "iterations": _frame_schema("iteration"),
+    "et_ops": _frame_schema("et_op"),
+    "comm_groups": {
+        "name": pl.Utf8(),
+        "description": pl.Utf8(),
+        "backend": pl.Utf8(),
+        "size": pl.Int32(),
+        "ranks": pl.List(pl.Int32()),
+    },
+}
+
+
+def empty_frame(name: str) -> pl.DataFrame:
+    """An empty frame with the contract's columns for ``name``."""
+    return pl.DataFrame(schema=FRAME_SCHEMAS[name])
+
+
+@dataclass
+class TraceTables:
+    """What a reader returns: the frames of one file, conformed to ``FRAME_SCHEMAS`` by ``conform``.
+
+    ``world_size`` is the job's world when the file says (Kineto ``distributedInfo``, Chakra metadata,
+    op-timeline meta); ``format`` and ``path`` are for messages and ``source_file`` rows.
+    """
+
+    path: Path
+    format: FormatName
+    world_size: int | None = None
+    ranks: pl.DataFrame = field(default_factory=lambda: empty_frame("ranks"))
+    tracks: pl.DataFrame = field(default_factory=lambda: empty_frame("tracks"))
+    events: pl.DataFrame = field(default_factory=lambda: empty_frame("events"))
+    collectives: pl.DataFrame = field(default_factory=lambda: empty_frame("collectives"))
+    p2p: pl.DataFrame = field(default_factory=lambda: empty_frame("p2p"))
+    memory: pl.DataFrame = field(default_factory=lambda: empty_frame("memory"))
+    flows: pl.DataFrame = field(default_factory=lambda: empty_frame("flows"))
+    iterations: pl.DataFrame = field(default_factory=lambda: empty_frame("iterations"))
+    et_ops: pl.DataFrame = field(default_factory=lambda: empty_frame("et_ops"))
+    comm_groups: pl.DataFrame = field(default_factory=lambda: empty_frame("comm_groups"))
+
+    def conform(self) -> TraceTables:
+        """Cast every frame to the contract (adding missing nullable columns, ordering them).
+
+        Raises:
+            TraceFormatError: a frame has a column the contract does not know, or a bad type.
+        """
+        for name, want in FRAME_SCHEMAS.items():
+            df: pl.DataFrame = getattr(self, name)
+            extra = set(df.columns) - set(want)
+            if extra:
+                msg = f"{self.path}: reader produced unknown columns {sorted(extra)} in `{name}`"
+                raise TraceFormatError(msg)
+            try:
+                df = df.select(
+                    [
+                        (pl.col(c) if c in df.columns else pl.lit(None)).cast(t).alias(c)
+                        for c, t in want.items()
+                    ]
+                )
+            except pl.exceptions.PolarsError as exc:
+                msg = f"{self.path}: bad value types in `{name}`: {exc}".splitlines()[0]
+                raise TraceFormatError(msg) from exc
+            setattr(self, name, df)
+        return self
+
+    @property
+    def rank_ids(self) -> list[int]:
+        """The ranks this file describes."""
+        return sorted(int(r) for r in self.ranks["rank"].to_list())
+
+
+def open_maybe_gzip(path: Path) -> IO[bytes]:
+    """Open ``path`` for binary reading, transparently un-gzipping when it starts with the gzip magic."""
+    fh = path.open("rb")
+    magic = fh.read(2)
+    fh.seek(0)
+    if magic == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    return fh
+
+
+def read_all_bytes(path: Path) -> bytes:
+    """Read a whole (possibly gzipped) small file, turning a cut or corrupt gzip into a clear error.
+
+    Raises:
+        TruncatedTraceError: the gzip stream ends early.
+        TraceFormatError: the gzip stream is corrupt.
+    """
+    try:
+        with open_maybe_gzip(path) as fh:
+            return fh.read()
+    except EOFError as exc:
+        msg = f"{path}: truncated gzip stream (file ends before the compressed data does)"
+        raise TruncatedTraceError(msg) from exc
+    except (OSError, zlib.error) as exc:
+        msg = f"{path}: corrupt gzip data: {exc}"
+        raise TraceFormatError(msg) from exc
+
