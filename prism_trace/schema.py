@@ -1,8 +1,9 @@
 """The declared tables of the store: one source for the DDL, DuckDB comments and docs/schema.md.
 
-Every table is keyed by ``run_id`` and, when it is per rank, by ``rank``. Recorded, sliced, emulated and
-replayed runs all live in these same tables (``run.kind`` tells them apart), so every query and view works
-on all of them. Times are integer nanoseconds (``ts``, ``dur``) on one clock per run.
+Every table is keyed by ``run_id`` and, when it is per rank, by ``rank``. Recorded, sliced,
+emulated and replayed runs all live in these same tables (``run.kind`` tells them apart), so every
+query and view works on all of them. Times are integer nanoseconds (``ts``, ``dur``) on one
+clock per run.
 """
 
 from __future__ import annotations
@@ -55,9 +56,7 @@ class Table:
 
     def ddl(self) -> str:
         """``CREATE TABLE`` text for DuckDB."""
-        cols = [
-            f"    {c.name} {c.type}{'' if c.nullable else ' NOT NULL'}" for c in self.columns
-        ]
+        cols = [f"    {c.name} {c.type}{'' if c.nullable else ' NOT NULL'}" for c in self.columns]
         if self.key:
             cols.append(f"    PRIMARY KEY ({', '.join(self.key)})")
         return f"CREATE TABLE IF NOT EXISTS {self.name} (\n" + ",\n".join(cols) + "\n)"
@@ -84,7 +83,10 @@ TABLES: tuple[Table, ...] = (
     Table(
         "meta",
         "Store-wide facts: `schema_version` and the prism-trace version that created the file.",
-        (_c("key", "VARCHAR", "Name of the fact.", null=False), _c("value", "VARCHAR", "Its value.")),
+        (
+            _c("key", "VARCHAR", "Name of the fact.", null=False),
+            _c("value", "VARCHAR", "Its value."),
+        ),
         ("key",),
     ),
     Table(
@@ -127,14 +129,18 @@ TABLES: tuple[Table, ...] = (
     ),
     Table(
         "source_file",
-        "A file ingested into a run; the sha256 makes re-ingesting the same file detectable.",
+        "A file ingested into a run; its fingerprint makes re-ingesting the same file detectable.",
         (
             RUN_ID,
             _c("rank", "INTEGER", "Rank the file described; NULL for multi-rank files."),
             _c("path", "VARCHAR", "Absolute path at ingest time.", null=False),
             _c("format", "VARCHAR", "Detected format.", null=False),
             _c("size_bytes", "BIGINT", "File size on disk."),
-            _c("sha256", "VARCHAR", "Content hash of the file as stored (compressed if gz)."),
+            _c(
+                "fingerprint",
+                "VARCHAR",
+                "sha256 of the size, first and last 4 MiB: tells a re-ingested file cheaply.",
+            ),
             _c("ingested_at", "TIMESTAMP", "When it was ingested."),
         ),
     ),
@@ -189,7 +195,7 @@ TABLES: tuple[Table, ...] = (
             _c("rf_id", "BIGINT", "Kineto `Record function id` (host ET `rf_id`)."),
             _c("parent_id", "BIGINT", "Enclosing event on the same track.", "event.event_id"),
             _c("depth", "INTEGER", "Nesting depth on the track, 0 at the top."),
-            _c("iteration", "INTEGER", "Training step the event belongs to.", "iteration.iteration"),
+            _c("iteration", "INTEGER", "Training step of the event.", "iteration.iteration"),
             _c("args", "JSON", "Remaining trace args, verbatim."),
         ),
         ("run_id", "rank", "event_id"),
@@ -202,7 +208,7 @@ TABLES: tuple[Table, ...] = (
             RANK,
             _c("event_id", "BIGINT", "Host op of the call.", "event.event_id"),
             _c("group_id", "INTEGER", "Communicator.", "comm_group.group_id", null=False),
-            _c("seq", "BIGINT", "0-based sequence number of the call within its group.", null=False),
+            _c("seq", "BIGINT", "0-based number of the call within its group.", null=False),
             _c(
                 "kind",
                 "VARCHAR",
@@ -371,7 +377,7 @@ def _sql_str(text: str) -> str:
 
 
 def create_all(con: object) -> None:
-    """Create every table and view, with ``COMMENT ON`` so docs are visible in ``duckdb_columns()``."""
+    """Create every table and view; ``COMMENT ON`` shows the docs in ``duckdb_columns()``."""
     for t in TABLES:
         con.execute(t.ddl())  # type: ignore[attr-defined]
         con.execute(f"COMMENT ON TABLE {t.name} IS {_sql_str(t.doc)}")  # type: ignore[attr-defined]
@@ -389,7 +395,8 @@ def render_markdown() -> str:
     out = [
         "# Store schema",
         "",
-        "Generated from `prism_trace/schema.py` by `python -m prism_trace.schema > docs/schema.md`;",
+        "Generated from `prism_trace/schema.py`"
+        " by `python -m prism_trace.schema > docs/schema.md`;",
         "do not edit by hand. Times are integer nanoseconds on one clock per run. Every per-rank",
         "table is keyed by `(run_id, rank, ...)`, and recorded, sliced, emulated and replayed runs",
         f"share the same tables (`run.kind`). Schema version: {SCHEMA_VERSION}.",

@@ -1,0 +1,52 @@
+"""`prism query`: run read-only SQL and render it as a table, CSV, JSON or parquet."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import duckdb
+import polars as pl
+
+from prism_trace.errors import PrismError
+from prism_trace.store import Store
+
+__all__ = ["run_query"]
+
+
+def run_query(
+    store: Store,
+    sql: str,
+    *,
+    fmt: Literal["table", "csv", "json", "parquet"] = "table",
+    output: Path | None = None,
+    max_rows: int = 50,
+) -> str:
+    """Run ``sql`` and return its text rendering, or write it to ``output`` and return "".
+
+    Raises:
+        PrismError: the SQL fails (the message is DuckDB's first line), or parquet without ``-o``.
+    """
+    if fmt == "parquet" and output is None:
+        msg = "parquet output needs -o FILE"
+        raise PrismError(msg)
+    try:
+        df = store.con.execute(sql).pl()
+    except duckdb.Error as exc:
+        msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
+        raise PrismError(msg) from exc
+    if fmt == "parquet":
+        df.write_parquet(output)  # type: ignore[arg-type]
+        return ""
+    if fmt == "csv":
+        text = df.write_csv()
+    elif fmt == "json":
+        text = json.dumps(df.to_dicts(), default=str, indent=1)
+    else:
+        with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+            text = str(df)
+    if output is not None:
+        output.write_text(text)
+        return ""
+    return text

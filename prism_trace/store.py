@@ -1,0 +1,124 @@
+"""The DuckDB file: opening it safely, its schema version, and one transaction per write."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from prism_trace import __version__, schema
+from prism_trace.errors import PrismError, SchemaVersionError, StoreLockedError
+
+__all__ = ["Store", "open_store"]
+
+
+@dataclass
+class Store:
+    """An open store: the DuckDB connection plus the path, for messages."""
+
+    con: duckdb.DuckDBPyConnection
+    path: Path
+    read_only: bool
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """All-or-nothing write: commit on success, roll back on any exception (then re-raise)."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            yield self.con
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        self.con.execute("COMMIT")
+
+    def run_id(self, name: str) -> int | None:
+        """The id of the run called ``name``, or None."""
+        row = self.con.execute("SELECT run_id FROM run WHERE name = ?", [name]).fetchone()
+        return None if row is None else int(row[0])
+
+    def require_run(self, name: str) -> int:
+        """The id of run ``name``; a clear error listing the runs when it does not exist."""
+        rid = self.run_id(name)
+        if rid is None:
+            names = [
+                r[0] for r in self.con.execute("SELECT name FROM run ORDER BY run_id").fetchall()
+            ]
+            msg = f"{self.path}: no run named {name!r} (runs: {', '.join(names) or 'none'})"
+            raise PrismError(msg)
+        return rid
+
+    def close(self) -> None:
+        """Close the connection (checkpointing the WAL)."""
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            msg = f"{path}: the database is locked by another process; close it and retry"
+            raise StoreLockedError(msg) from exc
+        msg = f"{path}: cannot open the database: {text.splitlines()[0]}"
+        raise PrismError(msg) from exc
+    except duckdb.Error as exc:
+        msg = f"{path}: not a prism-trace DuckDB store: {str(exc).splitlines()[0]}"
+        raise PrismError(msg) from exc
+
+
+def open_store(path: str | Path, *, read_only: bool = False) -> Store:
+    """Open (and, when writable and new, create) a store.
+
+    Args:
+        path: the DuckDB file.
+        read_only: open without a write lock, so readers never block each other.
+
+    Returns:
+        The open store.
+
+    Raises:
+        StoreLockedError: another process holds the file.
+        SchemaVersionError: the file was written with another schema version.
+        PrismError: the path is not a DuckDB database, or (read-only) does not exist.
+    """
+    path = Path(path)
+    if read_only and not path.exists():
+        msg = f"{path}: no such database"
+        raise PrismError(msg)
+    con = _connect(path, read_only=read_only)
+    store = Store(con, path, read_only)
+    has_meta = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'meta' AND schema_name = 'main'"
+    ).fetchone()
+    if has_meta is not None and has_meta[0]:
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        found = None if row is None else row[0]
+        if found != str(schema.SCHEMA_VERSION):
+            con.close()
+            msg = (
+                f"{path}: store has schema version {found}, this prism-trace reads"
+                f" {schema.SCHEMA_VERSION}; re-ingest into a new file (see docs/schema-changes.md)"
+            )
+            raise SchemaVersionError(msg)
+        return store
+    if read_only:
+        con.close()
+        msg = f"{path}: not a prism-trace store (no `meta` table)"
+        raise PrismError(msg)
+    with store.transaction():
+        schema.create_all(con)
+        con.execute(
+            "INSERT INTO meta VALUES ('schema_version', ?), ('created_by', ?)",
+            [str(schema.SCHEMA_VERSION), f"prism-trace {__version__}"],
+        )
+    return store

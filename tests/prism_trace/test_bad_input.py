@@ -1,0 +1,239 @@
+"""Bad input: a clear one-line error naming the file, a non-zero exit, and an untouched store."""
+
+from __future__ import annotations
+
+import gzip
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from prism_trace import schema
+from prism_trace.cli import main
+from prism_trace.errors import (
+    DuplicateRankError,
+    DuplicateRunError,
+    MissingFieldError,
+    StoreLockedError,
+    TraceFormatError,
+    TruncatedTraceError,
+    UnknownFormatError,
+)
+from prism_trace.ingest import ingest
+from prism_trace.store import open_store
+
+pytestmark = pytest.mark.shared_data
+
+
+def snapshot(db: Path) -> dict[str, int | str]:
+    """Row count of every table plus the schema version: what must not change on failure."""
+    with open_store(db, read_only=True) as store:
+        out: dict[str, int | str] = {
+            t.name: store.con.execute(f"SELECT count(*) FROM {t.name}").fetchone()[0]  # type: ignore[index]
+            for t in schema.TABLES
+        }
+        out["schema_version"] = store.con.execute(
+            "SELECT value FROM meta WHERE key = 'schema_version'"
+        ).fetchone()[0]  # type: ignore[index]
+    return out
+
+
+@pytest.fixture
+def kineto_dir(shared_datasets: Path) -> Path:
+    return shared_datasets / "param-dlrm-8rank" / "kineto"
+
+
+@pytest.fixture
+def seeded_db(tmp_path: Path, shared_datasets: Path) -> Path:
+    """A store already holding one good run, so 'unchanged' is checked against real content."""
+    db = tmp_path / "seed.duckdb"
+    with open_store(db) as store:
+        ingest(
+            store,
+            [
+                shared_datasets
+                / "chakra-et/astrasim_et_examples/microbenchmarks/all_reduce/4npus_1MB"
+            ],
+            run="seed",
+            progress=False,
+        )
+    return db
+
+
+def run_cli(*args: str | Path) -> tuple[int, str]:
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    return res.exit_code, res.output
+
+
+def assert_fails_cleanly(db: Path, args: list[str | Path], needle: str) -> str:
+    before = snapshot(db)
+    code, out = run_cli("ingest", *args, "--db", db, "--quiet")
+    assert code != 0
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    assert needle in lines[0], lines[0]
+    assert snapshot(db) == before
+    return lines[0]
+
+
+def test_truncated_gzip(seeded_db: Path, kineto_dir: Path, tmp_path: Path) -> None:
+    src = next(kineto_dir.glob("worker0_*"))
+    cut = tmp_path / "worker0_cut.pt.trace.json.gz"
+    data = src.read_bytes()
+    cut.write_bytes(data[: len(data) // 2])
+    line = assert_fails_cleanly(seeded_db, [cut, "--run", "x"], cut.name)
+    assert "truncated" in line
+    with open_store(seeded_db) as store, pytest.raises(TruncatedTraceError, match=cut.name):
+        ingest(store, [cut], run="x", progress=False)
+
+
+def test_corrupt_gzip(seeded_db: Path, kineto_dir: Path, tmp_path: Path) -> None:
+    src = next(kineto_dir.glob("worker0_*"))
+    bad = tmp_path / "worker0_bad.pt.trace.json.gz"
+    data = bytearray(src.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\x00" * 64
+    bad.write_bytes(bytes(data))
+    assert_fails_cleanly(seeded_db, [bad, "--run", "x"], bad.name)
+
+
+def test_corrupt_json(seeded_db: Path, kineto_dir: Path, tmp_path: Path) -> None:
+    src = next(kineto_dir.glob("worker0_*"))
+    text = gzip.decompress(src.read_bytes())
+    bad = tmp_path / "worker0_json.pt.trace.json"
+    mid = len(text) // 2
+    bad.write_bytes(text[:mid] + b"}}]],,{{" + text[mid:])
+    with open_store(seeded_db) as store, pytest.raises(TraceFormatError, match=bad.name):
+        ingest(store, [bad], run="x", progress=False)
+    assert_fails_cleanly(seeded_db, [bad, "--run", "x"], bad.name)
+
+
+def test_corrupt_protobuf(seeded_db: Path, shared_datasets: Path, tmp_path: Path) -> None:
+    src = shared_datasets / "chakra-et/astrasim_et_examples/custom_ring_allreduce_8npus_1MB"
+    cut = tmp_path / "ring.0.et"
+    data = (src / "custom_allreduce.0.et").read_bytes()
+    cut.write_bytes(data[: len(data) - 7])
+    with open_store(seeded_db) as store, pytest.raises(TruncatedTraceError, match=cut.name):
+        ingest(store, [cut], run="x", progress=False)
+    assert_fails_cleanly(seeded_db, [cut, "--run", "x"], cut.name)
+
+
+def test_unknown_kind(seeded_db: Path, tmp_path: Path) -> None:
+    odd = tmp_path / "notes.txt"
+    odd.write_text("hello, not a trace\n")
+    with open_store(seeded_db) as store, pytest.raises(UnknownFormatError, match=odd.name):
+        ingest(store, [odd], run="x", progress=False)
+    assert_fails_cleanly(seeded_db, [odd, "--run", "x"], "unknown trace format")
+
+
+def test_missing_fields(seeded_db: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "rank0_trace.json"
+    bad.write_text('{"distributedInfo": {"rank": 0}, "traceEvents": [{"ph": "X", "name": "a"}]}')
+    with open_store(seeded_db) as store, pytest.raises(MissingFieldError, match=bad.name):
+        ingest(store, [bad], run="x", progress=False)
+    assert_fails_cleanly(seeded_db, [bad, "--run", "x"], bad.name)
+
+
+def test_same_rank_twice(seeded_db: Path, kineto_dir: Path, tmp_path: Path) -> None:
+    src = next(kineto_dir.glob("worker0_*"))
+    copy = tmp_path / "again" / "worker0_step_12.copy.pt.trace.json.gz"
+    copy.parent.mkdir()
+    copy.write_bytes(gzip.compress(gzip.decompress(src.read_bytes()), compresslevel=1))
+    with open_store(seeded_db) as store, pytest.raises(DuplicateRankError, match="rank 0"):
+        ingest(store, [kineto_dir, copy], run="x", progress=False)
+    assert_fails_cleanly(seeded_db, [kineto_dir, copy, "--run", "x"], "rank 0 appears twice")
+
+
+def test_existing_run_name_and_replace(seeded_db: Path, shared_datasets: Path) -> None:
+    other = shared_datasets / "chakra-et/astrasim_et_examples/microbenchmarks/all_gather/4npus_1MB"
+    with open_store(seeded_db) as store, pytest.raises(DuplicateRunError, match="seed"):
+        ingest(store, [other], run="seed", progress=False)
+    assert_fails_cleanly(seeded_db, [other, "--run", "seed"], "already exists")
+    code, out = run_cli("ingest", other, "--db", seeded_db, "--run", "seed", "--replace", "-q")
+    assert code == 0, out
+    with open_store(seeded_db, read_only=True) as store:
+        kinds = store.con.execute("SELECT DISTINCT kind FROM collective").fetchall()
+        assert kinds == [("all_gather",)]
+
+
+def test_reingest_same_files_is_refused(seeded_db: Path, shared_datasets: Path) -> None:
+    same = shared_datasets / "chakra-et/astrasim_et_examples/microbenchmarks/all_reduce/4npus_1MB"
+    assert_fails_cleanly(seeded_db, [same, "--run", "again"], "already ingested as run 'seed'")
+
+
+def test_replace_keeps_old_run_when_new_input_is_bad(seeded_db: Path, tmp_path: Path) -> None:
+    odd = tmp_path / "junk.json"
+    odd.write_text("[1, 2, 3]")
+    assert_fails_cleanly(seeded_db, [odd, "--run", "seed", "--replace"], odd.name)
+
+
+def test_failure_inside_the_write_rolls_back(
+    seeded_db: Path, shared_datasets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prism_trace.ingest as ingest_mod
+
+    real = ingest_mod._insert
+
+    def failing(con: object, table_name: str, run_id: int, df: object) -> None:
+        if table_name == "collective":
+            msg = "disk full (simulated)"
+            raise OSError(msg)
+        real(con, table_name, run_id, df)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ingest_mod, "_insert", failing)
+    before = snapshot(seeded_db)
+    src = shared_datasets / "chakra-et/astrasim_et_examples/microbenchmarks/all_to_all/4npus_1MB"
+    with open_store(seeded_db) as store, pytest.raises(OSError, match="simulated"):
+        ingest(store, [src], run="y", progress=False)
+    assert snapshot(seeded_db) == before
+
+
+def test_locked_database(seeded_db: Path) -> None:
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); print('ok', flush=True);"
+            " time.sleep(60)",
+            str(seeded_db),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "ok"
+        start = time.monotonic()
+        with pytest.raises(StoreLockedError, match="locked by another process"):
+            open_store(seeded_db)
+        assert time.monotonic() - start < 10
+        code, out = run_cli("info", seeded_db)
+        assert code != 0
+        assert "locked" in out
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_not_a_database(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(b"definitely not duckdb" * 100)
+    code, out = run_cli("info", junk)
+    assert code != 0
+    assert junk.name in out
+
+
+def test_wrong_schema_version(seeded_db: Path, tmp_path: Path) -> None:
+    db = tmp_path / "old.duckdb"
+    shutil.copy(seeded_db, db)
+    import duckdb
+
+    con = duckdb.connect(str(db))
+    con.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
+    con.close()
+    code, out = run_cli("info", db)
+    assert code != 0
+    assert "schema version 0" in out
