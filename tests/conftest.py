@@ -18,7 +18,7 @@ def _shared_root() -> Path:
 
 @pytest.fixture(scope="session")
 def shared_datasets() -> Path:
-    """The real public traces in ../shared/datasets (or $PRISM_SHARED_DATASETS); skip when absent."""
+    """The real traces in ../shared/datasets (or $PRISM_SHARED_DATASETS); skip when absent."""
     root = _shared_root()
     if not root.is_dir():
         pytest.skip(f"real traces not found at {root} (set PRISM_SHARED_DATASETS)")

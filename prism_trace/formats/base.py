@@ -1,15 +1,16 @@
 """The contract every format reader fulfils: ``read_<format>(path, *, rank) -> TraceTables``.
 
-A reader turns one file into polars frames shaped like the store's tables (see ``schema.py``), minus
-``run_id`` (which ingest assigns) and with communicator *names* instead of minted group ids. Readers never
-touch the store, so they can be tested alone, and ingest can validate everything before it writes.
+A reader turns one file into polars frames shaped like the store's tables (see ``schema.py``),
+minus ``run_id`` (which ingest assigns) and with communicator *names* instead of minted group ids.
+Readers never touch the store, so they can be tested alone, and ingest can validate everything
+before it writes.
 
 Frames and their columns (each frame may hold several ranks; every frame has a ``rank`` column):
 
 - ``ranks``: rank, backend, hostname, pid, device, args (JSON text)
 - ``tracks``: as table ``track`` minus run_id
-- ``events``: as table ``event`` minus run_id; ``parent_id``/``depth``/``iteration`` may be left null,
-  ingest derives them (nesting per track, iteration by time or by launch correlation)
+- ``events``: as table ``event`` minus run_id; ``parent_id``/``depth``/``iteration`` may be left
+  null, ingest derives them (nesting per track, iteration by time or by launch correlation)
 - ``collectives``: as table ``collective`` minus run_id, with ``group_name`` (VARCHAR) instead of
   ``group_id``; ``seq`` may be null, ingest numbers calls per (rank, group) in host-time order
 - ``p2p``: as table ``p2p`` minus run_id, with ``group_name`` instead of ``group_id``
@@ -101,8 +102,8 @@ def empty_frame(name: str) -> pl.DataFrame:
 class TraceTables:
     """What a reader returns: the frames of one file, conformed to ``FRAME_SCHEMAS`` by ``conform``.
 
-    ``world_size`` is the job's world when the file says (Kineto ``distributedInfo``, Chakra metadata,
-    op-timeline meta); ``format`` and ``path`` are for messages and ``source_file`` rows.
+    ``world_size`` is the job's world when the file says (Kineto ``distributedInfo``, Chakra
+    metadata, op-timeline meta); ``format`` and ``path`` are for messages and ``source_file`` rows.
     """
 
     path: Path
@@ -151,7 +152,7 @@ class TraceTables:
 
 
 def open_maybe_gzip(path: Path) -> IO[bytes]:
-    """Open ``path`` for binary reading, transparently un-gzipping when it starts with the gzip magic."""
+    """Open ``path`` for binary reading, un-gzipping when it starts with the gzip magic."""
     fh = path.open("rb")
     magic = fh.read(2)
     fh.seek(0)
@@ -176,4 +177,3 @@ def read_all_bytes(path: Path) -> bytes:
     except (OSError, zlib.error) as exc:
         msg = f"{path}: corrupt gzip data: {exc}"
         raise TraceFormatError(msg) from exc
-
