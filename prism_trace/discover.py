@@ -23,7 +23,6 @@ from prism_trace.formats.base import FormatName
 __all__ = ["TraceFile", "detect_format", "discover", "fingerprint"]
 
 _HEAD_BYTES = 1 << 16
-_CHAKRA_NAME = re.compile(r"\.et($|[._])")
 _OP_TIMELINE_SIDECARS = re.compile(r"^(meta|result|timeline)[-_].*", re.IGNORECASE)
 
 
@@ -51,19 +50,6 @@ def _head(path: Path) -> bytes:
         raise TraceFormatError(msg) from exc
 
 
-def _looks_like_chakra(head: bytes) -> bool:
-    """A varint length, then a GlobalMetadata whose field 1 (version) is a short string."""
-    length, shift, i = 0, 0, 0
-    while i < min(len(head), 5):
-        b = head[i]
-        length |= (b & 0x7F) << shift
-        i += 1
-        if not b & 0x80:
-            break
-        shift += 7
-    return 0 < length < 1 << 20 and i < len(head) and head[i] == 0x0A
-
-
 def detect_format(path: Path) -> FormatName | None:
     """The format of ``path`` from its first bytes, or None when it is of no known kind.
 
@@ -82,9 +68,9 @@ def detect_format(path: Path) -> FormatName | None:
         if b'"nodes"' in head and b'"schema"' in head:
             return "host_et"
         return None
-    if _CHAKRA_NAME.search(path.name) or _looks_like_chakra(head):
-        return "chakra" if _looks_like_chakra(head) else None
-    return None
+    from prism_trace.formats.chakra import sniff_chakra
+
+    return "chakra" if sniff_chakra(path) else None
 
 
 def _is_op_timeline_dir(folder: Path) -> bool:
