@@ -153,12 +153,12 @@ class TraceTables:
 
 def open_maybe_gzip(path: Path) -> IO[bytes]:
     """Open ``path`` for binary reading, un-gzipping when it starts with the gzip magic."""
-    fh = path.open("rb")
-    magic = fh.read(2)
-    fh.seek(0)
+    with path.open("rb") as probe:
+        magic = probe.read(2)
     if magic == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
-    return fh
+        # gzip.open owns the file it opens, so closing the reader closes it (no ResourceWarning).
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return path.open("rb")
 
 
 def read_all_bytes(path: Path) -> bytes:
