@@ -1,0 +1,153 @@
+"""The trace generator and the bundled sample, checked from the raw JSON (no prism reader)."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
+
+ANNOTATION = re.compile(
+    r"prism_comm:pg=(?P<pg>[^;]+);desc=(?P<desc>[a-z_]+);seq=(?P<seq>\d+);"
+    r"op=(?P<op>all_reduce|all_gather|reduce_scatter|all_to_all|broadcast|barrier|send|recv);"
+    r"in_bytes=(?P<in_bytes>\d+);out_bytes=(?P<out_bytes>\d+);dtype=(?P<dtype>[a-z0-9_]+);"
+    r"peer=(?P<peer>-1|\d+);tag=(?P<tag>-?\d+)"
+)
+
+
+def _load(path: Path) -> Any:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def _parse(name: str) -> dict[str, Any]:
+    m = ANNOTATION.fullmatch(name)
+    assert m is not None, f"unparseable annotation {name!r}"
+    d: dict[str, Any] = m.groupdict()
+    for k in ("seq", "in_bytes", "out_bytes", "peer", "tag"):
+        d[k] = int(d[k])
+    return d
+
+
+def check_dataset(out: Path) -> None:
+    """Assert the invariants of a generated dataset in `out`."""
+    run = json.loads((out / "run.json").read_text())
+    cfg, world = run["config"], run["world_size"]
+    assert world == cfg["dp"] * cfg["tp"] * cfg["pp"]
+    assert [r["rank"] for r in run["ranks"]] == list(range(world))
+    for r in run["ranks"]:
+        assert len(r["steps"]) == 1 + cfg["steps"]
+        assert all(s["dur_ns"] > 0 for s in r["steps"])
+
+    comms: dict[int, list[dict[str, Any]]] = {}
+    groups_seen = None
+    for rank in range(world):
+        trace = _load(out / f"rank{rank}.kineto.json.gz")
+        info = trace["distributedInfo"]
+        assert (info["backend"], info["rank"], info["world_size"]) == ("gloo", rank, world)
+        groups = trace["prism_groups"]
+        assert isinstance(groups, list)
+        assert groups_seen in (None, groups), "ranks disagree on `prism_groups`"
+        groups_seen = groups
+        events = trace["traceEvents"]
+        steps = sorted(e["name"] for e in events if e["name"].startswith("ProfilerStep#"))
+        assert steps == [f"ProfilerStep#{i}" for i in range(1, cfg["steps"] + 1)]
+        names = [e["name"] for e in events if e["name"].startswith("prism_comm")]
+        comms[rank] = [_parse(n) for n in names]
+        assert comms[rank], f"rank {rank}: no prism_comm annotations"
+
+        et = _load(out / f"rank{rank}.et.json.gz")
+        assert len(et["nodes"]) > 100
+        et_names = [n["name"] for n in et["nodes"]]
+        assert "## process_group:init ##" in et_names
+        assert sorted(n for n in et_names if n.startswith("prism_comm")) == sorted(names)
+
+    assert groups_seen is not None
+    by_name = {g["name"]: g for g in groups_seen}
+    assert len(by_name) == len(groups_seen), "group names repeat"
+    descs = {g["desc"] for g in groups_seen}
+    assert descs <= {"tp", "dp", "pp", "world"}
+
+    # Collectives: every member recorded (pg, seq) with the same op, bytes and dtype.
+    coll: dict[tuple[str, int], dict[int, tuple[object, ...]]] = collections.defaultdict(dict)
+    p2p: dict[tuple[str, int, int, int], list[tuple[object, ...]]] = collections.defaultdict(list)
+    for rank, calls in comms.items():
+        for c in calls:
+            group = by_name[c["pg"]]
+            assert rank in group["ranks"]
+            assert c["desc"] == group["desc"]
+            if c["op"] in ("send", "recv"):
+                assert c["peer"] in group["ranks"]
+                assert c["peer"] != rank
+                assert c["in_bytes"] == c["out_bytes"] > 0
+                src, dst = (rank, c["peer"]) if c["op"] == "send" else (c["peer"], rank)
+                p2p[c["pg"], c["seq"], src, dst].append((c["op"], c["in_bytes"], c["dtype"]))
+            else:
+                assert c["peer"] == -1
+                key = (c["pg"], c["seq"])
+                assert rank not in coll[key], f"rank {rank} repeats {key}"
+                coll[key][rank] = (c["op"], c["in_bytes"], c["out_bytes"], c["dtype"])
+    for (pg, seq), per_rank in coll.items():
+        assert set(per_rank) == set(by_name[pg]["ranks"]), f"({pg}, {seq}) missing ranks"
+        assert len(set(per_rank.values())) == 1, f"({pg}, {seq}) differs: {per_rank}"
+    for key, pair in p2p.items():
+        assert sorted(op for op, *_ in pair) == ["recv", "send"], f"{key} unpaired: {pair}"
+        assert pair[0][1:] == pair[1][1:], f"{key} sizes differ: {pair}"
+
+    # Every axis with more than one rank talks.
+    seen_descs = {c["desc"] for calls in comms.values() for c in calls}
+    for axis in ("tp", "dp", "pp"):
+        assert (axis in seen_descs) == (cfg[axis] > 1), axis
+
+
+def test_sample() -> None:
+    assert (SAMPLE / "run.json").is_file(), f"{SAMPLE}: bundled sample missing"
+    check_dataset(SAMPLE)
+    total = sum(f.stat().st_size for f in SAMPLE.iterdir())
+    assert total < 5_000_000
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_generate(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from datasets.generate import JobConfig, generate
+
+    cfg = JobConfig(dp=2, tp=1, pp=2, microbatches=2, steps=2)
+    generate(tmp_path, cfg, join_timeout_s=120)
+    assert not list(tmp_path.glob("*.steps.json"))
+    check_dataset(tmp_path)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_generate_tp_and_all_gather(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from datasets.generate import JobConfig, generate
+
+    generate(tmp_path, JobConfig(dp=1, tp=2, pp=1, microbatches=2, steps=1), join_timeout_s=120)
+    check_dataset(tmp_path)
+    ops = {
+        _parse(e["name"])["op"]
+        for e in _load(tmp_path / "rank0.kineto.json.gz")["traceEvents"]
+        if e["name"].startswith("prism_comm")
+    }
+    assert ops == {"all_reduce", "all_gather"}
+
+
+@pytest.mark.torch
+def test_generate_fails_clearly(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from datasets.generate import JobConfig, ModelConfig, generate
+
+    cfg = JobConfig(dp=1, tp=3, pp=1, model=ModelConfig(heads=4))
+    with pytest.raises(RuntimeError, match=r"rank \d failed") as exc:
+        generate(tmp_path, cfg, join_timeout_s=60)
+    assert "multiples of tp=3" in str(exc.value)
+    assert str(tmp_path) in str(exc.value)
