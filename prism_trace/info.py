@@ -76,7 +76,9 @@ def describe_run(store: Store, name: str) -> dict[str, Any]:
         """
         SELECT g.name, g.description, g.backend, g.size, g.ranks,
                (SELECT count(*) FROM collective c WHERE c.run_id = g.run_id
-                    AND c.group_id = g.group_id) AS calls
+                    AND c.group_id = g.group_id)
+               + (SELECT count(*) FROM p2p p WHERE p.run_id = g.run_id
+                    AND p.group_id = g.group_id) AS calls
         FROM comm_group g WHERE g.run_id = ? ORDER BY g.group_id
         """,
         [rid],

@@ -33,6 +33,9 @@ _TABLE_OF_FRAME = {
     "iterations": "iteration",
     "et_ops": "et_op",
 }
+# Parallel coordinates a reader may put in a rank's args (directly, or as our generator's
+# ``prism_layout`` {"tp_rank": ...}); slicing infers them otherwise.
+_AXES = ("tp", "cp", "ep", "dp", "pp")
 # Where a rank has several sources, timeline frames come from the best one.
 _TIMELINE_PRIORITY: dict[str, int] = {"kineto": 0, "op_timeline": 1, "chakra": 2, "host_et": 3}
 
@@ -174,7 +177,7 @@ def _merge_groups(tables: list[TraceTables], comm_names: set[str], world: int) -
         .otherwise(pl.col("ranks")),
     ).with_columns(size=pl.coalesce(pl.col("size"), pl.col("ranks").list.len().cast(pl.Int32)))
     return (
-        groups.sort("name")
+        groups.sort([pl.col("name").cast(pl.Int64, strict=False), "name"], nulls_last=True)
         .with_row_index("group_id")
         .with_columns(pl.col("group_id").cast(pl.Int32))
     )
@@ -295,7 +298,8 @@ def ingest(
         mine = [r for r in t.rank_ids if best[r] is t]
         for name in ("tracks", "events", "memory", "flows", "iterations", "collectives", "p2p"):
             frames[name].append(getattr(t, name).filter(pl.col("rank").is_in(mine)))
-    for t in tables:
+    # Rank facts: the timeline source's first, then the others fill its gaps.
+    for t in sorted(tables, key=lambda t: _TIMELINE_PRIORITY[t.format]):
         frames["et_ops"].append(t.et_ops)
         frames["ranks"].append(t.ranks)
     merged = {k: _concat(v) for k, v in frames.items()}
@@ -304,6 +308,17 @@ def ingest(
         .sort("rank")
         .group_by("rank", maintain_order=True)
         .agg(pl.all().drop_nulls().first())
+    )
+    rank_rows = rank_rows.with_columns(
+        [
+            pl.coalesce(
+                pl.col("args").str.json_path_match(f"$.{axis}"),
+                pl.col("args").str.json_path_match(f"$.prism_layout.{axis}_rank"),
+            )
+            .cast(pl.Int32, strict=False)
+            .alias(axis)
+            for axis in _AXES
+        ]
     )
 
     comm_names = set(merged["collectives"]["group_name"].drop_nulls().to_list())

@@ -32,7 +32,9 @@ def run_query(
         msg = "parquet output needs -o FILE"
         raise PrismError(msg)
     try:
-        df = store.con.execute(sql).pl()
+        # A cursor has no pending result of earlier statements, which ``sql()`` requires.
+        rel = store.con.cursor().sql(sql)
+        df = pl.DataFrame() if rel is None else pl.from_arrow(rel.to_arrow_table())
     except duckdb.Error as exc:
         msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
         raise PrismError(msg) from exc
