@@ -8,7 +8,6 @@ exactly as it was.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -18,9 +17,10 @@ from typing import Literal
 import polars as pl
 from tqdm import tqdm
 
+from prism_trace import schema
 from prism_trace.discover import TraceFile, discover, fingerprint
 from prism_trace.errors import DuplicateRankError, DuplicateRunError, PrismError
-from prism_trace.formats.base import FormatName, TraceTables
+from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
 from prism_trace.store import Store
 
 __all__ = ["IngestReport", "ingest", "read_trace"]
@@ -92,65 +92,13 @@ class IngestReport:
         }
 
 
-def _check_ranks(tables: list[TraceTables]) -> None:
-    """One file per (rank, format); a Kineto trace and a host ET of one rank are a pair."""
-    seen: dict[tuple[int, str], Path] = {}
-    for t in tables:
-        for r in t.rank_ids:
-            key = (r, t.format)
-            if key in seen:
-                msg = (
-                    f"{t.path}: rank {r} appears twice in one run (also in {seen[key]});"
-                    " ingest each job as its own --run"
-                )
-                raise DuplicateRankError(msg)
-            seen[key] = t.path
-        timeline = {f for (r, f) in seen if r in t.rank_ids and f != "host_et"}
-        if len(timeline) > 1:
-            msg = f"{t.path}: rank {t.rank_ids[0]} has timelines in formats {sorted(timeline)}"
-            raise DuplicateRankError(msg)
-
-
-def _link(tables: list[TraceTables]) -> dict[int, tuple[int, int]]:
-    """Link each rank's host ET ops to its Kineto events in place; return (ops, linked) per rank."""
-    kineto = {r: t for t in tables if t.format == "kineto" for r in t.rank_ids}
-    counts: dict[int, tuple[int, int]] = {}
-    for t in tables:
-        if t.format != "host_et":
-            continue
-        for r in t.rank_ids:
-            ops = t.et_ops.filter(pl.col("rank") == r)
-            if r in kineto:
-                from prism_trace.link import link_et_to_kineto
-
-                events = kineto[r].events.filter(pl.col("rank") == r)
-                ops, report = link_et_to_kineto(ops, events)
-                counts[r] = (report.total, report.linked)
-            else:
-                counts[r] = (ops.height, 0)
-            t.et_ops = pl.concat([t.et_ops.filter(pl.col("rank") != r), ops])
-    return counts
-
-
-def _timeline_sources(tables: list[TraceTables]) -> dict[int, TraceTables]:
-    best: dict[int, TraceTables] = {}
-    for t in tables:
-        for r in t.rank_ids:
-            cur = best.get(r)
-            if cur is None or _TIMELINE_PRIORITY[t.format] < _TIMELINE_PRIORITY[cur.format]:
-                best[r] = t
-    return best
-
-
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
     return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
-def _merge_groups(tables: list[TraceTables], comm_names: set[str], world: int) -> pl.DataFrame:
+def _merge_groups(frames: list[pl.DataFrame], comm_names: set[str], world: int) -> pl.DataFrame:
     """One row per group name; member lists from whichever source knows them."""
-    groups = _concat([t.comm_groups for t in tables]).with_columns(
-        has_ranks=pl.col("ranks").is_not_null()
-    )
+    groups = _concat(frames).with_columns(has_ranks=pl.col("ranks").is_not_null())
     groups = (
         groups.sort(["name", "has_ranks"], descending=[False, True], nulls_last=True)
         .group_by("name", maintain_order=True)
@@ -219,6 +167,44 @@ def _assign_iteration(df: pl.DataFrame, ts_col: str, iterations: pl.DataFrame) -
     )
 
 
+class _RankBook:
+    """Which file gave each rank what, so clashes are caught as files stream in."""
+
+    def __init__(self) -> None:
+        self.timeline: dict[int, tuple[str, Path]] = {}
+        self.host_et: dict[int, Path] = {}
+
+    def add(self, t: TraceTables) -> None:
+        for r in t.rank_ids:
+            if t.format == "host_et":
+                other = self.host_et.get(r)
+                self.host_et[r] = t.path
+            else:
+                prev = self.timeline.get(r)
+                other = None if prev is None else prev[1]
+                self.timeline[r] = (t.format, t.path)
+            if other is not None:
+                msg = (
+                    f"{t.path}: rank {r} appears twice in one run (also in {other});"
+                    " ingest each job as its own --run"
+                )
+                raise DuplicateRankError(msg)
+
+
+def _link_rank(con: object, run_id: int, rank: int, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Link one rank's host ET ops to its Kineto events already written in this transaction."""
+    from prism_trace.link import HOST_CATEGORIES, link_et_to_kineto
+
+    cols = ", ".join(FRAME_SCHEMAS["events"])
+    cats = ", ".join(f"'{c}'" for c in HOST_CATEGORIES)
+    events = con.sql(  # type: ignore[attr-defined]
+        f"SELECT {cols} FROM event WHERE run_id = $1 AND rank = $2 AND category IN ({cats})",
+        params=[run_id, rank],
+    ).pl()
+    linked, report = link_et_to_kineto(ops, events)
+    return linked, report.linked
+
+
 def ingest(
     store: Store,
     paths: list[Path],
@@ -230,6 +216,9 @@ def ingest(
     progress: bool = True,
 ) -> IngestReport:
     """Ingest the traces under ``paths`` as one recorded run.
+
+    Files are read one at a time and written at once inside one transaction, so memory holds one
+    file's tables, not the job's, and any failure rolls the whole ingest back.
 
     Args:
         store: an open, writable store.
@@ -259,10 +248,127 @@ def ingest(
     if rank is not None and len(files) > 1:
         msg = f"{files[0].path}: --rank applies to a single file, but {len(files)} were given"
         raise PrismError(msg)
+    # Timelines first, so a host ET can be linked to its rank's Kineto events already written.
+    files.sort(key=lambda f: f.format == "host_et")
+    prints = _check_fingerprints(store, files, old_id)
 
-    prints = [(f, fingerprint(f.path)) for f in files]
+    book = _RankBook()
+    rank_frames: list[pl.DataFrame] = []
+    group_frames: list[pl.DataFrame] = []
+    comm_names: set[str] = set()
+    sizes: list[int] = []
+    et_counts: dict[int, tuple[int, int]] = {}
+    formats: set[str] = set()
+    file_ranks: list[list[int]] = []
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    total = sum(f.path.stat().st_size for f in files)
+    with (
+        store.transaction() as con,
+        tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest") as bar,
+    ):
+        if old_id is not None:
+            _delete_run(con, old_id)
+        row = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+        run_id = int(row[0][0])
+        config = {"paths": [str(p) for p in paths], "format": format}
+        con.execute(
+            "INSERT INTO run (run_id, name, kind, created_at, config_json)"
+            " VALUES (?, ?, 'recorded', ?, ?)",
+            [run_id, run, now, json.dumps(config)],
+        )
+        con.execute(_stage_ddl("_stage_collective", "collective"))
+        con.execute(_stage_ddl("_stage_p2p", "p2p"))
+        for f, fp in zip(files, prints, strict=True):
+            t = read_trace(f, rank=rank)
+            book.add(t)
+            file_ranks.append(t.rank_ids)
+            formats.add(t.format)
+            if t.world_size:
+                sizes.append(t.world_size)
+            rank_frames.append(t.ranks.with_columns(_prio=pl.lit(_TIMELINE_PRIORITY[t.format])))
+            group_frames.append(t.comm_groups)
+            mine = t.rank_ids
+            if t.format == "host_et":
+                # Timeline frames come from the rank's timeline source when it has one.
+                mine = [r for r in t.rank_ids if r not in book.timeline]
+                for r in t.rank_ids:
+                    ops = t.et_ops.filter(pl.col("rank") == r)
+                    n_linked = 0
+                    if book.timeline.get(r, ("",))[0] == "kineto":
+                        ops, n_linked = _link_rank(con, run_id, r, ops)
+                    et_counts[r] = (ops.height, n_linked)
+                    _insert(con, "et_op", run_id, ops)
+            else:
+                _insert(con, "et_op", run_id, t.et_ops)
+            keep = pl.col("rank").is_in(mine)
+            iterations = t.iterations.filter(keep)
+            colls = _number(t.collectives.filter(keep), ["rank", "group_name"])
+            p2p = _number(t.p2p.filter(keep), ["rank", "group_name", "peer", "direction"])
+            comm_names |= set(colls["group_name"].drop_nulls()) | set(
+                p2p["group_name"].drop_nulls()
+            )
+            _insert(con, "track", run_id, t.tracks.filter(keep))
+            _insert(con, "event", run_id, t.events.filter(keep))
+            _insert(con, "flow", run_id, t.flows.filter(keep))
+            _insert(con, "iteration", run_id, iterations)
+            _insert(
+                con, "memory", run_id, _assign_iteration(t.memory.filter(keep), "ts", iterations)
+            )
+            _stage(con, "_stage_collective", _assign_iteration(colls, "host_ts", iterations))
+            _stage(con, "_stage_p2p", _assign_iteration(p2p, "host_ts", iterations))
+            con.execute(
+                "INSERT INTO source_file VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    run_id,
+                    t.rank_ids[0] if len(t.rank_ids) == 1 else None,
+                    str(f.path.resolve()),
+                    t.format,
+                    f.path.stat().st_size,
+                    fp,
+                    now,
+                ],
+            )
+            bar.update(f.path.stat().st_size)
+            del t
+
+        ranks = sorted(set(book.timeline) | set(book.host_et))
+        world = max([*sizes, max(ranks) + 1])
+        groups = _merge_groups(group_frames, comm_names, world)
+        _insert(con, "comm_group", run_id, groups)
+        _insert(con, "rank", run_id, _rank_rows(rank_frames, et_counts))
+        for stage, tbl in (("_stage_collective", "collective"), ("_stage_p2p", "p2p")):
+            cols = [c for c in schema.table(tbl).column_names if c not in ("run_id", "group_id")]
+            con.execute(
+                f"INSERT INTO {tbl} (run_id, group_id, {', '.join(cols)})"
+                f" SELECT {run_id}, g.group_id, {', '.join('s.' + c for c in cols)}"
+                f" FROM {stage} s LEFT JOIN comm_group g"
+                f" ON g.run_id = {run_id} AND g.name = s.group_name"
+            )
+            con.execute(f"DROP TABLE {stage}")
+        source_format = formats.pop() if len(formats) == 1 else "mixed"
+        con.execute(
+            "UPDATE run SET world_size = ?, source_format = ? WHERE run_id = ?",
+            [world, source_format, run_id],
+        )
+        counts = {tbl: _count(con, tbl, run_id) for tbl in _RUN_TABLES}
+    return IngestReport(
+        run=run,
+        run_id=run_id,
+        world_size=world,
+        ranks=ranks,
+        files=[(str(f.path), f.format, r) for f, r in zip(files, file_ranks, strict=True)],
+        skipped=[str(p) for p in skipped],
+        rows=counts,
+        et_ops={r: v[0] for r, v in et_counts.items()},
+        et_ops_linked={r: v[1] for r, v in et_counts.items()},
+    )
+
+
+def _check_fingerprints(store: Store, files: list[TraceFile], old_id: int | None) -> list[str]:
+    """Refuse a file given twice, or one already ingested into another run of this store."""
+    prints = [fingerprint(f.path) for f in files]
     seen_fp: dict[str, Path] = {}
-    for f, fp in prints:
+    for f, fp in zip(files, prints, strict=True):
         if fp in seen_fp:
             msg = f"{f.path}: same content as {seen_fp[fp]}; each file may be given once"
             raise DuplicateRankError(msg)
@@ -271,45 +377,26 @@ def ingest(
         "SELECT s.path, r.name FROM source_file s JOIN run r USING (run_id)"
         " WHERE s.fingerprint IN (SELECT unnest(?)) AND s.run_id IS DISTINCT FROM ?",
         [list(seen_fp), old_id],
-    ).fetchone()
-    if clash is not None:
+    ).fetchall()
+    if clash:
         msg = (
-            f"{clash[0]}: already ingested as run {clash[1]!r}; re-ingesting is refused"
-            f" (use --run {clash[1]} --replace to redo it)"
+            f"{clash[0][0]}: already ingested as run {clash[0][1]!r}; re-ingesting is refused"
+            f" (use --run {clash[0][1]} --replace to redo it)"
         )
         raise DuplicateRankError(msg)
+    return prints
 
-    total = sum(f.path.stat().st_size for f in files)
-    tables: list[TraceTables] = []
-    with tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest") as bar:
-        for f in files:
-            tables.append(read_trace(f, rank=rank))
-            bar.update(f.path.stat().st_size)
-    _check_ranks(tables)
-    et_counts = _link(tables)
 
-    best = _timeline_sources(tables)
-    ranks = sorted(best)
-    sizes = [t.world_size for t in tables if t.world_size]
-    world = max([*sizes, max(ranks) + 1])
-
-    frames: dict[str, list[pl.DataFrame]] = defaultdict(list)
-    for t in {id(t): t for t in best.values()}.values():
-        mine = [r for r in t.rank_ids if best[r] is t]
-        for name in ("tracks", "events", "memory", "flows", "iterations", "collectives", "p2p"):
-            frames[name].append(getattr(t, name).filter(pl.col("rank").is_in(mine)))
-    # Rank facts: the timeline source's first, then the others fill its gaps.
-    for t in sorted(tables, key=lambda t: _TIMELINE_PRIORITY[t.format]):
-        frames["et_ops"].append(t.et_ops)
-        frames["ranks"].append(t.ranks)
-    merged = {k: _concat(v) for k, v in frames.items()}
-    rank_rows = (
-        merged["ranks"]
-        .sort("rank")
+def _rank_rows(frames: list[pl.DataFrame], et_counts: dict[int, tuple[int, int]]) -> pl.DataFrame:
+    """One row per rank: the timeline source's facts first, the others fill its gaps."""
+    rows = (
+        pl.concat(frames, how="vertical")
+        .sort(["rank", "_prio"])
+        .drop("_prio")
         .group_by("rank", maintain_order=True)
         .agg(pl.all().drop_nulls().first())
     )
-    rank_rows = rank_rows.with_columns(
+    rows = rows.with_columns(
         [
             pl.coalesce(
                 pl.col("args").str.json_path_match(f"$.{axis}"),
@@ -320,72 +407,35 @@ def ingest(
             for axis in _AXES
         ]
     )
-
-    comm_names = set(merged["collectives"]["group_name"].drop_nulls().to_list())
-    comm_names |= set(merged["p2p"]["group_name"].drop_nulls().to_list())
-    groups = _merge_groups(tables, comm_names, world)
-    gid = groups.select(pl.col("name").alias("group_name"), "group_id")
-    iterations = merged["iterations"]
-    colls = _number(merged["collectives"], ["rank", "group_name"])
-    colls = _assign_iteration(colls, "host_ts", iterations).join(gid, on="group_name", how="left")
-    p2p = _number(merged["p2p"], ["rank", "group_name", "peer", "direction"])
-    p2p = _assign_iteration(p2p, "host_ts", iterations).join(gid, on="group_name", how="left")
-    memory = _assign_iteration(merged["memory"], "ts", iterations)
-
-    formats = sorted({t.format for t in tables})
-    source_format = formats[0] if len(formats) == 1 else "mixed"
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
-    with store.transaction() as con:
-        if old_id is not None:
-            _delete_run(con, old_id)
-        row = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchone()
-        run_id = int(row[0]) if row else 1
-        config = {"paths": [str(p) for p in paths], "format": format}
-        con.execute(
-            "INSERT INTO run (run_id, name, kind, world_size, source_format, created_at,"
-            " config_json) VALUES (?, ?, 'recorded', ?, ?, ?, ?)",
-            [run_id, run, world, source_format, now, json.dumps(config)],
-        )
-        et_df = pl.DataFrame(
-            {
-                "rank": list(et_counts),
-                "et_ops": [v[0] for v in et_counts.values()],
-                "et_ops_linked": [v[1] for v in et_counts.values()],
-            },
-            schema={"rank": pl.Int32, "et_ops": pl.Int64, "et_ops_linked": pl.Int64},
-        )
-        ranks_df = rank_rows.join(et_df, on="rank", how="left")
-        _insert(con, "rank", run_id, ranks_df)
-        src = pl.DataFrame(
-            {
-                "rank": [t.rank_ids[0] if len(t.rank_ids) == 1 else None for t in tables],
-                "path": [str(t.path.resolve()) for t in tables],
-                "format": [t.format for t in tables],
-                "size_bytes": [t.path.stat().st_size for t in tables],
-                "fingerprint": [fp for _, fp in prints],
-                "ingested_at": [now] * len(tables),
-            },
-            schema_overrides={"rank": pl.Int32},
-        )
-        _insert(con, "source_file", run_id, src)
-        _insert(con, "comm_group", run_id, groups)
-        for frame, tbl in _TABLE_OF_FRAME.items():
-            _insert(con, tbl, run_id, merged[frame])
-        _insert(con, "collective", run_id, colls)
-        _insert(con, "p2p", run_id, p2p)
-        _insert(con, "memory", run_id, memory)
-        counts = {tbl: _count(con, tbl, run_id) for tbl in _RUN_TABLES}
-    return IngestReport(
-        run=run,
-        run_id=run_id,
-        world_size=world,
-        ranks=ranks,
-        files=[(str(t.path), t.format, t.rank_ids) for t in tables],
-        skipped=[str(p) for p in skipped],
-        rows=counts,
-        et_ops={r: v[0] for r, v in et_counts.items()},
-        et_ops_linked={r: v[1] for r, v in et_counts.items()},
+    et_df = pl.DataFrame(
+        {
+            "rank": list(et_counts),
+            "et_ops": [v[0] for v in et_counts.values()],
+            "et_ops_linked": [v[1] for v in et_counts.values()],
+        },
+        schema={"rank": pl.Int32, "et_ops": pl.Int64, "et_ops_linked": pl.Int64},
     )
+    return rows.join(et_df, on="rank", how="left")
+
+
+def _stage_ddl(stage: str, table_name: str) -> str:
+    """A temp table shaped like ``table_name`` but with ``group_name`` for the minted group id."""
+    cols = [
+        "group_name VARCHAR" if c.name == "group_id" else f"{c.name} {c.type}"
+        for c in schema.table(table_name).columns
+        if c.name != "run_id"
+    ]
+    return f"CREATE TEMP TABLE {stage} ({', '.join(cols)})"
+
+
+def _stage(con: object, stage: str, df: pl.DataFrame) -> None:
+    if df.is_empty():
+        return
+    con.register("_stage_frame", df.to_arrow())  # type: ignore[attr-defined]
+    try:
+        con.execute(f"INSERT INTO {stage} BY NAME SELECT * FROM _stage_frame")  # type: ignore[attr-defined]
+    finally:
+        con.unregister("_stage_frame")  # type: ignore[attr-defined]
 
 
 _RUN_TABLES = (
@@ -418,8 +468,6 @@ def _delete_run(con: object, run_id: int) -> None:
 
 def _insert(con: object, table_name: str, run_id: int, df: pl.DataFrame) -> None:
     """Insert ``df`` into ``table_name`` under ``run_id``, matching columns by name."""
-    from prism_trace import schema
-
     if df.is_empty():
         return
     cols = [c for c in schema.table(table_name).column_names if c != "run_id" and c in df.columns]

@@ -183,8 +183,9 @@ TABLES: tuple[Table, ...] = (
             _c(
                 "category",
                 "VARCHAR",
-                "cpu_op | user_annotation | python_function | cuda_runtime | cuda_driver | kernel |"
-                " memcpy | memset | gpu_user_annotation | compute | comm | instant | other.",
+                "cpu_op | user_annotation | python_function | cuda_runtime | cuda_driver |"
+                " kernel | memcpy | memset | gpu_user_annotation | cuda_sync | compute | comm |"
+                " instant | other.",
                 null=False,
             ),
             _c("name", "VARCHAR", "Op, kernel or annotation name.", null=False),
@@ -240,7 +241,11 @@ TABLES: tuple[Table, ...] = (
             _c("group_id", "INTEGER", "Communicator.", "comm_group.group_id"),
             _c("seq", "BIGINT", "0-based sequence number within (rank, peer, direction)."),
             _c("direction", "VARCHAR", "send | recv.", null=False),
-            _c("peer", "INTEGER", "Global rank of the other side.", null=False),
+            _c(
+                "peer",
+                "INTEGER",
+                "Global rank of the other side (NULL when the trace does not say).",
+            ),
             _c("bytes", "BIGINT", "Message size."),
             _c("tag", "INTEGER", "Message tag."),
             _c("dtype", "VARCHAR", "Element type."),

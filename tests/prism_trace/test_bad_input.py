@@ -178,7 +178,8 @@ def test_failure_inside_the_write_rolls_back(
     real = ingest_mod._insert
 
     def failing(con: object, table_name: str, run_id: int, df: object) -> None:
-        if table_name == "collective":
+        # The rank rows are written last, after every file's tables: fail there.
+        if table_name == "rank":
             msg = "disk full (simulated)"
             raise OSError(msg)
         real(con, table_name, run_id, df)  # type: ignore[arg-type]
@@ -216,6 +217,8 @@ def test_locked_database(seeded_db: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
 
 
 def test_not_a_database(tmp_path: Path) -> None:

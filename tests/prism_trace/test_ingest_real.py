@@ -145,20 +145,23 @@ def test_dlrm_host_et_links(store: Store, shared_datasets: Path) -> None:
 
 def test_hta_nccl_collectives(store: Store, shared_datasets: Path) -> None:
     ev = raw_kineto(shared_datasets / "hta-nccl-rank0/nccl_data.json.gz")
-    rpc = [
-        e["args"]
+    # allreduce and broadcast are the collectives here; bytes = elements x element size.
+    kinds = {"allreduce": "all_reduce", "broadcast": "broadcast"}
+    size = {"Float": 4, "Long": 8, "Byte": 1, "Int": 4, "Half": 2, "BFloat16": 2, "Double": 8}
+    rpc = sorted(
+        (e["ts"], kinds[a["Collective name"]], a["Out msg nelems"] * size[a["dtype"]])
         for e in ev
-        if e.get("name") == "record_param_comms" and e["args"].get("Collective name") == "allreduce"
-    ]
+        if e.get("name") == "record_param_comms"
+        and (a := e["args"]).get("Collective name") in kinds
+    )
     got = q(
         store,
         "SELECT c.kind, c.msg_bytes, c.group_size, g.ranks, c.kernel_dur IS NOT NULL"
         " FROM collective c JOIN run USING (run_id) JOIN comm_group g USING (run_id, group_id)"
-        " WHERE run.name = 'hta' ORDER BY c.seq",
+        " WHERE run.name = 'hta' ORDER BY c.host_ts",
     )
-    assert len(got) == len(rpc)
-    assert [g[1] for g in got] == [a["Out msg nelems"] * 4 for a in rpc]
-    assert all(g[0] == "all_reduce" and g[2] == 2 and g[3] == [0, 1] and g[4] for g in got)
+    assert [(g[0], g[1]) for g in got] == [(k, b) for _, k, b in rpc]
+    assert all(g[2] == 2 and g[3] == [0, 1] and g[4] for g in got)
 
 
 def test_op_timeline_counts(store: Store, shared_datasets: Path) -> None:

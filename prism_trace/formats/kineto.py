@@ -1,0 +1,844 @@
+"""Read a Kineto (torch.profiler Chrome-trace JSON) file of one rank into the contract's frames.
+
+The ``traceEvents`` array is streamed into a file of its own (``_json_array``) and parsed by DuckDB;
+every transformation is SQL (plus vectorised nesting), so no Python object is made per event.
+
+Conventions:
+
+- ``ts``/``dur`` are integer ns. When the trace has ``baseTimeNanoseconds`` (Kineto >= 2024), its
+  ``ts`` are microseconds after that base and ``ts`` here is ``base + ts * 1000``, i.e. ns since the
+  epoch, like older traces whose ``ts`` are epoch microseconds.
+- Categories: ``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime``,
+  ``cuda_driver``, ``kernel``, ``gpu_memcpy`` -> ``memcpy``, ``gpu_memset`` -> ``memset``,
+  ``gpu_user_annotation``, ``cuda_sync``; ``i``/``I`` instants -> ``instant`` (``[memory]`` goes to
+  ``memory``); any other ``X`` -> ``other``. The profiler's own ``Trace`` span and the
+  ``Spans``/``Traces`` pids are skipped.
+- Tracks: a ``stream`` per (device, CUDA stream) holding device events, a ``thread`` per (pid, tid)
+  otherwise; ``track_id`` and ``event_id`` are minted densely in (track, ts, -dur) order.
+- Collectives come from, in order of preference, ``prism_comm:`` annotations (our generator's),
+  ``record_param_comms`` ops with ``Collective name`` (PyTorch >= 2.1), and older
+  ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks). A
+  comm op inside another one on the same thread is not counted again. ``wait``, coalescing markers
+  and unknown names are not collectives. ``Seq`` (1-based per group) becomes 0-based ``seq``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import orjson
+import polars as pl
+
+from prism_trace.errors import MissingFieldError, RankUnknownError, TraceFormatError
+from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
+from prism_trace.formats.base import TraceTables
+from prism_trace.nesting import nest_events
+
+__all__ = ["rank_from_file_name", "read_kineto"]
+
+_RANK_NAME_RES = (
+    re.compile(r"(?:^|[^a-z])(?:rank|worker)[_-]?(\d{1,6})(?!\d)", re.IGNORECASE),
+    re.compile(r"\.(\d{1,6})(?:\.pt\.trace)?\.json(?:\.gz)?$", re.IGNORECASE),
+)
+
+_DEVICE_CATEGORIES = ("kernel", "memcpy", "memset", "gpu_user_annotation", "cuda_sync")
+_LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+# c10::DeviceType, indexed by value.
+_DEVICE_TYPES = [
+    "cpu",
+    "cuda",
+    "mkldnn",
+    "opengl",
+    "opencl",
+    "ideep",
+    "hip",
+    "fpga",
+    "maia",
+    "xla",
+    "vulkan",
+    "metal",
+    "xpu",
+    "mps",
+    "meta",
+    "hpu",
+    "ve",
+    "lazy",
+    "ipu",
+    "mtia",
+    "privateuseone",
+]
+_TWO_POW_43 = 8796093022208  # µs; beyond it a DOUBLE holds less than 1 ns of fraction
+
+
+def rank_from_file_name(path: Path) -> int | None:
+    """The rank a file name states: ``worker3_step_12...``, ``rank3_trace.json``, ``x.3.json``.
+
+    Args:
+        path: the trace file.
+
+    Returns:
+        The rank, or None when the name states none.
+    """
+    for pattern in _RANK_NAME_RES:
+        m = pattern.search(path.name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def read_kineto(path: Path, *, rank: int | None = None, tmp_dir: Path | None = None) -> TraceTables:
+    """Read one rank's Kineto trace (``.json`` or ``.json.gz``, any size) into conformed frames.
+
+    Args:
+        path: the trace file.
+        rank: the rank, when neither ``distributedInfo.rank`` nor the file name tells it; it wins
+            over the file name, and must agree with ``distributedInfo.rank``.
+        tmp_dir: where to put the temporary copy of the events array (default: system temp dir).
+
+    Returns:
+        The frames of the file, conformed to ``FRAME_SCHEMAS``.
+
+    Raises:
+        RankUnknownError: no rank in the trace, its name or the arguments.
+        TruncatedTraceError: the gzip stream or the JSON ends early.
+        MissingFieldError: the JSON has no ``traceEvents``.
+        TraceFormatError: corrupt data, or ``rank`` disagrees with the trace.
+    """
+    path = Path(path)
+    with split_trace_events(path, tmp_dir=tmp_dir) as tef:
+        the_rank = _resolve_rank(path, tef.meta, rank)
+        con = duckdb.connect()
+        spill = str(tef.events_path.parent).replace("'", "''")
+        con.execute(f"SET temp_directory = '{spill}'")  # spill next to the events copy
+        try:
+            return _Reader(path, the_rank, tef, con).read()
+        finally:
+            con.close()
+
+
+def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> int:
+    info = meta.get("distributedInfo")
+    traced = info.get("rank") if isinstance(info, dict) else None
+    if traced is not None:
+        traced = int(traced)
+        if rank is not None and rank != traced:
+            msg = f"{path}: `rank` {rank} disagrees with distributedInfo.rank {traced}"
+            raise TraceFormatError(msg)
+        return traced
+    if rank is not None:
+        return int(rank)
+    named = rank_from_file_name(path)
+    if named is not None:
+        return named
+    msg = (
+        f"{path}: cannot tell the rank (no distributedInfo.rank, none in the file name);"
+        " pass --rank"
+    )
+    raise RankUnknownError(msg)
+
+
+def _json_list(value: Any) -> Any:
+    """A metadata value that may be JSON text holding JSON (``add_metadata`` vs ``_json``)."""
+    for _ in range(2):
+        if isinstance(value, (str, bytes)):
+            try:
+                value = orjson.loads(value)
+            except orjson.JSONDecodeError:
+                return None
+    return value
+
+
+def _backend_of(config: Any, default: str | None) -> str | None:
+    """``cuda:nccl`` -> ``nccl``; ``cpu:gloo,cuda:gloo`` -> ``gloo``; mixed -> the text as is."""
+    if not isinstance(config, str) or not config:
+        return default
+    names = {part.split(":")[-1].strip() for part in config.split(",") if part.strip()}
+    return names.pop() if len(names) == 1 else config
+
+
+def _int_list(value: Any) -> list[int] | None:
+    value = _json_list(value)
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return [int(v) for v in value]
+    return None
+
+
+_LOAD_FAST = """
+CREATE TABLE raw AS
+SELECT row_number() OVER () AS ord, ph, cat, name, pid, tid,
+       CAST(floor(ts) AS BIGINT) * 1000
+           + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS ts_us_ns,
+       CAST(round(dur * 1000) AS BIGINT) AS dur_ns, id, args, ts AS ts_raw
+FROM read_json(?, format = 'array', maximum_object_size = 1073741824, columns = {
+    ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR',
+    ts: 'DOUBLE', dur: 'DOUBLE', id: 'VARCHAR', args: 'JSON'})
+"""
+
+# Exact path, for traces whose ts are epoch µs with decimals (DOUBLE would lose the ns).
+_LOAD_EXACT = r"""
+CREATE OR REPLACE TABLE raw AS
+SELECT row_number() OVER () AS ord, j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
+       j->>'pid' AS pid, j->>'tid' AS tid,
+       CAST(TRY_CAST(regexp_extract(j, '"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
+            * 1000 AS BIGINT) AS ts_us_ns,
+       CAST(TRY_CAST(regexp_extract(j, '"dur"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
+            * 1000 AS BIGINT) AS dur_ns,
+       j->>'id' AS id, j->'args' AS args, NULL::DOUBLE AS ts_raw
+FROM read_json_objects(?, format = 'array', maximum_object_size = 1073741824) AS t(j)
+"""
+
+_CATEGORY_SQL = """
+CASE
+    WHEN ph IN ('i', 'I') THEN 'instant'
+    WHEN lower(cat) IN ('cpu_op', 'user_annotation', 'python_function', 'cuda_runtime',
+                        'cuda_driver', 'kernel', 'gpu_user_annotation', 'cuda_sync')
+        THEN lower(cat)
+    WHEN lower(cat) IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
+    WHEN lower(cat) IN ('gpu_memset', 'memset') THEN 'memset'
+    WHEN lower(cat) = 'operator' THEN 'cpu_op'
+    WHEN lower(cat) = 'runtime' THEN 'cuda_runtime'
+    WHEN lower(cat) = 'driver' THEN 'cuda_driver'
+    ELSE 'other'
+END
+"""
+
+_OP_KIND_SQL = """
+CASE regexp_replace(lower(trim({x})), '^_+', '')
+    WHEN 'allreduce' THEN 'all_reduce' WHEN 'all_reduce' THEN 'all_reduce'
+    WHEN 'allreduce_coalesced' THEN 'all_reduce' WHEN 'all_reduce_coalesced' THEN 'all_reduce'
+    WHEN 'allreduce_sparse' THEN 'all_reduce'
+    WHEN 'allgather' THEN 'all_gather' WHEN 'all_gather' THEN 'all_gather'
+    WHEN 'allgather_base' THEN 'all_gather' WHEN 'all_gather_base' THEN 'all_gather'
+    WHEN 'allgather_coalesced' THEN 'all_gather' WHEN 'all_gather_into_tensor' THEN 'all_gather'
+    WHEN 'allgather_into_tensor_coalesced' THEN 'all_gather'
+    WHEN 'all_gather_into_tensor_coalesced' THEN 'all_gather'
+    WHEN 'reduce_scatter' THEN 'reduce_scatter' WHEN 'reducescatter' THEN 'reduce_scatter'
+    WHEN 'reduce_scatter_base' THEN 'reduce_scatter'
+    WHEN 'reduce_scatter_tensor' THEN 'reduce_scatter'
+    WHEN 'reduce_scatter_tensor_coalesced' THEN 'reduce_scatter'
+    WHEN 'alltoall' THEN 'all_to_all' WHEN 'all_to_all' THEN 'all_to_all'
+    WHEN 'alltoall_base' THEN 'all_to_all' WHEN 'all_to_all_single' THEN 'all_to_all'
+    WHEN 'alltoallv' THEN 'all_to_all' WHEN 'all_to_allv' THEN 'all_to_all'
+    WHEN 'broadcast' THEN 'broadcast' WHEN 'broadcast_oop' THEN 'broadcast'
+    WHEN 'reduce' THEN 'reduce' WHEN 'reduce_oop' THEN 'reduce'
+    WHEN 'gather' THEN 'gather' WHEN 'scatter' THEN 'scatter' WHEN 'barrier' THEN 'barrier'
+    WHEN 'send' THEN 'send' WHEN 'isend' THEN 'send'
+    WHEN 'recv' THEN 'recv' WHEN 'irecv' THEN 'recv' WHEN 'recvanysource' THEN 'recv'
+    WHEN 'recv_any_source' THEN 'recv'
+END
+"""
+
+# Lower-case element type names as torch prints them, and their sizes in bytes.
+_DTYPE_SQL = """
+CASE regexp_replace(lower(trim({x})), '^(c10::|torch\\.)', '')
+    WHEN 'long int' THEN 'long' WHEN 'int64' THEN 'long' WHEN 'int64_t' THEN 'long'
+    WHEN 'int32' THEN 'int' WHEN 'int' THEN 'int' WHEN 'short int' THEN 'short'
+    WHEN 'int16' THEN 'short' WHEN 'unsigned char' THEN 'byte' WHEN 'uint8' THEN 'byte'
+    WHEN 'signed char' THEN 'char' WHEN 'int8' THEN 'char' WHEN 'float32' THEN 'float'
+    WHEN 'float64' THEN 'double' WHEN 'float16' THEN 'half'
+    ELSE regexp_replace(lower(trim({x})), '^(c10::|torch\\.)', '')
+END
+"""
+_DTYPE_SIZE_SQL = """
+CASE {x}
+    WHEN 'float' THEN 4 WHEN 'double' THEN 8 WHEN 'half' THEN 2 WHEN 'bfloat16' THEN 2
+    WHEN 'int' THEN 4 WHEN 'long' THEN 8 WHEN 'short' THEN 2 WHEN 'byte' THEN 1 WHEN 'char' THEN 1
+    WHEN 'bool' THEN 1 WHEN 'complexfloat' THEN 8 WHEN 'complexdouble' THEN 16
+    WHEN 'complexhalf' THEN 4 WHEN 'uint16' THEN 2 WHEN 'uint32' THEN 4 WHEN 'uint64' THEN 8
+    ELSE CASE WHEN {x} LIKE 'float8%' THEN 1 END
+END
+"""
+
+
+class _Reader:
+    """One file's SQL pipeline; the methods run in ``read``'s order."""
+
+    def __init__(
+        self, path: Path, rank: int, tef: TraceEventsFile, con: duckdb.DuckDBPyConnection
+    ) -> None:
+        self.path = path
+        self.rank = rank
+        self.meta = tef.meta
+        self.events_path = tef.events_path
+        self.con = con
+        info = self.meta.get("distributedInfo")
+        self.info: dict[str, Any] = info if isinstance(info, dict) else {}
+        ws = self.info.get("world_size")
+        self.world_size = int(ws) if isinstance(ws, int) else None
+        base = self.meta.get("baseTimeNanoseconds")
+        self.base_ns = int(base) if isinstance(base, (int, float)) else 0
+
+    def _fail(self, exc: duckdb.Error) -> TraceFormatError:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return TraceFormatError(f"{self.path}: cannot parse the trace events: {first}")
+
+    def sql(self, query: str, params: list[Any] | None = None) -> None:
+        """Run a statement that returns no rows (DDL)."""
+        try:
+            self.con.execute(query, params)
+        except duckdb.Error as exc:
+            raise self._fail(exc) from exc
+
+    def rows(self, query: str) -> list[tuple[Any, ...]]:
+        try:
+            return self.con.sql(query).fetchall()
+        except duckdb.Error as exc:
+            raise self._fail(exc) from exc
+
+    def frame(self, query: str) -> pl.DataFrame:
+        try:
+            return self.con.sql(query).pl()
+        except duckdb.Error as exc:
+            raise self._fail(exc) from exc
+
+    def read(self) -> TraceTables:
+        self.load()
+        self.build_tracks_events()
+        self.nest()
+        self.assign_iterations()
+        tables = TraceTables(path=self.path, format="kineto", world_size=self.world_size)
+        tables.tracks = self.frame(
+            f"SELECT {self.rank} AS rank, track_id, kind, pid, tid, name"
+            " FROM track ORDER BY track_id"
+        )
+        tables.events = self.frame(
+            f"""SELECT {self.rank} AS rank, e.event_id, e.track_id, e.category, e.name, e.ts, e.dur,
+                       e.correlation, e.external_id, e.rf_id, e.parent_id, e.depth, e.iteration,
+                       e.args
+                FROM evx e ORDER BY e.event_id"""
+        )
+        tables.iterations = self.frame(
+            f"SELECT {self.rank} AS rank, iteration, ts, dur, name FROM step ORDER BY iteration"
+        )
+        tables.memory = self.memory()
+        tables.flows = self.flows()
+        groups = self.comm_groups_from_meta()
+        tables.collectives, tables.p2p = self.comms(groups)
+        tables.comm_groups = self.comm_groups(groups, tables.collectives, tables.p2p)
+        tables.ranks = self.ranks_frame()
+        return tables.conform()
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.sql(_LOAD_FAST, [str(self.events_path)])
+        (lossy,) = self.rows(
+            f"SELECT count(*) FROM raw"
+            f" WHERE abs(ts_raw) >= {_TWO_POW_43} AND ts_raw <> floor(ts_raw)"
+        )[0]
+        if lossy:
+            self.sql(_LOAD_EXACT, [str(self.events_path)])
+        bad = self.rows(
+            """SELECT ord - 1, name, CASE WHEN ts_us_ns IS NULL THEN 'ts' ELSE 'pid' END
+               FROM raw WHERE ph IN ('X', 'i', 'I') AND (ts_us_ns IS NULL OR pid IS NULL)
+               ORDER BY ord LIMIT 1"""
+        )
+        if bad:
+            index, name, field = bad[0]
+            msg = f"{self.path}: event #{index} ({name!r}) has no `{field}` at traceEvents[{index}]"
+            raise MissingFieldError(msg)
+        base = self.base_ns
+        self.sql(
+            f"""CREATE VIEW ev0 AS
+                SELECT ord, ph, pid, tid, ts_us_ns + {base} AS ts,
+                       CASE WHEN ph IN ('i', 'I') THEN 0 ELSE greatest(coalesce(dur_ns, 0), 0) END
+                           AS dur,
+                       coalesce(name, '') AS name, {_CATEGORY_SQL} AS category, args
+                FROM raw
+                WHERE ph IN ('X', 'i', 'I') AND ts_us_ns IS NOT NULL
+                  AND coalesce(cat, '') <> 'Trace'
+                  AND coalesce(pid, '') NOT IN ('Spans', 'Traces', '')
+                  AND NOT (ph IN ('i', 'I') AND name = '[memory]')"""
+        )
+
+    def build_tracks_events(self) -> None:
+        device = ", ".join(f"'{c}'" for c in _DEVICE_CATEGORIES)
+        self.sql(
+            f"""CREATE TABLE track AS
+                WITH t AS (
+                    SELECT pid, tid, bool_or(category IN ({device})) AS is_stream
+                    FROM ev0 GROUP BY pid, tid),
+                names AS (
+                    SELECT pid, tid, trim(any_value(args->>'name')) AS name
+                    FROM raw WHERE ph = 'M' AND name = 'thread_name' GROUP BY pid, tid)
+                SELECT (row_number() OVER (
+                            ORDER BY t.is_stream, TRY_CAST(t.pid AS BIGINT) NULLS LAST, t.pid,
+                                     TRY_CAST(t.tid AS BIGINT) NULLS LAST, t.tid) - 1)::INTEGER
+                           AS track_id,
+                       CASE WHEN t.is_stream THEN 'stream' ELSE 'thread' END AS kind,
+                       t.pid, TRY_CAST(t.tid AS BIGINT) AS tid, t.tid AS tid_text,
+                       coalesce(n.name, CASE WHEN TRY_CAST(t.tid AS BIGINT) IS NULL THEN t.tid END)
+                           AS name
+                FROM t LEFT JOIN names n ON n.pid = t.pid AND n.tid = t.tid"""
+        )
+        self.sql(
+            """CREATE TABLE ev AS
+               SELECT (row_number() OVER (ORDER BY t.track_id, e.ts, e.dur DESC, e.ord) - 1)::BIGINT
+                          AS event_id,
+                      t.track_id, t.kind = 'stream' AS on_device, e.category, e.name, e.ts, e.dur,
+                      TRY_CAST(e.ids[1] AS BIGINT) AS correlation,
+                      TRY_CAST(e.ids[2] AS BIGINT) AS external_id,
+                      TRY_CAST(e.ids[3] AS BIGINT) AS rf_id,
+                      CASE WHEN e.ids[1] IS NULL AND e.ids[2] IS NULL AND e.ids[3] IS NULL
+                           THEN e.args::VARCHAR
+                           ELSE nullif(json_merge_patch(
+                               e.args, '{"correlation": null, "External id": null,
+                                         "Record function id": null}')::VARCHAR, '{}')
+                      END AS args
+               FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
+                                                          '$."Record function id"']) AS ids
+                     FROM ev0) e
+               JOIN track t ON t.pid = e.pid AND t.tid_text = e.tid"""
+        )
+        self.sql("DROP VIEW ev0")
+
+    def nest(self) -> None:
+        spans = self.frame("SELECT event_id, track_id, ts, dur FROM ev WHERE category <> 'instant'")
+        nested = nest_events(spans).select("event_id", "parent_id", "depth")
+        self.con.register("_nested", nested)
+        self.sql(
+            """CREATE TABLE nest AS
+               SELECT event_id, parent_id::BIGINT AS parent_id, depth::INTEGER AS depth
+               FROM _nested"""
+        )
+        self.con.unregister("_nested")
+
+    def assign_iterations(self) -> None:
+        """Steps from ``ProfilerStep#N``; host events by time, device events by their launch."""
+        self.sql(
+            r"""CREATE TABLE step AS
+                SELECT CAST(regexp_extract(name, '^ProfilerStep#(\d+)$', 1) AS INTEGER)
+                           AS iteration,
+                       min(ts) AS ts, arg_min(dur, ts) AS dur, arg_min(name, ts) AS name
+                FROM ev
+                WHERE NOT on_device AND regexp_matches(name, '^ProfilerStep#\d+$')
+                GROUP BY 1"""
+        )
+        launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
+        self.sql(
+            f"""CREATE TABLE ev_it AS
+                WITH by_time AS (
+                    SELECT e.event_id, e.on_device, e.correlation, e.category,
+                           CASE WHEN e.ts < s.ts + greatest(s.dur, 1) THEN s.iteration END AS it
+                    FROM ev e ASOF LEFT JOIN step s ON e.ts >= s.ts),
+                launched AS (
+                    SELECT correlation, min(it) AS it FROM by_time
+                    WHERE category IN ({launch}) AND correlation IS NOT NULL GROUP BY correlation)
+                SELECT b.event_id,
+                       CASE WHEN b.on_device THEN coalesce(l.it, b.it) ELSE b.it END AS iteration
+                FROM by_time b
+                LEFT JOIN launched l ON b.on_device AND l.correlation = b.correlation
+                WHERE b.it IS NOT NULL OR l.it IS NOT NULL"""
+        )
+        # ev with the nesting and iterations joined in, for the few queries that need them
+        self.sql(
+            """CREATE VIEW evx AS
+               SELECT ev.*, n.parent_id, n.depth, i.iteration::INTEGER AS iteration
+               FROM ev LEFT JOIN nest n USING (event_id) LEFT JOIN ev_it i USING (event_id)"""
+        )
+
+    # -- other frames --------------------------------------------------------------------------
+
+    def memory(self) -> pl.DataFrame:
+        types = "[" + ", ".join(f"'{t}'" for t in _DEVICE_TYPES) + "]"
+        return self.frame(
+            f"""WITH m AS (
+                    SELECT ts_us_ns + {self.base_ns} AS ts, args FROM raw
+                    WHERE ph IN ('i', 'I') AND name = '[memory]' AND ts_us_ns IS NOT NULL)
+                SELECT {self.rank} AS rank, m.ts,
+                       CASE WHEN TRY_CAST(m.args->>'Device Type' AS INTEGER) IS NOT NULL
+                            THEN coalesce(
+                                list_extract({types},
+                                             TRY_CAST(m.args->>'Device Type' AS INTEGER) + 1),
+                                m.args->>'Device Type')
+                            ELSE lower(m.args->>'Device Type') END AS device_type,
+                       TRY_CAST(m.args->>'Device Id' AS INTEGER) AS device_id,
+                       TRY_CAST(m.args->>'Addr' AS BIGINT) AS addr,
+                       coalesce(TRY_CAST(m.args->>'Bytes' AS BIGINT), 0) AS bytes,
+                       TRY_CAST(m.args->>'Total Allocated' AS BIGINT) AS total_allocated,
+                       TRY_CAST(m.args->>'Total Reserved' AS BIGINT) AS total_reserved,
+                       CASE WHEN m.ts < s.ts + greatest(s.dur, 1) THEN s.iteration END AS iteration
+                FROM m ASOF LEFT JOIN step s ON m.ts >= s.ts
+                ORDER BY m.ts"""
+        )
+
+    def flows(self) -> pl.DataFrame:
+        """Launch (by correlation), fwd-bwd (by flow id) and stream-sync dependencies."""
+        launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
+        base = self.base_ns
+        return self.frame(
+            f"""WITH launcher AS (
+                    SELECT correlation, min(event_id) AS event_id FROM ev
+                    WHERE category IN ({launch}) AND correlation IS NOT NULL GROUP BY correlation),
+                launches AS (
+                    SELECT 'launch' AS kind, l.event_id AS src_event_id, d.event_id AS dst_event_id,
+                           d.correlation AS flow_id
+                    FROM ev d JOIN launcher l USING (correlation)
+                    WHERE d.category IN ('kernel', 'memcpy', 'memset')),
+                points AS (
+                    SELECT r.id, r.ph, t.track_id, r.ts_us_ns + {base} AS ts
+                    FROM raw r JOIN track t ON t.pid = r.pid AND t.tid_text = r.tid
+                    WHERE r.ph IN ('s', 'f') AND r.cat = 'fwdbwd' AND r.ts_us_ns IS NOT NULL),
+                bound AS (
+                    SELECT p.id, p.ph, arg_max(e.event_id, e.depth) AS event_id
+                    FROM points p JOIN evx e ON e.track_id = p.track_id AND e.ts <= p.ts
+                                           AND p.ts <= e.ts + e.dur AND e.category <> 'instant'
+                    GROUP BY p.id, p.ph),
+                fwdbwd AS (
+                    SELECT 'fwdbwd' AS kind, s.event_id AS src_event_id, f.event_id AS dst_event_id,
+                           TRY_CAST(s.id AS BIGINT) AS flow_id
+                    FROM bound s JOIN bound f ON s.id = f.id AND s.ph = 's' AND f.ph = 'f'),
+                waits AS (
+                    SELECT e.event_id, e.ts, t.pid,
+                           TRY_CAST(e.args->>'wait_on_stream' AS BIGINT) AS stream,
+                           TRY_CAST(e.args->>'wait_on_cuda_event_record_corr_id' AS BIGINT) AS rec
+                    FROM ev e JOIN track t USING (track_id)
+                    WHERE e.category = 'cuda_sync'),
+                done AS (
+                    SELECT t.pid, t.tid AS stream, e.correlation, e.event_id FROM ev e
+                    JOIN track t USING (track_id)
+                    WHERE e.on_device AND e.category IN ('kernel', 'memcpy', 'memset')
+                      AND e.correlation IS NOT NULL),
+                syncs AS (
+                    SELECT 'sync' AS kind, d.event_id AS src_event_id, w.event_id AS dst_event_id,
+                           NULL::BIGINT AS flow_id
+                    FROM waits w ASOF JOIN done d
+                      ON d.pid = w.pid AND d.stream = w.stream AND w.rec > d.correlation
+                    WHERE w.stream IS NOT NULL AND w.rec IS NOT NULL AND w.rec > 0)
+                SELECT {self.rank} AS rank, * FROM (
+                    SELECT * FROM launches UNION ALL SELECT * FROM fwdbwd
+                    UNION ALL SELECT * FROM syncs)
+                ORDER BY kind, dst_event_id, src_event_id"""
+        )
+
+    # -- communication -------------------------------------------------------------------------
+
+    def comm_groups_from_meta(self) -> dict[str, dict[str, Any]]:
+        """Groups declared by the trace: ``distributedInfo.pg_config``, then ``prism_groups``."""
+        backend = self.info.get("backend")
+        groups: dict[str, dict[str, Any]] = {}
+        for g in _json_list(self.meta.get("prism_groups")) or []:
+            if isinstance(g, dict) and g.get("name") is not None:
+                ranks = _int_list(g.get("ranks"))
+                groups[str(g["name"])] = {
+                    "name": str(g["name"]),
+                    "description": g.get("desc"),
+                    "backend": _backend_of(g.get("backend"), backend),
+                    "size": len(ranks) if ranks is not None else g.get("size"),
+                    "ranks": ranks,
+                }
+        pg_config = _json_list(self.info.get("pg_config"))
+        if isinstance(pg_config, dict):  # older torch: {name: {...}}
+            pg_config = [{"pg_name": k, **v} for k, v in pg_config.items() if isinstance(v, dict)]
+        for g in pg_config or []:
+            if not isinstance(g, dict) or g.get("pg_name") is None:
+                continue
+            name = str(g["pg_name"])
+            ranks = _int_list(g.get("ranks"))
+            size = g.get("pg_size")
+            groups[name] = {
+                "name": name,
+                "description": g.get("pg_desc") or groups.get(name, {}).get("description"),
+                "backend": _backend_of(g.get("backend_config"), backend),
+                "size": int(size) if isinstance(size, int) else (len(ranks) if ranks else None),
+                "ranks": ranks if ranks is not None else groups.get(name, {}).get("ranks"),
+            }
+        return groups
+
+    def comms(self, groups: dict[str, dict[str, Any]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Collective and p2p calls, each linked to the NCCL kernel it launched (if any)."""
+        ws = self.world_size if self.world_size is not None else "NULL"
+        op_kind = _OP_KIND_SQL
+        rpc_dtype = _DTYPE_SQL.format(x="e.args->>'dtype'")
+        old_dtype = _DTYPE_SQL.format(x="a.args->'Input type'->>0")
+        launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
+        self.sql(
+            rf"""CREATE TABLE comm_raw AS
+                WITH prism AS (
+                    SELECT e.event_id, e.track_id, e.ts, e.dur, 0 AS source,
+                           regexp_extract(e.name, '[:;]pg=([^;]*)', 1) AS group_name,
+                           nullif(regexp_extract(e.name, '[:;]desc=([^;]*)', 1), '') AS group_desc,
+                           NULL::VARCHAR AS group_ranks, NULL::INTEGER AS group_size,
+                           {op_kind.format(x="regexp_extract(e.name, '[:;]op=([^;]*)', 1)")} AS op,
+                           TRY_CAST(regexp_extract(e.name, '[:;]seq=(-?\d+)', 1) AS BIGINT) AS seq,
+                           TRY_CAST(regexp_extract(e.name, '[:;]in_bytes=(\d+)', 1) AS BIGINT)
+                               AS in_bytes,
+                           TRY_CAST(regexp_extract(e.name, '[:;]out_bytes=(\d+)', 1) AS BIGINT)
+                               AS out_bytes,
+                           {_DTYPE_SQL.format(x="regexp_extract(e.name, '[:;]dtype=([^;]*)', 1)")}
+                               AS dtype,
+                           TRY_CAST(regexp_extract(e.name, '[:;]peer=(-?\d+)', 1) AS INTEGER)
+                               AS peer,
+                           TRY_CAST(regexp_extract(e.name, '[:;]tag=(-?\d+)', 1) AS INTEGER) AS tag,
+                           NULL::INTEGER AS group_peer
+                    FROM ev e WHERE NOT e.on_device AND starts_with(e.name, 'prism_comm:')),
+                rpc_new AS (
+                    SELECT e.event_id, e.track_id, e.ts, e.dur, 1 AS source,
+                           e.args->>'Process Group Name' AS group_name,
+                           e.args->>'Process Group Description' AS group_desc,
+                           e.args->>'Process Group Ranks' AS group_ranks,
+                           TRY_CAST(e.args->>'Group size' AS INTEGER) AS group_size,
+                           {op_kind.format(x="e.args->>'Collective name'")} AS op,
+                           TRY_CAST(e.args->>'Seq' AS BIGINT) - 1 AS seq,
+                           TRY_CAST(e.args->>'In msg nelems' AS BIGINT)
+                               * ({_DTYPE_SIZE_SQL.format(x=rpc_dtype)}) AS in_bytes,
+                           TRY_CAST(e.args->>'Out msg nelems' AS BIGINT)
+                               * ({_DTYPE_SIZE_SQL.format(x=rpc_dtype)}) AS out_bytes,
+                           {rpc_dtype} AS dtype, NULL::INTEGER AS peer, NULL::INTEGER AS tag,
+                           coalesce(TRY_CAST(e.args->>'Dst Rank' AS INTEGER),
+                                    TRY_CAST(e.args->>'Src Rank' AS INTEGER)) AS group_peer
+                    FROM ev e
+                    WHERE e.name = 'record_param_comms' AND e.args->>'Collective name' IS NOT NULL),
+                rpc_old AS (
+                    SELECT e.event_id, e.track_id, e.ts, e.dur, 2 AS source,
+                           '0' AS group_name, NULL::VARCHAR AS group_desc,
+                           NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
+                           {op_kind.format(x="regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
+                           NULL::BIGINT AS seq,
+                           list_aggregate(
+                               TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')::BIGINT
+                               * ({_DTYPE_SIZE_SQL.format(x=old_dtype)}) AS in_bytes,
+                           NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
+                           NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                    FROM ev e JOIN ev a
+                      ON a.track_id = e.track_id AND a.ts >= e.ts AND a.ts + a.dur <= e.ts + e.dur
+                     AND a.event_id > e.event_id AND a.category = 'user_annotation'
+                     AND regexp_matches(a.name, '^(nccl|gloo|mpi|ucc|xccl):')
+                    WHERE e.name = 'record_param_comms' AND e.args->>'Collective name' IS NULL
+                    QUALIFY row_number() OVER (PARTITION BY e.event_id ORDER BY a.event_id) = 1),
+                cand AS (
+                    SELECT * FROM prism UNION ALL SELECT * FROM rpc_new
+                    UNION ALL SELECT * FROM rpc_old),
+                kept AS (
+                    SELECT c.* FROM cand c
+                    WHERE c.op IS NOT NULL AND NOT EXISTS (
+                        SELECT 1 FROM cand o
+                        WHERE o.op IS NOT NULL AND o.track_id = c.track_id
+                          AND o.event_id <> c.event_id AND o.ts <= c.ts
+                          AND c.ts + c.dur <= o.ts + o.dur
+                          AND (o.ts < c.ts OR o.ts + o.dur > c.ts + c.dur
+                               OR o.source < c.source
+                               OR (o.source = c.source AND o.event_id < c.event_id)))),
+                nccl AS (
+                    SELECT r.track_id, r.ts AS launch_ts, k.event_id, k.ts, k.dur
+                    FROM ev r JOIN ev k ON k.correlation = r.correlation
+                    WHERE r.category IN ({launch}) AND k.category = 'kernel'
+                      AND k.name ILIKE '%nccl%'),
+                linked AS (
+                    SELECT c.event_id, arg_min(n.event_id, n.launch_ts) AS kernel_event_id
+                    FROM kept c JOIN nccl n
+                      ON n.track_id = c.track_id AND n.launch_ts >= c.ts
+                     AND n.launch_ts <= c.ts + c.dur
+                    GROUP BY c.event_id),
+                linked_parent AS (
+                    SELECT c.event_id, arg_min(n.event_id, n.launch_ts) AS kernel_event_id
+                    FROM kept c JOIN evx ce ON ce.event_id = c.event_id
+                    JOIN ev p ON p.event_id = ce.parent_id
+                    JOIN nccl n ON n.track_id = p.track_id AND n.launch_ts >= c.ts
+                     AND n.launch_ts <= p.ts + p.dur
+                    WHERE p.category IN ('cpu_op', 'user_annotation')
+                      AND c.event_id NOT IN (SELECT event_id FROM linked)
+                    GROUP BY c.event_id)
+                SELECT c.*, coalesce(l.kernel_event_id, lp.kernel_event_id) AS kernel_event_id,
+                       k.ts AS kernel_ts, k.dur AS kernel_dur, e.iteration
+                FROM kept c
+                LEFT JOIN linked l USING (event_id)
+                LEFT JOIN linked_parent lp USING (event_id)
+                LEFT JOIN ev k ON k.event_id = coalesce(l.kernel_event_id, lp.kernel_event_id)
+                JOIN evx e ON e.event_id = c.event_id"""
+        )
+        raw = self.frame("SELECT * FROM comm_raw ORDER BY ts, event_id")
+        ranks_of = {name: g["ranks"] for name, g in groups.items() if g.get("ranks") is not None}
+        size_of = {name: g["size"] for name, g in groups.items() if g.get("size") is not None}
+        group_ranks = pl.Series(
+            "ranks",
+            [
+                ranks_of.get(n) if ranks_of.get(n) is not None else _int_list(r)
+                for n, r in zip(
+                    raw["group_name"].to_list(), raw["group_ranks"].to_list(), strict=True
+                )
+            ],
+            dtype=pl.List(pl.Int32),
+        )
+        raw = raw.with_columns(
+            group_ranks,
+            pl.coalesce(
+                pl.col("group_size"),
+                pl.col("group_name").replace_strict(size_of, default=None, return_dtype=pl.Int32),
+            ).alias("group_size"),
+        )
+        return self._collectives(raw), self._p2p(raw)
+
+    def _collectives(self, raw: pl.DataFrame) -> pl.DataFrame:
+        coll = raw.filter(~pl.col("op").is_in(["send", "recv"]))
+        size = pl.col("group_size").cast(pl.Int64)
+        out_est = (
+            pl.when(pl.col("out_bytes").is_not_null())
+            .then(pl.col("out_bytes"))
+            .when(pl.col("op") == "all_gather")
+            .then(pl.col("in_bytes") * size)
+            .when(pl.col("op") == "reduce_scatter")
+            .then(pl.col("in_bytes") // size)
+            .when(pl.col("op").is_in(["all_reduce", "all_to_all", "broadcast", "reduce"]))
+            .then(pl.col("in_bytes"))
+        )
+        return coll.select(
+            pl.lit(self.rank).alias("rank"),
+            "event_id",
+            "group_name",
+            pl.when(pl.col("seq") >= 0).then(pl.col("seq")).alias("seq"),
+            pl.col("op").alias("kind"),
+            pl.col("dtype").replace("", None),
+            "in_bytes",
+            out_est.alias("out_bytes"),
+            pl.max_horizontal("in_bytes", out_est).alias("msg_bytes"),
+            "group_size",
+            pl.col("ts").alias("host_ts"),
+            pl.col("dur").alias("host_dur"),
+            "kernel_event_id",
+            "kernel_ts",
+            "kernel_dur",
+            "iteration",
+        )
+
+    def _p2p(self, raw: pl.DataFrame) -> pl.DataFrame:
+        p2p = raw.filter(pl.col("op").is_in(["send", "recv"]))
+        # Group-local peer (record_param_comms) -> global rank through the group's ranks.
+        from_group = pl.col("ranks").list.get(pl.col("group_peer"), null_on_oob=True)
+        peer = pl.coalesce(
+            pl.when(pl.col("peer") >= 0).then(pl.col("peer")),
+            pl.when(pl.col("group_peer").is_not_null() & pl.col("ranks").is_not_null()).then(
+                from_group
+            ),
+            pl.col("group_peer"),
+            pl.lit(-1),
+        )
+        return (
+            p2p.with_columns(peer.cast(pl.Int32).alias("peer"))
+            .select(
+                pl.lit(self.rank).alias("rank"),
+                "event_id",
+                "group_name",
+                pl.col("op").alias("direction"),
+                "peer",
+                pl.when(pl.col("op") == "send")
+                .then(pl.col("in_bytes"))
+                .otherwise(pl.coalesce(pl.col("out_bytes"), pl.col("in_bytes")))
+                .alias("bytes"),
+                "tag",
+                pl.col("dtype").replace("", None),
+                pl.col("ts").alias("host_ts"),
+                pl.col("dur").alias("host_dur"),
+                "kernel_event_id",
+                "kernel_ts",
+                "kernel_dur",
+                "iteration",
+            )
+            .sort("host_ts", "event_id")
+            .with_columns(
+                (pl.int_range(pl.len()).over("peer", "direction")).cast(pl.Int64).alias("seq")
+            )
+        )
+
+    def comm_groups(
+        self, groups: dict[str, dict[str, Any]], coll: pl.DataFrame, p2p: pl.DataFrame
+    ) -> pl.DataFrame:
+        """Declared groups, plus those only named by calls (with their args' ranks)."""
+        out = {name: dict(g) for name, g in groups.items()}
+        named = self.rows(
+            """SELECT group_name, any_value(group_desc), any_value(group_ranks),
+                      max(group_size), min(source)
+               FROM comm_raw WHERE group_name IS NOT NULL GROUP BY group_name ORDER BY group_name"""
+        )
+        backend = self.info.get("backend")
+        for name, desc, ranks_text, size, source in named:
+            if name in out:
+                g = out[name]
+                g["description"] = g.get("description") or desc
+                if g.get("ranks") is None:
+                    g["ranks"] = _int_list(ranks_text)
+                continue
+            ranks = _int_list(ranks_text)
+            if ranks is None and source == 2 and self.world_size is not None:
+                ranks = list(range(self.world_size))  # old traces: the default group
+            out[name] = {
+                "name": name,
+                "description": desc or ("default_pg" if source == 2 else None),
+                "backend": backend,
+                "size": len(ranks) if ranks else size,
+                "ranks": ranks,
+            }
+        del coll, p2p
+        rows = sorted(out.values(), key=lambda g: (len(g["name"]), g["name"]))
+        return pl.DataFrame(
+            {
+                "name": [g["name"] for g in rows],
+                "description": [g.get("description") for g in rows],
+                "backend": [g.get("backend") for g in rows],
+                "size": [g.get("size") for g in rows],
+                "ranks": [g.get("ranks") for g in rows],
+            },
+            schema={
+                "name": pl.Utf8,
+                "description": pl.Utf8,
+                "backend": pl.Utf8,
+                "size": pl.Int32,
+                "ranks": pl.List(pl.Int32),
+            },
+        )
+
+    def ranks_frame(self) -> pl.DataFrame:
+        rows = self.rows(
+            """SELECT coalesce(
+                   (SELECT TRY_CAST(any_value(t.pid) AS BIGINT)
+                    FROM ev e JOIN track t USING (track_id)
+                    WHERE regexp_matches(e.name, '^ProfilerStep#\\d+$') AND NOT e.on_device),
+                   (SELECT TRY_CAST(t.pid AS BIGINT) FROM ev e JOIN track t USING (track_id)
+                    WHERE t.kind = 'thread' AND TRY_CAST(t.pid AS BIGINT) IS NOT NULL
+                    GROUP BY t.pid ORDER BY count(*) DESC LIMIT 1)),
+               (SELECT TRY_CAST(t.pid AS INTEGER) FROM ev e JOIN track t USING (track_id)
+                WHERE t.kind = 'stream' GROUP BY t.pid ORDER BY count(*) DESC LIMIT 1)"""
+        )
+        pid, device_id = rows[0]
+        props = self.meta.get("deviceProperties")
+        props = props if isinstance(props, list) else []
+        entry = next((p for p in props if isinstance(p, dict) and p.get("id") == device_id), None)
+        if entry is None and len(props) == 1 and isinstance(props[0], dict):
+            entry = props[0]
+        if entry is not None:
+            device = str(entry.get("name"))
+        else:
+            device = "cpu" if device_id is None else f"device {device_id}"
+        args = {
+            k: v
+            for k, v in {
+                "device_properties": entry,
+                "trace_name": self.meta.get("traceName"),
+                "base_time_ns": self.meta.get("baseTimeNanoseconds"),
+                "nccl_version": self.info.get("nccl_version"),
+                "schema_version": self.meta.get("schemaVersion"),
+            }.items()
+            if v is not None
+        }
+        host = self.meta.get("host_name") or self.meta.get("hostname")
+        return pl.DataFrame(
+            {
+                "rank": [self.rank],
+                "backend": [self.info.get("backend")],
+                "hostname": [host if isinstance(host, str) else None],
+                "pid": [pid],
+                "device": [device],
+                "args": [orjson.dumps(args).decode()],
+            },
+            schema={
+                "rank": pl.Int32,
+                "backend": pl.Utf8,
+                "hostname": pl.Utf8,
+                "pid": pl.Int64,
+                "device": pl.Utf8,
+                "args": pl.Utf8,
+            },
+        )
