@@ -438,19 +438,8 @@ def _stage(con: object, stage: str, df: pl.DataFrame) -> None:
         con.unregister("_stage_frame")  # type: ignore[attr-defined]
 
 
-_RUN_TABLES = (
-    "rank",
-    "source_file",
-    "comm_group",
-    "track",
-    "event",
-    "collective",
-    "p2p",
-    "memory",
-    "flow",
-    "iteration",
-    "et_op",
-)
+# Every per-run table: what a --replace deletes and what the report counts.
+_RUN_TABLES = tuple(t.name for t in schema.TABLES if t.name not in ("meta", "run"))
 
 
 def _count(con: object, table_name: str, run_id: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
+    "GRAPH_TABLES",
     "RUN_KINDS",
     "SCHEMA_VERSION",
     "TABLES",
@@ -155,6 +156,12 @@ TABLES: tuple[Table, ...] = (
             _c("backend", "VARCHAR", "Backend of the group."),
             _c("size", "INTEGER", "Number of member ranks."),
             _c("ranks", "INTEGER[]", "Global ranks of the members, in group-rank order."),
+            _c(
+                "axis",
+                "VARCHAR",
+                "Parallel role: `tp`, `cp`, `ep`, `dp`, `pp`, several joined by `-` (`dp-cp`),"
+                " `embd`, `world`; NULL until the layout is known. Slicing remaps by it.",
+            ),
         ),
         ("run_id", "group_id"),
     ),
@@ -325,6 +332,66 @@ TABLES: tuple[Table, ...] = (
         ("run_id", "rank", "node_id"),
     ),
 )
+
+GRAPH_TABLES: tuple[Table, ...] = (
+    Table(
+        "graph_node",
+        "A node of a rank's execution graph: a top-level host op, a device op, or a communication."
+        " A sliced run stores one graph per equivalence class, under the class's exemplar rank"
+        " (`rank.class_id`).",
+        (
+            RUN_ID,
+            _c("rank", "INTEGER", "Rank (or class exemplar rank in a sliced run).", null=False),
+            _c("node_id", "BIGINT", "Minted id within the rank.", null=False),
+            _c(
+                "kind",
+                "VARCHAR",
+                "host | kernel | memcpy | memset | collective | send | recv.",
+                null=False,
+            ),
+            _c("track_id", "INTEGER", "Thread or stream the node runs on.", "track.track_id"),
+            _c("event_id", "BIGINT", "Source event (of `source_run_id`'s rank).", "event.event_id"),
+            _c("name", "VARCHAR", "Op, kernel or collective name."),
+            _c("ts", "BIGINT", "Recorded start, ns (NULL when the source has no times)."),
+            _c("dur", "BIGINT", "Recorded duration, ns; for communication it includes waiting."),
+            _c("iteration", "INTEGER", "Training step.", "iteration.iteration"),
+            _c(
+                "group_id",
+                "INTEGER",
+                "Communicator of a collective/send/recv.",
+                "comm_group.group_id",
+            ),
+            _c("seq", "BIGINT", "Sequence number within the group (collective) or pair (p2p)."),
+            _c("peer", "INTEGER", "Other side of a send/recv (global rank)."),
+            _c("msg_bytes", "BIGINT", "Message size (rescaled in sliced runs)."),
+            _c("comm_kind", "VARCHAR", "Collective kind (all_reduce, ...) of a collective node."),
+        ),
+        ("run_id", "rank", "node_id"),
+    ),
+    Table(
+        "graph_edge",
+        "A dependency inside one rank's graph: `dst` may start `delay` ns after `src`'s `anchor`"
+        " (its start or its end); a `sync` edge instead holds back the *end* of `dst`.",
+        (
+            RUN_ID,
+            _c("rank", "INTEGER", "Rank (or class exemplar rank).", null=False),
+            _c("src", "BIGINT", "Node that comes first.", "graph_node.node_id", null=False),
+            _c("dst", "BIGINT", "Node that depends on it.", "graph_node.node_id", null=False),
+            _c(
+                "kind",
+                "VARCHAR",
+                "program (host order, delay = recorded gap) | launch (host op → kernel) |"
+                " stream (device order) | wait (cross-stream event wait) | sync (device → host"
+                " synchronize) | comm (collective host op → its kernel) | data | ctrl (Chakra).",
+                null=False,
+            ),
+            _c("anchor", "VARCHAR", "start | end: which instant of `src` the delay counts from."),
+            _c("delay", "BIGINT", "ns after the anchor before `dst` may start (>= 0)."),
+        ),
+    ),
+)
+
+TABLES = TABLES + GRAPH_TABLES
 
 VIEWS: tuple[View, ...] = (
     View(
