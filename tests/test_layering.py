@@ -1,0 +1,53 @@
+"""Dependencies point one way, and the core works without torch.
+
+`prism_trace` never imports `replay` or `analysis`; only `replay` and `datasets` may import torch.
+Checked on the source with `ast`, and by importing every `prism_trace` module with torch hidden.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_prism_trace_imports_no_upper_layer_and_no_torch() -> None:
+    for path in (REPO / "prism_trace").rglob("*.py"):
+        mods = imported_modules(path)
+        assert not mods & {"replay", "analysis", "torch"}, f"{path.relative_to(REPO)}: {mods}"
+
+
+def test_analysis_does_not_import_torch() -> None:
+    for path in (REPO / "analysis").rglob("*.py"):
+        assert "torch" not in imported_modules(path), path
+
+
+def test_core_imports_with_torch_hidden() -> None:
+    modules = sorted(
+        ".".join(p.relative_to(REPO).with_suffix("").parts)
+        for p in (REPO / "prism_trace").rglob("*.py")
+        if p.name != "__main__.py"
+    )
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import importlib\n"
+        f"for m in {modules!r}: importlib.import_module(m.removesuffix('.__init__'))\n"
+        "print('ok')"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "ok"
