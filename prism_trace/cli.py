@@ -137,13 +137,120 @@ def info_cmd(db: Path, run_name: str | None, as_json: bool) -> None:
 @_one_line_errors
 def query_cmd(db: Path, sql: str, fmt: str, output: Path | None, max_rows: int) -> None:
     """Run SQL against DB (read-only) and print or write the result."""
+    from analysis import load_views
     from prism_trace.query import run_query
     from prism_trace.store import open_store
 
     with open_store(db, read_only=True) as store:
-        text = run_query(store, sql, fmt=fmt, output=output, max_rows=max_rows)  # type: ignore[arg-type]
+        text = run_query(
+            store,
+            sql,
+            fmt=fmt,  # type: ignore[arg-type]
+            output=output,
+            max_rows=max_rows,
+            prepare=load_views,
+        )
     if text:
         click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command("analyze")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.argument("what", type=click.Choice(["temporal", "kernels", "overlap", "idle", "skew"]))
+@click.option("--run", "run_name", required=True, help="Run to analyse (any kind).")
+@click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
+@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown as table.")
+@_one_line_errors
+def analyze_cmd(db: Path, what: str, run_name: str, as_json: bool, max_rows: int) -> None:
+    """Answer WHAT about a run: temporal/kernel breakdown, overlap, idle time, collective skew."""
+    import polars as pl
+
+    from analysis import ANALYSES
+    from prism_trace.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        df = ANALYSES[what](store, run_name)
+    if as_json:
+        click.echo(json.dumps(df.to_dicts(), default=str, indent=1))
+    else:
+        with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+            click.echo(str(df))
+
+
+@main.command("graph")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
+    """Build the per-rank execution graph of a run and check collectives match across ranks."""
+    from prism_trace.collectives import match_comms
+    from prism_trace.graph import build_graph
+    from prism_trace.store import open_store
+
+    with open_store(db) as store:
+        report = build_graph(store, run_name)
+        match = match_comms(store, run_name)
+    if as_json:
+        click.echo(json.dumps({"graph": report.as_dict(), "comms": match.as_dict()}, indent=2))
+    else:
+        click.echo(
+            f"run {run_name!r}: {report.nodes} nodes, {report.edges} edges over"
+            f" {len(report.ranks)} ranks in {report.seconds:.2f} s"
+        )
+        for note in report.notes():
+            click.echo(f"  {note}")
+        m = match.as_dict()
+        click.echo(
+            f"collectives: {m['complete']}/{m['instances']} instances complete;"
+            f" p2p: {m['p2p_pairs']} pairs, {m['p2p_unpaired']} unpaired"
+        )
+        if not match.ok:
+            click.echo(f"warning: {match.message()}")
+
+
+@main.command("slice")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded run to slice.")
+@click.option("--layout", required=True, help="Target layout, e.g. tp=8,cp=1,ep=1,dp=128,pp=8.")
+@click.option("--world", type=int, required=True, help="Target world size.")
+@click.option("--order", default=None, help="Axis order, fastest first (default tp-cp-ep-dp-pp).")
+@click.option("--from-ranks", default=None, help="Recorded ranks to take roles from, e.g. 0,3.")
+@click.option("--out-run", required=True, help="Name of the sliced run.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the mapping report as JSON.")
+@_one_line_errors
+def slice_cmd(
+    db: Path,
+    run_name: str,
+    layout: str,
+    world: int,
+    order: str | None,
+    from_ranks: str | None,
+    out_run: str,
+    replace: bool,
+    as_json: bool,
+) -> None:
+    """Build the full-scale graph of WORLD ranks from the recorded ranks of RUN."""
+    from prism_trace.parallel import ParallelLayout
+    from prism_trace.slicing import slice_run
+    from prism_trace.store import open_store
+
+    ranks = None if from_ranks is None else [int(r) for r in from_ranks.split(",") if r.strip()]
+    with open_store(db) as store:
+        report = slice_run(
+            store,
+            run=run_name,
+            layout=ParallelLayout.parse(layout, order),
+            world=world,
+            from_ranks=ranks,
+            out_run=out_run,
+            replace=replace,
+        )
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo(report.summary())
 
 
 if __name__ == "__main__":

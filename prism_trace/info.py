@@ -85,13 +85,13 @@ def describe_run(store: Store, name: str) -> dict[str, Any]:
     )
     span = store.con.execute(
         "SELECT min(ts), max(ts + dur) FROM event WHERE run_id = ? AND ts IS NOT NULL", [rid]
-    ).fetchone()
+    ).fetchall()[0]
     unmatched = store.con.execute(
         "SELECT count(*) FROM collective_instance i JOIN comm_group g USING (run_id, group_id)"
         " WHERE i.run_id = ? AND NOT i.matched"
         " AND list_has_all((SELECT list(rank) FROM rank WHERE run_id = ?), g.ranks)",
         [rid, rid],
-    ).fetchone()
+    ).fetchall()[0]
     return {
         **run,
         "iterations": sorted({s["iteration"] for s in steps}),

@@ -445,7 +445,7 @@ _RUN_TABLES = tuple(t.name for t in schema.TABLES if t.name not in ("meta", "run
 def _count(con: object, table_name: str, run_id: int) -> int:
     row = con.execute(  # type: ignore[attr-defined]
         f"SELECT count(*) FROM {table_name} WHERE run_id = ?", [run_id]
-    ).fetchone()
+    ).fetchall()[0]
     return int(row[0])
 
 

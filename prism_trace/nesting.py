@@ -134,18 +134,16 @@ def _one_pass(g: np.ndarray, ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarra
     first_zero = run_end - (cz[run_end] - cz[run_start])
     ended -= run_end - np.maximum(pos, first_zero)
     depth = (opened - ended).astype(np.int64)
-    # Parent: the nearest preceding event of the same track with depth - 1.
-    left = pl.DataFrame({"pos": pos, "g": g, "d": depth - 1})
-    right = pl.DataFrame({"pos": pos, "g": g, "d": depth, "parent": pos})
-    joined = left.join_asof(
-        right,
-        on="pos",
-        by=["g", "d"],
-        strategy="backward",
-        allow_exact_matches=False,
-        check_sortedness=False,  # pos is sorted by construction
-    )
-    parent = joined["parent"].fill_null(-1).to_numpy().astype(np.int64)
+    # Parent: the nearest preceding event of the same track with depth - 1, by a sorted search
+    # over (track, depth, position) keys.
+    levels = np.int64(int(depth.max()) + 2)
+    key = (g * levels + depth) * n + pos
+    sorted_key = np.sort(key)
+    want = (g * levels + (depth - 1)) * n + pos
+    at = np.searchsorted(sorted_key, want, side="left") - 1
+    found = sorted_key[np.maximum(at, 0)]
+    same = (at >= 0) & (found // n == want // n)
+    parent = np.where(same, found % n, -1).astype(np.int64)
     parent[depth == 0] = -1
     return depth, parent
 
@@ -192,13 +190,13 @@ def innermost_enclosing(
     parent_id = ev["_parent"].fill_null(-1).to_numpy()
     at = np.searchsorted(ids, parent_id, sorter=order)
     at = np.minimum(at, len(ids) - 1)
-    parent = np.where(
-        (parent_id >= 0) & (ids[order[at]] == parent_id), order[at], -1
-    ).astype(np.int64)
+    parent = np.where((parent_id >= 0) & (ids[order[at]] == parent_id), order[at], -1).astype(
+        np.int64
+    )
     p_track = points["track_id"].cast(pl.Int64).fill_null(-1).to_numpy()
     p_ts = points["ts"].cast(pl.Int64).to_numpy()
     p_ok = points["ts"].is_not_null().to_numpy() & (p_track >= 0)
-    p_ts = np.where(p_ok, p_ts, 0)
+    p_ts = np.where(p_ok, p_ts, ts.min())  # any in-range value; never used
     # Position of the last event with (track, ts) <= (point track, point ts).
     tracks = np.unique(np.concatenate([track, p_track]))
     g_ev = np.searchsorted(tracks, track).astype(np.int64)

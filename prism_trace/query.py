@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -22,8 +23,12 @@ def run_query(
     fmt: Literal["table", "csv", "json", "parquet"] = "table",
     output: Path | None = None,
     max_rows: int = 50,
+    prepare: Callable[[duckdb.DuckDBPyConnection], object] | None = None,
 ) -> str:
     """Run ``sql`` and return its text rendering, or write it to ``output`` and return "".
+
+    ``prepare`` runs on the query's cursor first: the CLI uses it to define the analysis views,
+    which this layer may not import.
 
     Raises:
         PrismError: the SQL fails (the message is DuckDB's first line), or parquet without ``-o``.
@@ -33,7 +38,10 @@ def run_query(
         raise PrismError(msg)
     try:
         # A cursor has no pending result of earlier statements, which ``sql()`` requires.
-        rel = store.con.cursor().sql(sql)
+        cur = store.con.cursor()
+        if prepare is not None:
+            prepare(cur)
+        rel = cur.sql(sql)
         df = pl.DataFrame() if rel is None else pl.from_arrow(rel.to_arrow_table())
     except duckdb.Error as exc:
         msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"

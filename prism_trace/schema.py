@@ -423,6 +423,96 @@ VIEWS: tuple[View, ...] = (
         ),
     ),
     View(
+        "comm_mismatch",
+        "One row per collective instance that is not whole: members missing, extra ranks, or"
+        " ranks whose kind or size differs from the others'. `mismatch` is false when the only"
+        " missing members were never recorded in the run (a partial recording).",
+        """        WITH inst AS (
+            SELECT run_id, group_id, seq,
+                   mode(kind) AS common_kind, mode(msg_bytes) AS common_bytes,
+                   list(rank ORDER BY rank) AS present_ranks,
+                   list_sort(list_distinct(list(kind))) AS kinds,
+                   list_sort(list_distinct(list(msg_bytes))) AS sizes
+            FROM collective GROUP BY run_id, group_id, seq),
+        odd AS (
+            SELECT c.run_id, c.group_id, c.seq, list(c.rank ORDER BY c.rank) AS odd_ranks
+            FROM collective c JOIN inst i USING (run_id, group_id, seq)
+            WHERE c.kind <> i.common_kind OR c.msg_bytes IS DISTINCT FROM i.common_bytes
+            GROUP BY c.run_id, c.group_id, c.seq),
+        recorded AS (SELECT run_id, list(rank) AS ranks FROM rank GROUP BY run_id),
+        judged AS (
+            SELECT i.run_id, i.group_id, g.name AS group_name, i.seq,
+                   g.ranks AS expected_ranks, i.present_ranks,
+                   list_filter(g.ranks, lambda x: NOT list_contains(i.present_ranks, x))
+                       AS missing_ranks,
+                   list_filter(i.present_ranks, lambda x: NOT list_contains(g.ranks, x))
+                       AS extra_ranks,
+                   coalesce(o.odd_ranks, []::INTEGER[]) AS odd_ranks,
+                   i.kinds, i.sizes, r.ranks AS recorded_ranks,
+                   len(i.present_ranks) < g.size AS short
+            FROM inst i JOIN comm_group g USING (run_id, group_id)
+            LEFT JOIN odd o USING (run_id, group_id, seq)
+            LEFT JOIN recorded r USING (run_id))
+        SELECT run_id, group_id, group_name, seq, expected_ranks, present_ranks, missing_ranks,
+               list_filter(missing_ranks, lambda x: NOT list_contains(recorded_ranks, x))
+                   AS unrecorded_ranks,
+               extra_ranks, odd_ranks, kinds, sizes,
+               (len(list_filter(missing_ranks, lambda x: list_contains(recorded_ranks, x))) > 0
+                OR len(extra_ranks) > 0 OR len(odd_ranks) > 0
+                OR (expected_ranks IS NULL AND coalesce(short, false))) AS mismatch
+        FROM judged
+        WHERE len(missing_ranks) > 0 OR len(extra_ranks) > 0 OR len(odd_ranks) > 0
+           OR (expected_ranks IS NULL AND coalesce(short, false))
+        """,
+        (
+            _c("group_name", "VARCHAR", "Process-group name."),
+            _c("expected_ranks", "INTEGER[]", "The group's members (`comm_group.ranks`)."),
+            _c("present_ranks", "INTEGER[]", "Ranks that recorded the instance."),
+            _c("missing_ranks", "INTEGER[]", "Members that did not record it."),
+            _c("unrecorded_ranks", "INTEGER[]", "Missing members absent from the run's ranks."),
+            _c("extra_ranks", "INTEGER[]", "Ranks that recorded it but are not members."),
+            _c("odd_ranks", "INTEGER[]", "Ranks whose kind or msg_bytes differs from the mode."),
+            _c("kinds", "VARCHAR[]", "Distinct kinds recorded."),
+            _c("sizes", "BIGINT[]", "Distinct msg_bytes recorded."),
+            _c("mismatch", "BOOLEAN", "A recorded rank disagrees or is missing."),
+        ),
+    ),
+    View(
+        "p2p_pair",
+        "A send matched with its receive: send(rank → peer, group, seq) ↔ recv(peer ← rank,"
+        " group, seq); the side that was not recorded is NULL.",
+        """        WITH s AS (SELECT * FROM p2p WHERE direction = 'send'),
+             r AS (SELECT * FROM p2p WHERE direction = 'recv')
+        SELECT coalesce(s.run_id, r.run_id) AS run_id,
+               coalesce(s.group_id, r.group_id) AS group_id,
+               g.name AS group_name,
+               coalesce(s.seq, r.seq) AS seq,
+               coalesce(s.rank, r.peer) AS src_rank,
+               coalesce(s.peer, r.rank) AS dst_rank,
+               s.bytes AS send_bytes, r.bytes AS recv_bytes,
+               s.event_id AS send_event_id, r.event_id AS recv_event_id,
+               s.host_ts AS send_ts, s.host_dur AS send_dur,
+               r.host_ts AS recv_ts, r.host_dur AS recv_dur,
+               s.kernel_ts AS send_kernel_ts, r.kernel_ts AS recv_kernel_ts,
+               s.rank IS NOT NULL AND r.rank IS NOT NULL AS paired
+        FROM s FULL OUTER JOIN r
+          ON s.run_id = r.run_id AND s.group_id IS NOT DISTINCT FROM r.group_id
+         AND s.rank = r.peer AND s.peer = r.rank AND s.seq = r.seq
+        LEFT JOIN comm_group g
+          ON g.run_id = coalesce(s.run_id, r.run_id)
+         AND g.group_id = coalesce(s.group_id, r.group_id)
+        """,
+        (
+            _c("src_rank", "INTEGER", "Sending rank."),
+            _c("dst_rank", "INTEGER", "Receiving rank."),
+            _c("send_event_id", "BIGINT", "Host op of the send (NULL when unpaired)."),
+            _c("recv_event_id", "BIGINT", "Host op of the receive (NULL when unpaired)."),
+            _c("send_ts", "BIGINT", "Start of the send's host op, ns."),
+            _c("recv_ts", "BIGINT", "Start of the receive's host op, ns."),
+            _c("paired", "BOOLEAN", "Both sides were found."),
+        ),
+    ),
+    View(
         "host_op",
         "Host-side events (CPU ops and annotations).",
         "SELECT * FROM event WHERE category IN ('cpu_op', 'user_annotation', 'python_function')",

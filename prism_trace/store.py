@@ -36,8 +36,8 @@ class Store:
 
     def run_id(self, name: str) -> int | None:
         """The id of the run called ``name``, or None."""
-        row = self.con.execute("SELECT run_id FROM run WHERE name = ?", [name]).fetchone()
-        return None if row is None else int(row[0])
+        rows = self.con.execute("SELECT run_id FROM run WHERE name = ?", [name]).fetchall()
+        return int(rows[0][0]) if rows else None
 
     def require_run(self, name: str) -> int:
         """The id of run ``name``; a clear error listing the runs when it does not exist."""
@@ -99,10 +99,10 @@ def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     store = Store(con, path, read_only)
     has_meta = con.execute(
         "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'meta' AND schema_name = 'main'"
-    ).fetchone()
-    if has_meta is not None and has_meta[0]:
-        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        found = None if row is None else row[0]
+    ).fetchall()
+    if has_meta[0][0]:
+        rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        found = rows[0][0] if rows else None
         if found != str(schema.SCHEMA_VERSION):
             con.close()
             msg = (

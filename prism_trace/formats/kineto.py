@@ -20,6 +20,10 @@ Conventions:
   ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks). A
   comm op inside another one on the same thread is not counted again. ``wait``, coalescing markers
   and unknown names are not collectives. ``Seq`` (1-based per group) becomes 0-based ``seq``.
+  A p2p call whose peer the trace does not state has a null ``peer``.
+- Memory: the ``traceEvents`` args are held once (in ``raw``, with the three ids moved to typed
+  columns); every join between events is an equi-join, an ASOF join, a window or a sorted search,
+  never a range join.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import polars as pl
 from prism_trace.errors import MissingFieldError, RankUnknownError, TraceFormatError
 from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.base import TraceTables
-from prism_trace.nesting import nest_events
+from prism_trace.nesting import innermost_enclosing, nest_events
 
 __all__ = ["rank_from_file_name", "read_kineto"]
 
@@ -70,6 +74,11 @@ _DEVICE_TYPES = [
     "mtia",
     "privateuseone",
 ]
+_BATCH_ROWS = 1 << 18
+# read_json buffers scale with the largest object allowed; a Kineto event is a few KB, and a file
+# with a larger one is read again with the large limit (``load``).
+_OBJECT_BYTES = 16 << 20
+_OBJECT_BYTES_MAX = 1 << 30
 _TWO_POW_43 = 8796093022208  # µs; beyond it a DOUBLE holds less than 1 ns of fraction
 
 
@@ -166,20 +175,34 @@ def _int_list(value: Any) -> list[int] | None:
     return None
 
 
-_LOAD_FAST = """
-CREATE TABLE raw AS
+# The three ids become typed columns and leave ``args`` as the file's rows are stored, so the
+# (large) args text exists once, in ``raw``; ``ev`` joins it back by ``ord`` where needed.
+_LOAD = """
+CREATE OR REPLACE TABLE raw AS
+SELECT * EXCLUDE (ids, args),
+       TRY_CAST(ids[1] AS BIGINT) AS correlation, TRY_CAST(ids[2] AS BIGINT) AS external_id,
+       TRY_CAST(ids[3] AS BIGINT) AS rf_id,
+       CASE WHEN ids[1] IS NULL AND ids[2] IS NULL AND ids[3] IS NULL THEN args::VARCHAR
+            ELSE nullif(json_merge_patch(args, '{{"correlation": null, "External id": null,
+                                                 "Record function id": null}}')::VARCHAR, '{{}}')
+       END AS args
+FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
+                                           '$."Record function id"']) AS ids
+      FROM ({select}))
+"""
+
+_SELECT_FAST = """
 SELECT row_number() OVER () AS ord, ph, cat, name, pid, tid,
        CAST(floor(ts) AS BIGINT) * 1000
            + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS ts_us_ns,
        CAST(round(dur * 1000) AS BIGINT) AS dur_ns, id, args, ts AS ts_raw
-FROM read_json(?, format = 'array', maximum_object_size = 1073741824, columns = {
+FROM read_json(?, format = 'array', maximum_object_size = {object_bytes}, columns = {{
     ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR',
-    ts: 'DOUBLE', dur: 'DOUBLE', id: 'VARCHAR', args: 'JSON'})
+    ts: 'DOUBLE', dur: 'DOUBLE', id: 'VARCHAR', args: 'JSON'}})
 """
 
 # Exact path, for traces whose ts are epoch µs with decimals (DOUBLE would lose the ns).
-_LOAD_EXACT = r"""
-CREATE OR REPLACE TABLE raw AS
+_SELECT_EXACT = r"""
 SELECT row_number() OVER () AS ord, j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
        j->>'pid' AS pid, j->>'tid' AS tid,
        CAST(TRY_CAST(regexp_extract(j, '"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
@@ -187,7 +210,7 @@ SELECT row_number() OVER () AS ord, j->>'ph' AS ph, j->>'cat' AS cat, j->>'name'
        CAST(TRY_CAST(regexp_extract(j, '"dur"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
             * 1000 AS BIGINT) AS dur_ns,
        j->>'id' AS id, j->'args' AS args, NULL::DOUBLE AS ts_raw
-FROM read_json_objects(?, format = 'array', maximum_object_size = 1073741824) AS t(j)
+FROM read_json_objects(?, format = 'array', maximum_object_size = {object_bytes}) AS t(j)
 """
 
 _CATEGORY_SQL = """
@@ -270,6 +293,8 @@ class _Reader:
         self.world_size = int(ws) if isinstance(ws, int) else None
         base = self.meta.get("baseTimeNanoseconds")
         self.base_ns = int(base) if isinstance(base, (int, float)) else 0
+        self.spans = pl.DataFrame()  # nested non-instant events, from ``nest`` to ``flows``
+        self.object_bytes = _OBJECT_BYTES
 
     def _fail(self, exc: duckdb.Error) -> TraceFormatError:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -289,26 +314,32 @@ class _Reader:
             raise self._fail(exc) from exc
 
     def frame(self, query: str) -> pl.DataFrame:
+        """Fetch a result batch by batch, so it exists once in Arrow form at a time, not whole."""
         try:
-            return self.con.sql(query).pl()
+            reader = self.con.sql(query).to_arrow_reader(_BATCH_ROWS)
+            parts = [pl.from_arrow(batch) for batch in reader]
         except duckdb.Error as exc:
             raise self._fail(exc) from exc
+        if not parts:
+            return pl.DataFrame(pl.from_arrow(reader.schema.empty_table()))
+        return pl.concat(parts, rechunk=False) if len(parts) > 1 else pl.DataFrame(parts[0])
 
     def read(self) -> TraceTables:
         self.load()
         self.build_tracks_events()
+        self.keep_side_records()
+        # raw keeps only the args (ev holds the rest); dropping columns frees their memory
+        for column in self.rows(
+            "SELECT column_name FROM duckdb_columns()"
+            " WHERE table_name = 'raw' AND column_name NOT IN ('ord', 'args')"
+        ):
+            self.sql(f'ALTER TABLE raw DROP COLUMN "{column[0]}"')
         self.nest()
         self.assign_iterations()
         tables = TraceTables(path=self.path, format="kineto", world_size=self.world_size)
         tables.tracks = self.frame(
             f"SELECT {self.rank} AS rank, track_id, kind, pid, tid, name"
             " FROM track ORDER BY track_id"
-        )
-        tables.events = self.frame(
-            f"""SELECT {self.rank} AS rank, e.event_id, e.track_id, e.category, e.name, e.ts, e.dur,
-                       e.correlation, e.external_id, e.rf_id, e.parent_id, e.depth, e.iteration,
-                       e.args
-                FROM evx e ORDER BY e.event_id"""
         )
         tables.iterations = self.frame(
             f"SELECT {self.rank} AS rank, iteration, ts, dur, name FROM step ORDER BY iteration"
@@ -319,18 +350,38 @@ class _Reader:
         tables.collectives, tables.p2p = self.comms(groups)
         tables.comm_groups = self.comm_groups(groups, tables.collectives, tables.p2p)
         tables.ranks = self.ranks_frame()
+        # Last, with the other tables gone: the one frame as large as the trace.
+        for name in ("comm_raw", "flow_point", "mem_record", "_bound", "track", "step"):
+            self.sql(f"DROP TABLE IF EXISTS {name}")
+        tables.events = self.frame(
+            f"""SELECT {self.rank} AS rank, e.event_id, e.track_id, e.category, e.name, e.ts, e.dur,
+                       e.correlation, e.external_id, e.rf_id, n.parent_id, n.depth,
+                       i.iteration::INTEGER AS iteration, r.args
+                FROM ev e JOIN raw r USING (ord)
+                LEFT JOIN nest n USING (event_id) LEFT JOIN ev_it i USING (event_id)
+                ORDER BY e.event_id"""
+        )
         return tables.conform()
 
     # -- loading -------------------------------------------------------------------------------
 
+    def load_sql(self, select: str) -> str:
+        return _LOAD.format(select=select.format(object_bytes=self.object_bytes))
+
     def load(self) -> None:
-        self.sql(_LOAD_FAST, [str(self.events_path)])
+        try:
+            self.con.execute(self.load_sql(_SELECT_FAST), [str(self.events_path)])
+        except duckdb.Error as exc:
+            if "maximum_object_size" not in str(exc):
+                raise self._fail(exc) from exc
+            self.object_bytes = _OBJECT_BYTES_MAX
+            self.sql(self.load_sql(_SELECT_FAST), [str(self.events_path)])
         (lossy,) = self.rows(
             f"SELECT count(*) FROM raw"
             f" WHERE abs(ts_raw) >= {_TWO_POW_43} AND ts_raw <> floor(ts_raw)"
         )[0]
         if lossy:
-            self.sql(_LOAD_EXACT, [str(self.events_path)])
+            self.sql(self.load_sql(_SELECT_EXACT), [str(self.events_path)])
         bad = self.rows(
             """SELECT ord - 1, name, CASE WHEN ts_us_ns IS NULL THEN 'ts' ELSE 'pid' END
                FROM raw WHERE ph IN ('X', 'i', 'I') AND (ts_us_ns IS NULL OR pid IS NULL)
@@ -346,7 +397,8 @@ class _Reader:
                 SELECT ord, ph, pid, tid, ts_us_ns + {base} AS ts,
                        CASE WHEN ph IN ('i', 'I') THEN 0 ELSE greatest(coalesce(dur_ns, 0), 0) END
                            AS dur,
-                       coalesce(name, '') AS name, {_CATEGORY_SQL} AS category, args
+                       coalesce(name, '') AS name, {_CATEGORY_SQL} AS category,
+                       correlation, external_id, rf_id
                 FROM raw
                 WHERE ph IN ('X', 'i', 'I') AND ts_us_ns IS NOT NULL
                   AND coalesce(cat, '') <> 'Trace'
@@ -378,27 +430,35 @@ class _Reader:
             """CREATE TABLE ev AS
                SELECT (row_number() OVER (ORDER BY t.track_id, e.ts, e.dur DESC, e.ord) - 1)::BIGINT
                           AS event_id,
-                      t.track_id, t.kind = 'stream' AS on_device, e.category, e.name, e.ts, e.dur,
-                      TRY_CAST(e.ids[1] AS BIGINT) AS correlation,
-                      TRY_CAST(e.ids[2] AS BIGINT) AS external_id,
-                      TRY_CAST(e.ids[3] AS BIGINT) AS rf_id,
-                      CASE WHEN e.ids[1] IS NULL AND e.ids[2] IS NULL AND e.ids[3] IS NULL
-                           THEN e.args::VARCHAR
-                           ELSE nullif(json_merge_patch(
-                               e.args, '{"correlation": null, "External id": null,
-                                         "Record function id": null}')::VARCHAR, '{}')
-                      END AS args
-               FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
-                                                          '$."Record function id"']) AS ids
-                     FROM ev0) e
-               JOIN track t ON t.pid = e.pid AND t.tid_text = e.tid"""
+                      e.ord, t.track_id, t.kind = 'stream' AS on_device, e.category, e.name, e.ts,
+                      e.dur, e.correlation, e.external_id, e.rf_id
+               FROM ev0 e JOIN track t ON t.pid = e.pid AND t.tid_text = e.tid"""
         )
+        # The events with their args, for the few queries that read args.
+        self.sql("CREATE VIEW eva AS SELECT ev.*, r.args FROM ev JOIN raw r USING (ord)")
         self.sql("DROP VIEW ev0")
 
+    def keep_side_records(self) -> None:
+        """Copy what later steps need from ``raw`` besides ``ev``: memory records, flow points."""
+        self.sql(
+            f"""CREATE TABLE mem_record AS
+                SELECT ts_us_ns + {self.base_ns} AS ts, args FROM raw
+                WHERE ph IN ('i', 'I') AND name = '[memory]' AND ts_us_ns IS NOT NULL"""
+        )
+        self.sql(
+            f"""CREATE TABLE flow_point AS
+                SELECT r.id, r.ph, t.track_id, r.ts_us_ns + {self.base_ns} AS ts
+                FROM raw r JOIN track t ON t.pid = r.pid AND t.tid_text = r.tid
+                WHERE r.ph IN ('s', 'f') AND r.cat = 'fwdbwd' AND r.ts_us_ns IS NOT NULL"""
+        )
+
     def nest(self) -> None:
-        spans = self.frame("SELECT event_id, track_id, ts, dur FROM ev WHERE category <> 'instant'")
-        nested = nest_events(spans).select("event_id", "parent_id", "depth")
-        self.con.register("_nested", nested)
+        spans = self.frame(
+            "SELECT event_id, track_id, ts, dur FROM ev WHERE category <> 'instant'"
+            " ORDER BY event_id"
+        )
+        self.spans = nest_events(spans)  # kept for binding flow points (``flows``)
+        self.con.register("_nested", self.spans)
         self.sql(
             """CREATE TABLE nest AS
                SELECT event_id, parent_id::BIGINT AS parent_id, depth::INTEGER AS depth
@@ -433,21 +493,13 @@ class _Reader:
                 LEFT JOIN launched l ON b.on_device AND l.correlation = b.correlation
                 WHERE b.it IS NOT NULL OR l.it IS NOT NULL"""
         )
-        # ev with the nesting and iterations joined in, for the few queries that need them
-        self.sql(
-            """CREATE VIEW evx AS
-               SELECT ev.*, n.parent_id, n.depth, i.iteration::INTEGER AS iteration
-               FROM ev LEFT JOIN nest n USING (event_id) LEFT JOIN ev_it i USING (event_id)"""
-        )
 
     # -- other frames --------------------------------------------------------------------------
 
     def memory(self) -> pl.DataFrame:
         types = "[" + ", ".join(f"'{t}'" for t in _DEVICE_TYPES) + "]"
         return self.frame(
-            f"""WITH m AS (
-                    SELECT ts_us_ns + {self.base_ns} AS ts, args FROM raw
-                    WHERE ph IN ('i', 'I') AND name = '[memory]' AND ts_us_ns IS NOT NULL)
+            f"""WITH m AS (SELECT * FROM mem_record)
                 SELECT {self.rank} AS rank, m.ts,
                        CASE WHEN TRY_CAST(m.args->>'Device Type' AS INTEGER) IS NOT NULL
                             THEN coalesce(
@@ -466,9 +518,23 @@ class _Reader:
         )
 
     def flows(self) -> pl.DataFrame:
-        """Launch (by correlation), fwd-bwd (by flow id) and stream-sync dependencies."""
+        """Launch (by correlation), fwd-bwd (by flow id) and stream-sync dependencies.
+
+        A fwd-bwd flow point binds to the innermost event of its track enclosing it
+        (``innermost_enclosing``: a sorted search and a walk up the parents, not a range join).
+        """
         launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
-        base = self.base_ns
+        points = self.frame("SELECT id, ph, track_id, ts FROM flow_point")
+        bound = points.select(
+            "id", "ph", innermost_enclosing(self.spans, points).alias("event_id")
+        ).filter(pl.col("event_id").is_not_null())
+        self.spans = pl.DataFrame()
+        self.con.register("_bound_points", bound)
+        self.sql(
+            """CREATE TEMP TABLE _bound AS
+               SELECT id, ph, max(event_id) AS event_id FROM _bound_points GROUP BY id, ph"""
+        )
+        self.con.unregister("_bound_points")
         return self.frame(
             f"""WITH launcher AS (
                     SELECT correlation, min(event_id) AS event_id FROM ev
@@ -478,24 +544,15 @@ class _Reader:
                            d.correlation AS flow_id
                     FROM ev d JOIN launcher l USING (correlation)
                     WHERE d.category IN ('kernel', 'memcpy', 'memset')),
-                points AS (
-                    SELECT r.id, r.ph, t.track_id, r.ts_us_ns + {base} AS ts
-                    FROM raw r JOIN track t ON t.pid = r.pid AND t.tid_text = r.tid
-                    WHERE r.ph IN ('s', 'f') AND r.cat = 'fwdbwd' AND r.ts_us_ns IS NOT NULL),
-                bound AS (
-                    SELECT p.id, p.ph, arg_max(e.event_id, e.depth) AS event_id
-                    FROM points p JOIN evx e ON e.track_id = p.track_id AND e.ts <= p.ts
-                                           AND p.ts <= e.ts + e.dur AND e.category <> 'instant'
-                    GROUP BY p.id, p.ph),
                 fwdbwd AS (
                     SELECT 'fwdbwd' AS kind, s.event_id AS src_event_id, f.event_id AS dst_event_id,
                            TRY_CAST(s.id AS BIGINT) AS flow_id
-                    FROM bound s JOIN bound f ON s.id = f.id AND s.ph = 's' AND f.ph = 'f'),
+                    FROM _bound s JOIN _bound f ON s.id = f.id AND s.ph = 's' AND f.ph = 'f'),
                 waits AS (
                     SELECT e.event_id, e.ts, t.pid,
                            TRY_CAST(e.args->>'wait_on_stream' AS BIGINT) AS stream,
                            TRY_CAST(e.args->>'wait_on_cuda_event_record_corr_id' AS BIGINT) AS rec
-                    FROM ev e JOIN track t USING (track_id)
+                    FROM eva e JOIN track t USING (track_id)
                     WHERE e.category = 'cuda_sync'),
                 done AS (
                     SELECT t.pid, t.tid AS stream, e.correlation, e.event_id FROM ev e
@@ -590,9 +647,17 @@ class _Reader:
                            {rpc_dtype} AS dtype, NULL::INTEGER AS peer, NULL::INTEGER AS tag,
                            coalesce(TRY_CAST(e.args->>'Dst Rank' AS INTEGER),
                                     TRY_CAST(e.args->>'Src Rank' AS INTEGER)) AS group_peer
-                    FROM ev e
+                    FROM eva e
                     WHERE e.name = 'record_param_comms' AND e.args->>'Collective name' IS NOT NULL),
+                old_call AS (
+                    SELECT event_id, track_id, ts, dur FROM eva
+                    WHERE name = 'record_param_comms' AND args->>'Collective name' IS NULL),
+                old_mark AS (
+                    SELECT event_id, track_id, ts, dur, name, args FROM eva
+                    WHERE category = 'user_annotation'
+                      AND regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')),
                 rpc_old AS (
+                    -- the first backend annotation after the call on its track, if inside it
                     SELECT e.event_id, e.track_id, e.ts, e.dur, 2 AS source,
                            '0' AS group_name, NULL::VARCHAR AS group_desc,
                            NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
@@ -603,52 +668,47 @@ class _Reader:
                                * ({_DTYPE_SIZE_SQL.format(x=old_dtype)}) AS in_bytes,
                            NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
                            NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
-                    FROM ev e JOIN ev a
-                      ON a.track_id = e.track_id AND a.ts >= e.ts AND a.ts + a.dur <= e.ts + e.dur
-                     AND a.event_id > e.event_id AND a.category = 'user_annotation'
-                     AND regexp_matches(a.name, '^(nccl|gloo|mpi|ucc|xccl):')
-                    WHERE e.name = 'record_param_comms' AND e.args->>'Collective name' IS NULL
-                    QUALIFY row_number() OVER (PARTITION BY e.event_id ORDER BY a.event_id) = 1),
+                    FROM old_call e ASOF JOIN old_mark a
+                      ON a.track_id = e.track_id AND a.event_id > e.event_id
+                    WHERE a.ts + a.dur <= e.ts + e.dur),
                 cand AS (
                     SELECT * FROM prism UNION ALL SELECT * FROM rpc_new
                     UNION ALL SELECT * FROM rpc_old),
                 kept AS (
-                    SELECT c.* FROM cand c
-                    WHERE c.op IS NOT NULL AND NOT EXISTS (
-                        SELECT 1 FROM cand o
-                        WHERE o.op IS NOT NULL AND o.track_id = c.track_id
-                          AND o.event_id <> c.event_id AND o.ts <= c.ts
-                          AND c.ts + c.dur <= o.ts + o.dur
-                          AND (o.ts < c.ts OR o.ts + o.dur > c.ts + c.dur
-                               OR o.source < c.source
-                               OR (o.source = c.source AND o.event_id < c.event_id)))),
+                    -- drop a call enclosed by an earlier one in (ts, -dur, source, event_id)
+                    -- order on its track: a running max of the ends, not a range join
+                    SELECT * EXCLUDE (prev_end) FROM (
+                        SELECT c.*, max(c.ts + c.dur) OVER (
+                                   PARTITION BY c.track_id
+                                   ORDER BY c.ts, c.dur DESC, c.source, c.event_id
+                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+                        FROM cand c WHERE c.op IS NOT NULL)
+                    WHERE prev_end IS NULL OR prev_end < ts + dur),
                 nccl AS (
                     SELECT r.track_id, r.ts AS launch_ts, k.event_id, k.ts, k.dur
                     FROM ev r JOIN ev k ON k.correlation = r.correlation
                     WHERE r.category IN ({launch}) AND k.category = 'kernel'
                       AND k.name ILIKE '%nccl%'),
+                first_launch AS (
+                    -- the first NCCL launch on the call's track at or after its start
+                    SELECT c.event_id, n.event_id AS kernel_event_id, n.launch_ts
+                    FROM kept c ASOF JOIN nccl n
+                      ON n.track_id = c.track_id AND n.launch_ts >= c.ts),
                 linked AS (
-                    SELECT c.event_id, arg_min(n.event_id, n.launch_ts) AS kernel_event_id
-                    FROM kept c JOIN nccl n
-                      ON n.track_id = c.track_id AND n.launch_ts >= c.ts
-                     AND n.launch_ts <= c.ts + c.dur
-                    GROUP BY c.event_id),
-                linked_parent AS (
-                    SELECT c.event_id, arg_min(n.event_id, n.launch_ts) AS kernel_event_id
-                    FROM kept c JOIN evx ce ON ce.event_id = c.event_id
-                    JOIN ev p ON p.event_id = ce.parent_id
-                    JOIN nccl n ON n.track_id = p.track_id AND n.launch_ts >= c.ts
-                     AND n.launch_ts <= p.ts + p.dur
-                    WHERE p.category IN ('cpu_op', 'user_annotation')
-                      AND c.event_id NOT IN (SELECT event_id FROM linked)
-                    GROUP BY c.event_id)
-                SELECT c.*, coalesce(l.kernel_event_id, lp.kernel_event_id) AS kernel_event_id,
-                       k.ts AS kernel_ts, k.dur AS kernel_dur, e.iteration
+                    -- launched inside the call, else inside its enclosing op
+                    SELECT f.event_id, f.kernel_event_id
+                    FROM first_launch f JOIN kept c USING (event_id)
+                    LEFT JOIN nest ce ON ce.event_id = c.event_id
+                    LEFT JOIN ev p ON p.event_id = ce.parent_id
+                    WHERE f.launch_ts <= c.ts + c.dur
+                       OR (p.category IN ('cpu_op', 'user_annotation')
+                           AND f.launch_ts <= p.ts + p.dur))
+                SELECT c.*, l.kernel_event_id, k.ts AS kernel_ts, k.dur AS kernel_dur,
+                       i.iteration::INTEGER AS iteration
                 FROM kept c
                 LEFT JOIN linked l USING (event_id)
-                LEFT JOIN linked_parent lp USING (event_id)
-                LEFT JOIN ev k ON k.event_id = coalesce(l.kernel_event_id, lp.kernel_event_id)
-                JOIN evx e ON e.event_id = c.event_id"""
+                LEFT JOIN ev k ON k.event_id = l.kernel_event_id
+                LEFT JOIN ev_it i ON i.event_id = c.event_id"""
         )
         raw = self.frame("SELECT * FROM comm_raw ORDER BY ts, event_id")
         ranks_of = {name: g["ranks"] for name, g in groups.items() if g.get("ranks") is not None}
@@ -714,8 +774,7 @@ class _Reader:
                 from_group
             ),
             pl.col("group_peer"),
-            pl.lit(-1),
-        )
+        )  # null when the peer is unknown
         return (
             p2p.with_columns(peer.cast(pl.Int32).alias("peer"))
             .select(
@@ -823,6 +882,9 @@ class _Reader:
             }.items()
             if v is not None
         }
+        layout = _json_list(self.meta.get("prism_layout"))  # our generator's rank coordinates
+        if isinstance(layout, dict):
+            args["prism_layout"] = layout
         host = self.meta.get("host_name") or self.meta.get("hostname")
         return pl.DataFrame(
             {

@@ -203,6 +203,65 @@ def test_hta_collectives(shared_datasets: Path) -> None:
     assert set(t.iterations["iteration"].to_list()) == {4, 5, 6}
 
 
+@pytest.mark.shared_data
+def test_hta_fwdbwd_binding_matches_naive(shared_datasets: Path) -> None:
+    """Each fwd-bwd point binds to the innermost event of its thread enclosing it (naive scan)."""
+    path = shared_datasets / HTA
+    doc = load_raw(path)
+    spans: dict[tuple[str, str], list[tuple[int, int, str]]] = {}
+    for e in expected_events(doc):
+        if e["ph"] == "X":
+            start = to_ns(doc, e["ts"])
+            end = start + int(Decimal(e.get("dur", 0)) * 1000)
+            spans.setdefault((str(e["pid"]), str(e["tid"])), []).append((start, end, e["name"]))
+
+    def innermost(p: dict[str, Any]) -> tuple[int, int, str] | None:
+        ts = to_ns(doc, p["ts"])
+        inside = [s for s in spans.get((str(p["pid"]), str(p["tid"])), []) if s[0] <= ts <= s[1]]
+        return max(inside, key=lambda s: (s[0], -s[1]), default=None)  # latest start, shortest
+
+    points = [e for e in doc["traceEvents"] if e.get("cat") == "fwdbwd"]
+    bound = {(p["id"], p["ph"]): innermost(p) for p in points}
+    want = Counter(
+        (bound[(i, "s")], bound[(i, "f")])
+        for i, ph in bound
+        if ph == "s" and bound[(i, "s")] and bound.get((i, "f"))
+    )
+    assert sum(want.values()) == 543
+
+    t = read_kineto(path)
+    ev = t.events.select("event_id", "ts", "dur", "name")
+    key = {r[0]: (r[1], r[1] + r[2], r[3]) for r in ev.iter_rows()}
+    fwdbwd = t.flows.filter(pl.col("kind") == "fwdbwd")
+    got = Counter(
+        (key[s], key[d])
+        for s, d in zip(fwdbwd["src_event_id"], fwdbwd["dst_event_id"], strict=True)
+    )
+    assert got == want
+
+
+def test_rank_args_and_unknown_peer(tmp_path: Path) -> None:
+    """``prism_layout`` goes verbatim into the rank's args; a p2p peer nobody states is null."""
+    layout = {"tp": 2, "dp": 1, "pp": 1, "rank": 1, "tp_rank": 1, "dp_rank": 0, "pp_rank": 0}
+    host = {"pid": 100, "tid": 100}
+    events = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "prism_comm:pg=0;op=send;seq=0;in_bytes=8",
+            "ts": 10,
+            "dur": 5,
+            **host,
+        },
+    ]
+    path = write_trace(
+        tmp_path / "rank1.json", events, distributedInfo={"rank": 1}, prism_layout=layout
+    )
+    t = read_kineto(path)
+    assert json.loads(t.ranks["args"][0])["prism_layout"] == layout
+    assert t.p2p["peer"].to_list() == [None]
+
+
 # ------------------------------------------------------------------------- synthetic traces
 
 

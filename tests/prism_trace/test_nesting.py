@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from prism_trace.formats.kineto import read_kineto
-from prism_trace.nesting import nest_events
+from prism_trace.nesting import innermost_enclosing, nest_events
 
 
 def frame(rows: list[tuple[int, int, int, int | None]]) -> pl.DataFrame:
@@ -124,3 +124,50 @@ def test_real_trace_matches_stack_walk(shared_datasets: Path) -> None:
     got = {r["event_id"]: (r["parent_id"], r["depth"]) for r in ev.iter_rows(named=True)}
     assert got == want
     assert max(d for _, d in got.values()) > 5
+
+
+def naive_enclosing(events: pl.DataFrame, points: list[tuple[int, int]]) -> list[int | None]:
+    """For each (track, ts): the enclosing event that started last (ties: shortest, then id)."""
+    rows = list(events.iter_rows(named=True))
+    out: list[int | None] = []
+    for track, ts in points:
+        inside = [
+            r for r in rows if r["track_id"] == track and r["ts"] <= ts <= r["ts"] + (r["dur"] or 0)
+        ]
+        best = max(inside, key=lambda r: (r["ts"], -(r["dur"] or 0), r["event_id"]), default=None)
+        out.append(None if best is None else best["event_id"])
+    return out
+
+
+def enclosing(
+    rows: list[tuple[int, int, int, int | None]], points: list[tuple[int, int]]
+) -> list[int | None]:
+    pts = pl.DataFrame(points, schema={"track_id": pl.Int32, "ts": pl.Int64}, orient="row")
+    return innermost_enclosing(nest_events(frame(rows)), pts).to_list()
+
+
+def test_innermost_enclosing_hand_built() -> None:
+    rows = [(0, 0, 0, 100), (1, 0, 10, 30), (2, 0, 15, 5), (3, 0, 50, 20), (4, 1, 0, 1000)]
+    points = [(0, 16), (0, 25), (0, 45), (0, 40), (0, 100), (0, 101), (1, 5), (2, 5), (0, -1)]
+    # 25: 2 has ended, 1 encloses; 40: an end is inclusive; 101: after everything
+    assert enclosing(rows, points) == [2, 1, 0, 1, 0, None, 4, None, None]
+
+
+def test_innermost_enclosing_random_matches_naive() -> None:
+    rng = random.Random(11)
+    rows: list[tuple[int, int, int, int | None]] = []
+
+    def grow(track: int, lo: int, hi: int, depth: int) -> None:
+        t = lo
+        while t < hi and depth < 5:
+            start = rng.randint(t, hi)
+            end = rng.randint(start, hi)
+            rows.append((len(rows), track, start, end - start))
+            if end - start > 2:
+                grow(track, start + 1, end - 1, depth + 1)
+            t = end + rng.randint(0, 3)
+
+    for track in range(3):
+        grow(track, 0, 300, 0)
+    points = [(rng.randint(0, 3), rng.randint(-5, 310)) for _ in range(400)]
+    assert enclosing(rows, points) == naive_enclosing(frame(rows), points)
