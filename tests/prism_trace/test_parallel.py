@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from prism_trace.errors import PrismError
-from prism_trace.ingest import ingest
 from prism_trace.parallel import (
     LayoutError,
     ParallelAxis,
@@ -21,25 +20,6 @@ from prism_trace.parallel import (
     parse_axes,
 )
 from prism_trace.store import Store, open_store
-
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
-CHAKRA_RESNET = "chakra-et/astrasim_et_examples/resnet50_dp_64npus_text_converted"
-
-
-@pytest.fixture(scope="module")
-def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("parallel") / "s.duckdb")
-    ingest(s, [SAMPLE], run="sample", progress=False)
-    return s
-
-
-@pytest.fixture(scope="module")
-def real_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
-    s = open_store(tmp_path_factory.mktemp("parallel_real") / "r.duckdb")
-    ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
-    ingest(s, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
-    ingest(s, [shared_datasets / CHAKRA_RESNET], run="resnet", progress=False)
-    return s
 
 
 def _new_store(

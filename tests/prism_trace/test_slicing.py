@@ -10,29 +10,9 @@ import numpy as np
 import pytest
 
 from prism_trace.errors import DuplicateRunError, PrismError
-from prism_trace.ingest import ingest
 from prism_trace.parallel import ParallelAxis, ParallelLayout
 from prism_trace.slicing import RULES, SliceError, SliceReport, slice_run
 from prism_trace.store import Store, open_store
-
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
-CHAKRA_RESNET = "chakra-et/astrasim_et_examples/resnet50_dp_64npus_text_converted"
-
-
-@pytest.fixture(scope="module")
-def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("slice") / "s.duckdb")
-    ingest(s, [SAMPLE], run="sample", progress=False)
-    return s
-
-
-@pytest.fixture(scope="module")
-def real_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
-    s = open_store(tmp_path_factory.mktemp("slice_real") / "r.duckdb")
-    ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
-    ingest(s, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
-    ingest(s, [shared_datasets / CHAKRA_RESNET], run="resnet", progress=False)
-    return s
 
 
 def q(store: Store, sql: str, *params: object) -> list[tuple]:
