@@ -253,5 +253,39 @@ def slice_cmd(
         click.echo(report.summary())
 
 
+@main.group("export")
+def export_group() -> None:
+    """Write a run in another tool's format."""
+
+
+@export_group.command("chakra")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Run to export (recorded or sliced).")
+@click.option("-o", "--out-dir", required=True, type=click.Path(path_type=Path))
+@click.option("--prefix", default=None, help="File prefix (default: the run name).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def export_chakra_cmd(
+    db: Path, run_name: str, out_dir: Path, prefix: str | None, quiet: bool, as_json: bool
+) -> None:
+    """One Chakra ET protobuf per rank, `<prefix>.<rank>.et`, streamed (8192 ranks included)."""
+    from prism_trace.export import export_chakra
+    from prism_trace.store import open_store
+
+    with open_store(db) as store:
+        report = export_chakra(
+            store,
+            run=run_name,
+            out_dir=out_dir,
+            prefix=prefix,
+            progress=not quiet and sys.stderr.isatty(),
+        )
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    elif not quiet:
+        click.echo(report.summary())
+
+
 if __name__ == "__main__":
     main()

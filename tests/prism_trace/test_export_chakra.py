@@ -1,0 +1,321 @@
+"""Chakra ET export: files every Chakra reader accepts, and a lossless round trip through ingest."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chakra.schema.protobuf import et_def_pb2 as pb
+from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
+
+from prism_trace.errors import PrismError
+from prism_trace.export import (
+    CTRL_EDGE_KINDS,
+    PG_INIT_NAME,
+    ChakraExportError,
+    ExportReport,
+    export_chakra,
+)
+from prism_trace.graph import build_graph
+from prism_trace.ingest import ingest
+from prism_trace.parallel import ParallelLayout
+from prism_trace.slicing import slice_run
+from prism_trace.store import Store, open_store
+
+SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
+
+RING = "chakra-et/astrasim_et_examples/custom_ring_allreduce_8npus_1MB"
+KIND_AFTER = {"memset": "memcpy"}
+"""Node kinds that read back as another (MEM_STORE_NODE is a memcpy to the reader)."""
+
+
+def q(store: Store, sql: str, *params: object) -> list[tuple[Any, ...]]:
+    return store.con.execute(sql, list(params)).fetchall()
+
+
+def run_id(store: Store, name: str) -> int:
+    return int(q(store, "SELECT run_id FROM run WHERE name = ?", name)[0][0])
+
+
+# -- what a Chakra consumer sees -------------------------------------------------------------
+
+
+def attrs(msg: pb.Node | pb.GlobalMetadata) -> dict[str, tuple[str | None, Any]]:
+    out = {}
+    for a in msg.attr:
+        which = a.WhichOneof("value")
+        out[a.name] = (which, getattr(a, which) if which else None)
+    return out
+
+
+def scorecard(path: Path) -> Counter[str]:
+    """Decode ``path`` with protolib and check what ASTRA-sim's feeder reads, with its types."""
+    fh = openFileRd(str(path))
+    gm = pb.GlobalMetadata()
+    assert decodeMessage(fh, gm), path
+    assert gm.version == "0.0.4"
+    ga = attrs(gm)
+    assert ga["schema"][0] == "string_val"
+    assert ga["world_size"][0] == "int64_val"
+    seen: Counter[str] = Counter()
+    node = pb.Node()
+    while decodeMessage(fh, node):
+        a = attrs(node)
+        seen[pb.NodeType.Name(node.type)] += 1
+        if node.name == PG_INIT_NAME:
+            assert node.type == pb.METADATA_NODE
+            continue
+        assert a["is_cpu_op"][0] == "bool_val"
+        if node.type == pb.COMM_COLL_NODE:
+            assert a["comm_type"][0] == "int64_val", (path, node.id)
+            assert a["comm_size"][0] == "int64_val", (path, node.id)
+            assert a["pg_name"][0] == "string_val", (path, node.id)
+            assert a["is_cpu_op"][1] is False
+        if node.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+            for name in ("comm_src", "comm_dst", "comm_tag"):
+                assert a[name][0] == "int32_val", (path, node.id, name)
+            assert a["comm_size"][0] == "int64_val"
+    fh.close()
+    assert seen[pb.NodeType.Name(pb.METADATA_NODE)] <= 1
+    return seen
+
+
+def scorecard_dir(folder: Path) -> int:
+    files = sorted(folder.glob("*.et"))
+    assert files
+    for f in files:
+        scorecard(f)
+    return len(files)
+
+
+# -- the round trip ----------------------------------------------------------------------------
+
+
+def graph_nodes(store: Store, rid: int, rank: int) -> dict[int, dict[str, Any]]:
+    cols = ["node_id", "kind", "name", "dur", "comm_kind", "msg_bytes", "group_id", "peer"]
+    cols += ["event_id"]
+    rows = q(
+        store,
+        f"SELECT {', '.join(cols)} FROM graph_node WHERE run_id = ? AND rank = ?",
+        rid,
+        rank,
+    )
+    return {r[0]: dict(zip(cols, r, strict=True)) for r in rows}
+
+
+def graph_edges(store: Store, rid: int, rank: int) -> list[tuple[int, int, str]]:
+    return [
+        (int(s), int(d), k)
+        for s, d, k in q(
+            store, "SELECT src, dst, kind FROM graph_edge WHERE run_id = ? AND rank = ?", rid, rank
+        )
+    ]
+
+
+def groups(store: Store, rid: int) -> dict[int, tuple[str, str | None, list[int]]]:
+    rows = q(store, "SELECT group_id, name, axis, ranks FROM comm_group WHERE run_id = ?", rid)
+    return {g: (name, axis, sorted(ranks or [])) for g, name, axis, ranks in rows}
+
+
+def micros_ns(dur: int | None) -> int | None:
+    """The documented rounding: half up to whole µs, a positive duration at least 1 µs."""
+    if not dur or dur <= 0:
+        return None
+    return max(1, (dur + 500) // 1000) * 1000
+
+
+def roundtrip(
+    store: Store,
+    run: str,
+    tmp: Path,
+    *,
+    member_group: Any = None,
+    member_peer: Any = None,
+) -> ExportReport:
+    """Export ``run``, ingest the folder, rebuild the graph; assert the same graph per rank.
+
+    ``member_group(rank, exemplar_group_id) -> (name, ranks)`` and ``member_peer(rank, peer)``
+    give the expected concrete group and peer of a sliced run's member (identity otherwise).
+    """
+    out = tmp / f"{run}_et"
+    report = export_chakra(store, run=run, out_dir=out)
+    assert report.files == scorecard_dir(out)
+    back = f"{run}_back"
+    ingest(store, [out], run=back, progress=False)
+    build_graph(store, back)
+    src_id, back_id = run_id(store, run), run_id(store, back)
+    src_groups, back_groups = groups(store, src_id), groups(store, back_id)
+    ranks = q(store, "SELECT rank, class_id FROM rank WHERE run_id = ? ORDER BY rank", src_id)
+    assert [r for r, _ in ranks] == [
+        r for (r,) in q(store, "SELECT rank FROM rank WHERE run_id = ? ORDER BY rank", back_id)
+    ]
+    for rank, class_id in ranks:
+        graph_rank = rank if class_id is None else class_id
+        orig = graph_nodes(store, src_id, graph_rank)
+        new = graph_nodes(store, back_id, rank)
+        meta = [n for n in new.values() if n["name"] == PG_INIT_NAME]
+        assert len(meta) <= 1
+        by_src = {n["event_id"]: n for n in new.values() if n["name"] != PG_INIT_NAME}
+        # Same nodes, kinds (modulo KIND_AFTER) and durations (µs rounding).
+        assert set(by_src) == set(orig), rank
+        assert Counter(KIND_AFTER.get(n["kind"], n["kind"]) for n in orig.values()) == Counter(
+            n["kind"] for n in by_src.values()
+        )
+        for nid, o in orig.items():
+            n = by_src[nid]
+            assert n["kind"] == KIND_AFTER.get(o["kind"], o["kind"]), (rank, nid)
+            assert n["name"] == o["name"]
+            assert n["dur"] == micros_ns(o["dur"]), (rank, nid, o["dur"], n["dur"])
+            if o["kind"] == "collective":
+                assert n["comm_kind"] == o["comm_kind"]
+                assert n["msg_bytes"] == (o["msg_bytes"] or 0)
+                if member_group is None:
+                    want = src_groups[o["group_id"]]
+                    want_name, want_ranks = want[0], want[2]
+                else:
+                    want_name, want_ranks = member_group(rank, o["group_id"])
+                got_name, _, got_ranks = back_groups[n["group_id"]]
+                assert (got_name, got_ranks) == (want_name, want_ranks), (rank, nid)
+                assert rank in got_ranks
+            if o["kind"] in ("send", "recv"):
+                want_peer = o["peer"] if member_peer is None else member_peer(rank, o["peer"])
+                assert n["peer"] == want_peer, (rank, nid)
+                assert n["msg_bytes"] == (o["msg_bytes"] or 0)
+        # Same dependencies, one to one, kinds mapped to data/ctrl.
+        node_of = {n["node_id"]: n["event_id"] for n in new.values()}
+        want_edges = Counter(
+            (s, d, "ctrl" if k in CTRL_EDGE_KINDS else "data")
+            for s, d, k in graph_edges(store, src_id, graph_rank)
+        )
+        got_edges = Counter(
+            (node_of[s], node_of[d], k) for s, d, k in graph_edges(store, back_id, rank)
+        )
+        assert got_edges == want_edges, rank
+    # Every p2p send finds its receive across the files.
+    unpaired = q(store, "SELECT count(*) FROM p2p_pair WHERE run_id = ? AND NOT paired", back_id)
+    assert unpaired == [(0,)]
+    return report
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+
+def test_sample_roundtrip(sample_store: Store, tmp_path: Path) -> None:
+    report = roundtrip(sample_store, "sample", tmp_path)
+    assert report.kind == "recorded"
+    assert report.files == 8
+    assert report.templates == 8
+    assert report.prefix == "sample"
+    assert report.node_types["COMM_COLL_NODE"] > 0
+    assert report.as_dict()["files"] == 8
+    assert "8 Chakra ET files" in report.summary()
+    names = sorted(p.name for p in (tmp_path / "sample_et").iterdir())
+    assert names == [f"sample.{r}.et" for r in sorted(range(8), key=str)]
+
+
+def test_sliced_roundtrip_members_own_groups_and_peers(sample_store: Store, tmp_path: Path) -> None:
+    layout = ParallelLayout.parse("tp=2,dp=4,pp=2")
+    slice_run(sample_store, run="sample", layout=layout, world=16, out_run="sample_x16")
+    sid = run_id(sample_store, "sample_x16")
+    sliced_groups = groups(sample_store, sid)
+    class_of = dict(q(sample_store, "SELECT rank, class_id FROM rank WHERE run_id = ?", sid))
+
+    def member_group(rank: int, gid: int) -> tuple[str, list[int]]:
+        axis = sliced_groups[gid][1]
+        (hit,) = [(n, rs) for n, a, rs in sliced_groups.values() if a == axis and rank in rs]
+        return hit
+
+    def member_peer(rank: int, peer: int) -> int:
+        ex = class_of[rank]
+        c = layout.coords([rank, ex, peer])
+        coords = {a: int(v[2]) for a, v in c.items()}
+        coords["dp"] = (int(c["dp"][2]) + int(c["dp"][0]) - int(c["dp"][1])) % layout.dp
+        return int(layout.rank_of(coords))
+
+    report = roundtrip(
+        sample_store,
+        "sample_x16",
+        tmp_path,
+        member_group=member_group,
+        member_peer=member_peer,
+    )
+    assert report.kind == "sliced"
+    assert report.files == 16
+    assert report.templates == 4
+    # A member of a class names its own groups, not its exemplar's.
+    member = next(r for r, c in class_of.items() if r != c)
+    ex = class_of[member]
+    fh = openFileRd(str(tmp_path / "sample_x16_et" / f"sample_x16.{member}.et"))
+    gm = pb.GlobalMetadata()
+    decodeMessage(fh, gm)
+    assert attrs(gm)["rank"] == ("int64_val", member)
+    assert attrs(gm)["class_id"] == ("int64_val", ex)
+    names, node = set(), pb.Node()
+    while decodeMessage(fh, node):
+        a = attrs(node)
+        if "pg_name" in a:
+            names.add(a["pg_name"][1])
+    fh.close()
+    own = {n for n, _, rs in sliced_groups.values() if member in rs}
+    assert names
+    assert names <= own
+
+
+def test_unknown_collective_kind_is_named(sample_store: Store, tmp_path: Path) -> None:
+    rid = run_id(sample_store, "sample")
+    ((nid, rank, kind),) = q(
+        sample_store,
+        "SELECT node_id, rank, comm_kind FROM graph_node WHERE run_id = ?"
+        " AND kind = 'collective' ORDER BY rank, node_id LIMIT 1",
+        rid,
+    )
+    sql = "UPDATE graph_node SET comm_kind = ? WHERE run_id = ? AND rank = ? AND node_id = ?"
+    sample_store.con.execute(sql, ["all_to_allv", rid, rank, nid])
+    try:
+        with pytest.raises(ChakraExportError, match=rf"node {nid} .*'all_to_allv'") as exc:
+            export_chakra(sample_store, run="sample", out_dir=tmp_path / "bad")
+        assert isinstance(exc.value, PrismError)
+        assert f"rank {rank}" in str(exc.value)
+    finally:
+        sample_store.con.execute(sql, [kind, rid, rank, nid])
+
+
+def test_refuses_stray_rank_files(sample_store: Store, tmp_path: Path) -> None:
+    (tmp_path / "sample.99.et").write_bytes(b"")
+    with pytest.raises(ChakraExportError, match=r"sample\.99\.et"):
+        export_chakra(sample_store, run="sample", out_dir=tmp_path)
+    with pytest.raises(ChakraExportError, match="prefix"):
+        export_chakra(sample_store, run="sample", out_dir=tmp_path / "x", prefix="a/b")
+
+
+def test_builds_missing_graph_and_sanitises_prefix(tmp_path: Path) -> None:
+    store = open_store(tmp_path / "s.duckdb")
+    ingest(store, [SAMPLE], run="my run/1", progress=False)
+    report = export_chakra(store, run="my run/1", out_dir=tmp_path / "out")
+    assert report.built_graph
+    assert report.prefix == "my_run_1"
+    assert (tmp_path / "out" / "my_run_1.0.et").is_file()
+
+
+@pytest.fixture(scope="module")
+def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
+    store = open_store(tmp_path_factory.mktemp("export") / "e.duckdb")
+    ingest(store, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
+    ingest(store, [shared_datasets / RING], run="ring", progress=False)
+    return store
+
+
+@pytest.mark.shared_data
+def test_dlrm_roundtrip(shared_store: Store, tmp_path: Path) -> None:
+    report = roundtrip(shared_store, "dlrm", tmp_path)
+    # GPU graph: kernels, memcpy/memset, launch/stream/sync edges all make it through.
+    assert report.node_types["MEM_LOAD_NODE"] > 0
+    assert report.deps["ctrl_deps"] > 0  # the sync edges
+
+
+@pytest.mark.shared_data
+def test_chakra_ring_roundtrip(shared_store: Store, tmp_path: Path) -> None:
+    report = roundtrip(shared_store, "ring", tmp_path)
+    assert report.node_types["COMM_SEND_NODE"] == report.node_types["COMM_RECV_NODE"] > 0
