@@ -253,6 +253,40 @@ def slice_cmd(
         click.echo(report.summary())
 
 
+@main.command("emulate")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
+@click.option("--out-run", required=True, help="Name of the emulated run.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def emulate_cmd(db: Path, run_name: str, out_run: str, replace: bool, as_json: bool) -> None:
+    """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
+    from prism_trace.store import open_store
+    from replay import emulate_run
+
+    with open_store(db) as store:
+        report = emulate_run(store, run=run_name, out_run=out_run, replace=replace)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
+@main.command("validate")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="A run whose ranks were all recorded.")
+@click.option("--slice-ranks", default=None, help="Recorded ranks to slice from, e.g. 0,2,4,6.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def validate_cmd(db: Path, run_name: str, slice_ranks: str | None, as_json: bool) -> None:
+    """Iteration-time error of emulating RUN from all its ranks, and from a slice of them."""
+    from prism_trace.store import open_store
+    from replay import validate_run
+
+    ranks = None if slice_ranks is None else [int(r) for r in slice_ranks.split(",") if r]
+    with open_store(db) as store:
+        report = validate_run(store, run=run_name, slice_ranks=ranks)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
 @main.group("export")
 def export_group() -> None:
     """Write a run in another tool's format."""

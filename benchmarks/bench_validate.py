@@ -1,0 +1,117 @@
+"""Validation benchmark: replay and slice fidelity of the emulator on the real 8-rank sets.
+
+Ingests ``megatron-straggler-st-8rank`` (slice from ranks 0,2,4,6: the dp_rank 0 replica),
+``param-dlrm-8rank`` and the bundled gloo ``datasets/sample`` (slice from their dp-coordinate-0
+ranks) into a temporary store and runs ``validate_run`` on each. Targets: replay error <= 0.1 %
+on all three, slice error <= 3 % on ST. Prints a table (mean |iteration-time error| over
+iterations, and the worst single rank-iteration) and writes ``results/validate_<host>_<date>.md``
+unless ``--no-note``.
+
+Usage::
+
+    python benchmarks/bench_validate.py
+    python benchmarks/bench_validate.py --completion common --no-note
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata as md
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SHARED = Path(os.environ.get("PRISM_SHARED_DATASETS", HERE.parents[1] / "shared" / "datasets"))
+SETS = (
+    ("st", SHARED / "megatron-straggler-st-8rank", [0, 2, 4, 6], 0.1, 3.0),
+    ("dlrm", SHARED / "param-dlrm-8rank", None, 0.1, None),
+    ("sample", REPO / "datasets" / "sample", None, 0.1, None),
+)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.4f} %"
+
+
+def main() -> None:
+    """Run the validations and print (and note) the errors."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--completion", choices=("per_rank", "common"), default="per_rank")
+    ap.add_argument("--host-kind", default=None)
+    ap.add_argument("--no-note", action="store_true")
+    args = ap.parse_args()
+
+    from prism_trace.ingest import ingest
+    from prism_trace.store import open_store
+    from replay.run import EmulationConfig, ReplayConfig
+    from replay.validate import validate_run
+
+    config = EmulationConfig(replay=ReplayConfig(completion=args.completion))
+    header = (
+        "set",
+        "iters",
+        "replay err",
+        "replay worst",
+        "slice from",
+        "slice err",
+        "slice worst",
+        "targets",
+    )
+    rows = [header]
+    for name, path, ranks, replay_target, slice_target in SETS:
+        if not path.is_dir():
+            rows.append((name, "-", "missing", "", "", "", "", str(path)))
+            continue
+        with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "v.duckdb") as store:
+            ingest(store, [path], run=name, progress=False)
+            rep = validate_run(store, run=name, slice_ranks=ranks, config=config)
+        d = rep.as_dict()
+        met = [
+            f"replay <= {replay_target} %: "
+            + ("met" if d["replay_iteration_time_error_pct"] <= replay_target else "MISSED")
+        ]
+        if slice_target is not None and d["slice_iteration_time_error_pct"] is not None:
+            ok = d["slice_iteration_time_error_pct"] <= slice_target
+            met.append(f"slice <= {slice_target} %: {'met' if ok else 'MISSED'}")
+        rows.append(
+            (
+                name,
+                str(len(rep.replay)),
+                _pct(d["replay_iteration_time_error_pct"]),
+                _pct(d["replay_max_rank_error_pct"]),
+                ",".join(map(str, rep.slice_ranks or [])),
+                _pct(d["slice_iteration_time_error_pct"]),
+                _pct(d["slice_max_rank_error_pct"]),
+                "; ".join(met),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    print(f"completion model: {args.completion}")
+    print(table)
+    if args.no_note:
+        return
+    host = args.host_kind or f"{platform.machine()}-{os.cpu_count()}cpu".replace("_", "-")
+    versions = ", ".join(
+        f"{p} {md.version(p)}" for p in ("prism-trace", "duckdb", "polars", "numpy")
+    )
+    note = HERE / "results" / f"validate_{host}_{dt.date.today().isoformat()}.md"
+    note.parent.mkdir(exist_ok=True)
+    note.write_text(
+        "# validate: emulator replay and slice fidelity on the 8-rank sets\n\n"
+        f"Command: `python benchmarks/bench_validate.py --completion {args.completion}`\n\n"
+        f"```\n{table}\n```\n\n"
+        "Errors: mean over iterations of |emulated - recorded| / recorded of the iteration time"
+        " (mean over ranks); worst: the largest error of one rank's iteration.\n\n"
+        f"Host: {host}, {platform.processor() or platform.machine()}, Python"
+        f" {platform.python_version()}; {versions}.\n"
+    )
+    print(f"note: {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,417 @@
+"""The discrete-event core: per-unit execution graphs joined by communication instances → times.
+
+A *unit* is what the emulator simulates once: a rank of a recorded run, or the exemplar of an
+equivalence class of a sliced run (every member of a class has the same timing, so it is
+simulated once; see docs/emulator.md). Everything here is numpy on arrays: no store, no files, no
+torch, no printing, no randomness (seeded models come later through ``replay.timing``).
+
+The model is max-plus: every node ``v`` has a start ``S[v]`` and an end ``E[v]``.
+
+- A graph edge ``u → v`` anchored at ``u``'s end (start) with delay ``d`` gives
+  ``S[v] >= E[u] + d`` (``S[u] + d``); a ``holds_end`` (``sync``) edge gives ``E[v] >= E[u] + d``.
+- A node with no start constraint starts at its ``release`` (its recorded offset from the run's
+  origin), every other node as soon as its constraints allow.
+- A computation node ends ``dur`` after its start.
+- A communication *instance* (a collective's ``(group, seq)``, or a send with its receive) has one
+  *sync node* per participating unit. Its last arrival is ``A = max(S over participants)``; each
+  participant ``p`` ends at ``max(S[p], A + transfer[p])`` (or later, if a ``sync`` edge holds it
+  back), where ``transfer[p]`` is the instance's transfer time plus ``p``'s completion skew
+  (``replay.timing``: 0 when all participants complete together).
+
+All constraints are "max of predecessors plus a weight", so the times are the longest paths in one
+DAG over the points ``S``, ``E`` and ``A``, evaluated by a frontier-by-frontier (Kahn) sweep with
+``np.maximum.at``. A cycle in that DAG is a deadlock (e.g. two ranks issuing two collectives in
+opposite orders): the sweep stops with points left and ``DeadlockError`` names who waits for whom.
+Missing participants are found before the sweep (``collective_instances``, ``p2p_instances``),
+so the emulator never waits for something that cannot happen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from prism_trace.errors import CollectiveMismatchError, PrismError
+
+__all__ = [
+    "CommInstances",
+    "DeadlockError",
+    "EmulatorGraph",
+    "MissingParticipantError",
+    "Timeline",
+    "collective_instances",
+    "emulate",
+    "p2p_instances",
+]
+
+_NEG = np.int64(-(2**62))
+"""Minus infinity for the max-plus sweep (far from overflow when weights are added)."""
+
+
+class MissingParticipantError(PrismError, ValueError):
+    """A collective or send/recv some participant never issues: emulating it would hang.
+
+    Attributes:
+        group: the communicator (``group_id``) of the instance.
+        seq: its sequence number.
+        ranks: the ranks (class exemplars in a sliced run) that never issue it.
+    """
+
+    def __init__(self, msg: str, *, group: int, seq: int, ranks: list[int]) -> None:
+        super().__init__(msg)
+        self.group = group
+        self.seq = seq
+        self.ranks = ranks
+
+
+class DeadlockError(PrismError, RuntimeError):
+    """No progress is possible while nodes are pending (a cycle through communication).
+
+    Attributes:
+        pending: number of graph nodes that never complete.
+        waiting: one line per blocked instance: who waits, for whom.
+    """
+
+    def __init__(self, msg: str, *, pending: int, waiting: list[str]) -> None:
+        super().__init__(msg)
+        self.pending = pending
+        self.waiting = waiting
+
+
+@dataclass(frozen=True)
+class EmulatorGraph:
+    """The nodes and edges of every unit, concatenated (node index = row).
+
+    Attributes:
+        unit: unit of each node (int64, 0..U-1).
+        dur: recorded duration of each node, ns (used for non-sync nodes).
+        release: earliest start of a node with no start constraint, ns from the origin.
+        src: edge sources (node index).
+        dst: edge destinations (node index).
+        delay: edge delays, ns (>= 0).
+        from_end: the edge counts from ``src``'s end (else its start).
+        holds_end: the edge holds back ``dst``'s end (``sync``), not its start.
+    """
+
+    unit: np.ndarray
+    dur: np.ndarray
+    release: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    delay: np.ndarray
+    from_end: np.ndarray
+    holds_end: np.ndarray
+
+    @property
+    def n_nodes(self) -> int:
+        """Number of nodes."""
+        return int(self.unit.shape[0])
+
+
+@dataclass(frozen=True)
+class CommInstances:
+    """Communication instances: which nodes synchronise, and how long each transfer takes.
+
+    Attributes:
+        node: the sync node of each participation (node index).
+        instance: the instance of each participation (0..K-1, every one used).
+        transfer: per participation, ns from the instance's last arrival to this participant's
+            completion (may be negative: a participant that completed before the last arrival,
+            e.g. an eager send; it then ends at ``max(its start, last arrival + transfer)``).
+    """
+
+    node: np.ndarray
+    instance: np.ndarray
+    transfer: np.ndarray
+
+    @property
+    def n_instances(self) -> int:
+        """Number of instances."""
+        return int(self.instance.max()) + 1 if self.instance.size else 0
+
+    @staticmethod
+    def empty() -> CommInstances:
+        """No communication."""
+        z = np.zeros(0, dtype=np.int64)
+        return CommInstances(z, z, z)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """What ``emulate`` returns.
+
+    Attributes:
+        start: emulated start of each node, ns from the origin.
+        end: emulated end of each node.
+        arrival: per instance, the last participant's arrival.
+        rounds: frontier sweeps the evaluation took (the DAG's depth).
+    """
+
+    start: np.ndarray
+    end: np.ndarray
+    arrival: np.ndarray
+    rounds: int
+
+
+def _i64(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, dtype=np.int64)
+
+
+def emulate(
+    graph: EmulatorGraph,
+    comm: CommInstances,
+    *,
+    label: Callable[[int], str] | None = None,
+) -> Timeline:
+    """Emulate every unit's graph with its communication instances.
+
+    Args:
+        graph: nodes and edges of every unit.
+        comm: the communication instances (from ``collective_instances``/``p2p_instances``)
+            with their transfer times.
+        label: names a node for error messages (e.g. ``rank 3 node 12 'all_reduce'``).
+
+    Returns:
+        Start and end of every node, arrival and completion of every instance.
+
+    Raises:
+        DeadlockError: the graph and the instances form a cycle (no progress possible).
+    """
+    n = graph.n_nodes
+    k = comm.n_instances
+    n_points = 2 * n + k
+    src, dst = _i64(graph.src), _i64(graph.dst)
+    from_end = np.asarray(graph.from_end, dtype=bool)
+    holds_end = np.asarray(graph.holds_end, dtype=bool)
+    sync_node, inst = _i64(comm.node), _i64(comm.instance)
+    transfer = _i64(comm.transfer)
+
+    dur = _i64(graph.dur).copy()
+    dur[sync_node] = 0  # a sync node lasts at least 0; its end comes from its instance
+    # Point-space edges: graph edges; S->E (dur); S->A (0) and A->E (transfer) for sync nodes.
+    p_src = np.concatenate(
+        [np.where(from_end, src + n, src), np.arange(n), sync_node, 2 * n + inst]
+    )
+    p_dst = np.concatenate(
+        [np.where(holds_end, dst + n, dst), np.arange(n) + n, 2 * n + inst, sync_node + n]
+    )
+    p_w = np.concatenate(
+        [_i64(graph.delay), dur, np.zeros(sync_node.size, dtype=np.int64), transfer]
+    )
+
+    val = np.full(n_points, _NEG, dtype=np.int64)
+    has_start_pred = np.zeros(n, dtype=bool)
+    has_start_pred[dst[~holds_end]] = True
+    roots = np.flatnonzero(~has_start_pred)
+    val[roots] = _i64(graph.release)[roots]
+
+    order = np.argsort(p_src, kind="stable")
+    s_src, s_dst, s_w = p_src[order], p_dst[order], p_w[order]
+    indptr = np.zeros(n_points + 1, dtype=np.int64)
+    np.cumsum(np.bincount(p_src, minlength=n_points), out=indptr[1:])
+    indeg = np.bincount(p_dst, minlength=n_points).astype(np.int64)
+
+    frontier = np.flatnonzero(indeg == 0)
+    done_points = 0
+    rounds = 0
+    while frontier.size:
+        rounds += 1
+        done_points += frontier.size
+        first = indptr[frontier]
+        counts = indptr[frontier + 1] - first
+        total = int(counts.sum())
+        if total == 0:
+            break
+        offsets = np.cumsum(counts) - counts
+        idx = np.repeat(first - offsets, counts) + np.arange(total, dtype=np.int64)
+        d = s_dst[idx]
+        np.maximum.at(val, d, val[s_src[idx]] + s_w[idx])
+        np.subtract.at(indeg, d, 1)
+        frontier = np.unique(d[indeg[d] == 0])
+
+    if done_points < n_points:
+        _raise_deadlock(graph, comm, indeg, n, label)
+
+    return Timeline(val[:n].copy(), val[n : 2 * n].copy(), val[2 * n :].copy(), rounds)
+
+
+def _raise_deadlock(
+    graph: EmulatorGraph,
+    comm: CommInstances,
+    indeg: np.ndarray,
+    n: int,
+    label: Callable[[int], str] | None,
+) -> None:
+    pending_nodes = int(np.count_nonzero(indeg[n : 2 * n] > 0))
+    started = indeg[:n] == 0  # the node's start is known: it arrived
+    inst_pending = indeg[2 * n :] > 0
+    name = label or (lambda v: f"unit {int(graph.unit[v])} node {v}")
+    waiting: list[str] = []
+    for i in np.flatnonzero(inst_pending):
+        members = comm.node[comm.instance == i]
+        arrived = members[started[members]]
+        absent = members[~started[members]]
+        if arrived.size and absent.size:
+            who = ", ".join(name(int(v)) for v in arrived[:3])
+            never = ", ".join(name(int(v)) for v in absent[:3])
+            waiting.append(f"{who} waits for {never}")
+        if len(waiting) >= 3:
+            break
+    units = np.unique(graph.unit[np.flatnonzero(indeg[n : 2 * n] > 0)])
+    msg = (
+        f"deadlock: no progress with {pending_nodes} nodes pending on {units.size} units"
+        + (f"; {'; '.join(waiting)}" if waiting else "")
+        + " [communication issued in a different order on different ranks?]"
+    )
+    raise DeadlockError(msg, pending=pending_nodes, waiting=waiting)
+
+
+# -- instance matching ---------------------------------------------------------------------------
+
+
+def _key(*cols: np.ndarray) -> np.ndarray:
+    """Rows of small non-negative integer columns → one sortable structured key array."""
+    dt = np.dtype([(f"f{i}", np.int64) for i in range(len(cols))])
+    out = np.empty(cols[0].shape[0], dtype=dt)
+    for i, c in enumerate(cols):
+        out[f"f{i}"] = c
+    return out
+
+
+def collective_instances(
+    node: np.ndarray,
+    unit: np.ndarray,
+    group: np.ndarray,
+    seq: np.ndarray,
+    *,
+    expected: Mapping[int, np.ndarray],
+    unit_rank: np.ndarray,
+    allow_partial: bool = False,
+) -> tuple[np.ndarray, int]:
+    """Group collective sync nodes into instances by ``(group, seq)`` and check who is there.
+
+    Args:
+        node: the sync nodes (node index).
+        unit: unit of each.
+        group: ``group_id`` of each.
+        seq: ``seq`` of each.
+        expected: per group, the units that must take part (in a sliced run, the classes present
+            in the group; -1 marks a member with no unit: a rank not recorded).
+        unit_rank: the rank (or class exemplar) of each unit, for messages.
+        allow_partial: resolve an instance over the units present instead of raising.
+
+    Returns:
+        The instance of each sync node, and the number of instances; instances are numbered in
+        ``(group, seq)`` order.
+
+    Raises:
+        MissingParticipantError: an expected unit never issues an instance (the first such
+            instance, by group and seq, is named with the missing ranks).
+        CollectiveMismatchError: a unit issues the same ``(group, seq)`` twice.
+    """
+    node, unit, group, seq = _i64(node), _i64(unit), _i64(group), _i64(seq)
+    if node.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    keys, inst = np.unique(_key(group, seq), return_inverse=True)
+    inst = inst.ravel()
+    pairs = _key(inst, unit)
+    uniq, counts = np.unique(pairs, return_counts=True)
+    if (counts > 1).any():
+        bad = uniq[np.argmax(counts > 1)]
+        i, u = int(bad["f0"]), int(bad["f1"])
+        msg = (
+            f"rank {int(unit_rank[u])} issues collective (group {int(keys[i]['f0'])},"
+            f" seq {int(keys[i]['f1'])}) twice"
+        )
+        raise CollectiveMismatchError(msg)
+    if allow_partial:
+        return inst, int(keys.size)
+    present = np.bincount(inst, minlength=keys.size)
+    need = np.array([np.unique(expected[int(g)]).size for g in keys["f0"]], dtype=np.int64)
+    short = np.flatnonzero(present < need)
+    if short.size:
+        i = int(short[0])
+        g, s = int(keys[i]["f0"]), int(keys[i]["f1"])
+        have = set(unit[inst == i].tolist())
+        missing_units = [int(u) for u in np.unique(expected[g]) if int(u) not in have]
+        ranks = [int(unit_rank[u]) if u >= 0 else -1 for u in missing_units]
+        shown = [r for r in ranks if r >= 0]
+        unrecorded = len(ranks) - len(shown)
+        msg = (
+            f"collective (group {g}, seq {s}) is never issued by rank(s) {shown}"
+            + (f" and {unrecorded} unrecorded member rank(s)" if unrecorded else "")
+            + f"; {short.size} incomplete instance(s) in all; emulating it would hang"
+            " [record every rank, or allow partial instances]"
+        )
+        raise MissingParticipantError(msg, group=g, seq=s, ranks=shown)
+    return inst, int(keys.size)
+
+
+def p2p_instances(
+    node: np.ndarray,
+    unit: np.ndarray,
+    peer_unit: np.ndarray,
+    is_send: np.ndarray,
+    group: np.ndarray,
+    seq: np.ndarray,
+    *,
+    unit_rank: np.ndarray,
+    peer_rank: np.ndarray,
+    allow_partial: bool = False,
+) -> tuple[np.ndarray, int]:
+    """Pair each send with its receive: send(a → b, group, seq) ↔ recv(b ← a, group, seq).
+
+    Args:
+        node: the sync nodes of sends and receives.
+        unit: unit of each.
+        peer_unit: the unit of the other side (-1 when it has none: peer not recorded/unknown).
+        is_send: true for a send.
+        group: a group key of each (``group_id``, or an id of the group's axis in a sliced run).
+        seq: sequence number within (rank, peer, direction).
+        unit_rank: the rank of each unit, for messages.
+        peer_rank: the peer rank of each node, for messages.
+        allow_partial: a side without its partner completes alone instead of raising.
+
+    Returns:
+        The instance of each node and the number of instances.
+
+    Raises:
+        MissingParticipantError: a send or receive whose other side never issues it.
+        CollectiveMismatchError: two sends (or two receives) claim one pair.
+    """
+    node, unit, peer_unit = _i64(node), _i64(unit), _i64(peer_unit)
+    is_send = np.asarray(is_send, dtype=bool)
+    group, seq = _i64(group), _i64(seq)
+    if node.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    sender = np.where(is_send, unit, peer_unit)
+    receiver = np.where(is_send, peer_unit, unit)
+    keys, inst = np.unique(_key(group, sender, receiver, seq), return_inverse=True)
+    inst = inst.ravel()
+    sends = np.bincount(inst, weights=is_send, minlength=keys.size).astype(np.int64)
+    recvs = np.bincount(inst, weights=~is_send, minlength=keys.size).astype(np.int64)
+    if ((sends > 1) | (recvs > 1)).any():
+        i = int(np.argmax((sends > 1) | (recvs > 1)))
+        msg = (
+            f"send/recv pair (group {int(keys[i]['f0'])}, seq {int(keys[i]['f3'])}) between"
+            f" {int(keys[i]['f1'])} and {int(keys[i]['f2'])} is claimed twice"
+        )
+        raise CollectiveMismatchError(msg)
+    if not allow_partial:
+        single = np.flatnonzero((sends + recvs) < 2)
+        if single.size:
+            i = int(single[0])
+            j = int(np.flatnonzero(inst == i)[0])
+            side = "receive" if is_send[j] else "send"
+            me = int(unit_rank[unit[j]])
+            msg = (
+                f"{'send' if is_send[j] else 'recv'} of rank {me} (group {int(group[j])},"
+                f" seq {int(seq[j])}) has no matching {side} on rank {int(peer_rank[j])};"
+                f" {single.size} unpaired p2p op(s) in all; emulating it would hang"
+            )
+            raise MissingParticipantError(
+                msg, group=int(group[j]), seq=int(seq[j]), ranks=[int(peer_rank[j])]
+            )
+    return inst, int(keys.size)

@@ -1,0 +1,1013 @@
+"""The emulator's I/O shell: a run's graph in the store → ``replay.emulator`` → an emulated run.
+
+``emulate_run`` reads the execution graph of a recorded or sliced run, resolves its communication
+instances (collectives by ``(group, seq)``, sends with their receives), takes each instance's
+transfer time from the recording (``replay.timing``), runs the core once per *unit* (a recorded
+rank, or a class exemplar of a sliced run) and writes a run of kind ``emulated`` in the same
+schema: ``rank`` (every rank of the world, with ``class_id``), ``comm_group``, ``track``, ``event``
+and ``collective``/``p2p`` (units only), ``iteration`` (every rank). See docs/emulator.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import polars as pl
+
+from prism_trace import schema
+from prism_trace.errors import DuplicateRunError, PrismError
+from replay.emulator import (
+    CommInstances,
+    EmulatorGraph,
+    Timeline,
+    collective_instances,
+    emulate,
+    p2p_instances,
+)
+from replay.timing import TimingConfig, TransferQuery, recorded_completion, transfer_model
+from replay.topology import Topology
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from prism_trace.store import Store
+
+__all__ = ["EmulationConfig", "EmulationReport", "ReplayConfig", "emulate_run"]
+
+_COMM = ("collective", "send", "recv")
+_DEFAULT_CATEGORY = {
+    "host": "cpu_op",
+    "kernel": "kernel",
+    "memcpy": "memcpy",
+    "memset": "memset",
+    "collective": "comm",
+    "send": "comm",
+    "recv": "comm",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    """The ``replay`` section of ``EmulationConfig``.
+
+    Attributes:
+        allow_partial: resolve a communication instance over the participants present instead of
+            raising ``MissingParticipantError`` (for partial recordings; the result then ignores
+            the absent ranks).
+        completion: ``per_rank`` (each participant completes at last arrival + transfer + its
+            recorded completion skew: exact replay of collectives whose ranks leave at different
+            times, e.g. gloo) or ``common`` (all complete at last arrival + transfer).
+    """
+
+    allow_partial: bool = False
+    completion: Literal["per_rank", "common"] = "per_rank"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulationConfig:
+    """Everything that shapes an emulation; stored resolved in ``run.config_json``.
+
+    Attributes:
+        replay: how the graph is replayed (``ReplayConfig``).
+        timing: the transfer-time model (``replay.timing.TimingConfig``).
+        topology: the network (``replay.topology.Topology``), used by modelled transfers.
+        seed: seed of any random model (none is random yet).
+    """
+
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    topology: Topology = field(default_factory=Topology)
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmulationConfig:
+        """Build from a parsed TOML/JSON mapping with the same sections.
+
+        Args:
+            data: ``{"replay": {...}, "timing": {...}, "topology": {...}, "seed": 0}``.
+
+        Returns:
+            The config (unknown keys raise ``TypeError``).
+        """
+        return cls(
+            replay=ReplayConfig(**data.get("replay", {})),
+            timing=TimingConfig(**data.get("timing", {})),
+            topology=Topology(**data.get("topology", {})),
+            seed=int(data.get("seed", 0)),
+        )
+
+
+@dataclass
+class EmulationReport:
+    """What ``emulate_run`` did."""
+
+    run: str
+    run_id: int
+    input_run: str
+    input_run_id: int
+    input_kind: str
+    world_size: int
+    units: int
+    nodes: int
+    edges: int
+    collective_instances: int
+    p2p_instances: int
+    rounds: int
+    events_written: int
+    iteration_rows: int
+    represented_events: int
+    seconds: dict[str, float] = field(default_factory=dict)
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def events_per_s(self) -> float:
+        """Events of the full world (nodes x class members) per second of emulation."""
+        t = self.seconds.get("emulate", 0.0)
+        return self.represented_events / t if t > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "run": self.run,
+            "run_id": self.run_id,
+            "input_run": self.input_run,
+            "input_run_id": self.input_run_id,
+            "input_kind": self.input_kind,
+            "world_size": self.world_size,
+            "units": self.units,
+            "nodes": self.nodes,
+            "edges": self.edges,
+            "collective_instances": self.collective_instances,
+            "p2p_instances": self.p2p_instances,
+            "rounds": self.rounds,
+            "events_written": self.events_written,
+            "iteration_rows": self.iteration_rows,
+            "represented_events": self.represented_events,
+            "events_per_s": round(self.events_per_s, 1),
+            "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+            "iterations": self.iterations,
+            "notes": self.notes,
+        }
+
+    def summary(self) -> str:
+        """A few lines for the CLI."""
+        lines = [
+            f"emulated run {self.run!r} (id {self.run_id}) from {self.input_kind} run"
+            f" {self.input_run!r}: {self.world_size} ranks as {self.units} units,"
+            f" {self.nodes} nodes, {self.collective_instances} collectives,"
+            f" {self.p2p_instances} send/recv pairs",
+            f"  {self.seconds.get('total', 0.0):.2f} s (load {self.seconds.get('load', 0.0):.2f},"
+            f" emulate {self.seconds.get('emulate', 0.0):.3f}, write"
+            f" {self.seconds.get('write', 0.0):.2f}); {self.events_per_s:,.0f} events/s",
+        ]
+        for it in self.iterations[:10]:
+            lines.append(
+                f"  iteration {it['iteration']}: mean {it['mean_ns'] / 1e6:.3f} ms,"
+                f" max {it['max_ns'] / 1e6:.3f} ms over {it['ranks']} ranks"
+            )
+        if len(self.iterations) > 10:
+            lines.append(f"  ... {len(self.iterations) - 10} more iterations")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Inputs:
+    """A run's graph and everything the core needs, as frames and arrays."""
+
+    run: str
+    run_id: int
+    kind: str
+    source_run_id: int
+    world_size: int
+    source_format: str | None
+    unit_rank: np.ndarray  # rank (exemplar) of each unit
+    unit_source: np.ndarray  # recorded rank whose events/iterations each unit replays
+    rank_unit: pl.DataFrame  # rank, unit (every rank of the world that maps to a unit)
+    nodes: pl.DataFrame  # sorted by (rank, node_id); + unit, idx, category
+    edges: pl.DataFrame  # + s, d (node indices)
+    origin: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
+    return con.sql(sql, params=params).pl()
+
+
+def _node_index(nodes: pl.DataFrame, unit_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted keys of ``(unit, node_id)`` for looking nodes up, and each node's unit."""
+    unit = np.searchsorted(unit_rank, nodes["rank"].to_numpy()).astype(np.int64)
+    keys = (unit << 32) | nodes["node_id"].to_numpy().astype(np.int64)
+    return keys, unit
+
+
+def _lookup(keys: np.ndarray, unit: np.ndarray, node_id: np.ndarray, what: str) -> np.ndarray:
+    want = (unit.astype(np.int64) << 32) | node_id.astype(np.int64)
+    pos = np.searchsorted(keys, want)
+    pos = np.minimum(pos, max(keys.size - 1, 0))
+    bad = keys[pos] != want if keys.size else np.ones(want.size, dtype=bool)
+    if bad.any():
+        i = int(np.argmax(bad))
+        msg = f"graph_edge: {what} node {int(node_id[i])} does not exist (unit {int(unit[i])})"
+        raise PrismError(msg)
+    return pos
+
+
+def _load(store: Store, run_id: int, *, name: str) -> _Inputs:
+    con = store.con
+    ((kind, parent, world, fmt),) = con.execute(
+        "SELECT kind, parent_run_id, world_size, source_format FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    if kind not in ("recorded", "sliced"):
+        msg = (
+            f"{store.path}: run {name!r} is {kind}; only a recorded or sliced run has a graph"
+            " to emulate"
+        )
+        raise PrismError(msg)
+    source = int(parent) if kind == "sliced" else run_id
+    nodes = _fetch(
+        con,
+        "SELECT n.rank, n.node_id, n.kind, n.track_id, n.event_id, n.name, n.ts, n.dur,"
+        " n.iteration, n.group_id, n.seq, n.peer, n.msg_bytes, n.comm_kind,"
+        " coalesce(r.represented_by, n.rank) AS source_rank, ev.category"
+        " FROM graph_node n"
+        " LEFT JOIN rank r ON r.run_id = n.run_id AND r.rank = n.rank"
+        " LEFT JOIN event ev ON ev.run_id = $2 AND ev.rank = coalesce(r.represented_by, n.rank)"
+        " AND ev.event_id = n.event_id"
+        " WHERE n.run_id = $1 ORDER BY n.rank, n.node_id",
+        [run_id, source],
+    )
+    if nodes.is_empty():
+        msg = f"{store.path}: run {name!r} has no graph (run `prism graph` or slice it first)"
+        raise PrismError(msg)
+    edges = _fetch(
+        con,
+        "SELECT rank, src, dst, kind, anchor, delay FROM graph_edge WHERE run_id = $1",
+        [run_id],
+    )
+    ranks = _fetch(
+        con,
+        "SELECT rank, coalesce(class_id, rank) AS cls FROM rank WHERE run_id = $1 ORDER BY rank",
+        [run_id],
+    )
+    unit_rank = np.unique(nodes["rank"].to_numpy()).astype(np.int64)
+    src_of = nodes.group_by("rank").agg(pl.col("source_rank").first()).sort("rank")
+    unit_source = src_of["source_rank"].to_numpy().astype(np.int64)
+
+    keys, unit = _node_index(nodes, unit_rank)
+    nodes = nodes.with_columns(
+        pl.Series("unit", unit),
+        pl.Series("idx", np.arange(nodes.height, dtype=np.int64)),
+        pl.col("category").fill_null(
+            pl.col("kind").replace_strict(_DEFAULT_CATEGORY, default="other")
+        ),
+    )
+    e_unit = np.searchsorted(unit_rank, edges["rank"].to_numpy()).astype(np.int64)
+    s = _lookup(keys, e_unit, edges["src"].to_numpy(), "source")
+    d = _lookup(keys, e_unit, edges["dst"].to_numpy(), "destination")
+    edges = edges.with_columns(pl.Series("s", s), pl.Series("d", d))
+
+    cls = ranks["cls"].to_numpy().astype(np.int64)
+    pos = np.minimum(np.searchsorted(unit_rank, cls), unit_rank.size - 1)
+    r_unit = np.where(unit_rank[pos] == cls, pos, -1)
+    rank_unit = pl.DataFrame(
+        {"rank": ranks["rank"].to_numpy().astype(np.int64), "unit": r_unit.astype(np.int64)}
+    )
+    ts = nodes["ts"]
+    origin = int(ts.min()) if ts.null_count() < ts.len() else 0  # type: ignore[arg-type]
+    return _Inputs(
+        run=name,
+        run_id=run_id,
+        kind=str(kind),
+        source_run_id=source,
+        world_size=int(world) if world else int(ranks.height),
+        source_format=fmt,
+        unit_rank=unit_rank,
+        unit_source=unit_source,
+        rank_unit=rank_unit,
+        nodes=nodes,
+        edges=edges,
+        origin=origin,
+    )
+
+
+def _sync_frame(nodes: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
+    """One row per communication node: the node where it synchronises and what it carries.
+
+    A communication host node with a ``comm`` edge to a device kernel synchronises at that kernel
+    (the host op only launches it); otherwise the host node itself is the sync node.
+    """
+    comm = nodes.filter(pl.col("kind").is_in(_COMM))
+    kern = (
+        edges.filter(pl.col("kind") == "comm")
+        .group_by("s")
+        .agg(pl.col("d").min().alias("kernel_idx"))
+    )
+    return comm.join(kern, left_on="idx", right_on="s", how="left").with_columns(
+        pl.col("idx").alias("host_idx"),
+        pl.coalesce("kernel_idx", "idx").alias("sync_idx"),
+    )
+
+
+def _rank_lookup(rank_unit: pl.DataFrame, ranks: np.ndarray) -> np.ndarray:
+    """Unit of each rank (-1 when the rank is not in the run or has no unit)."""
+    r = rank_unit["rank"].to_numpy()
+    u = rank_unit["unit"].to_numpy()
+    ranks = np.asarray(ranks, dtype=np.int64)
+    if r.size == 0:
+        return np.full(ranks.size, -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(r, ranks), r.size - 1)
+    return np.where(r[pos] == ranks, u[pos], -1).astype(np.int64)
+
+
+def _recorded_transfers(store: Store, inputs: _Inputs) -> pl.DataFrame:
+    """Per sync node of the *source* run: its instance's recorded transfer and its skew.
+
+    Returns ``source_rank, node_id, transfer, skew`` for every communication node of every
+    recorded rank of the source run (the parent for a sliced run): the last arriver's duration,
+    and how much later than the last arriver this node completed (``replay.timing``).
+    """
+    if inputs.kind == "recorded":
+        nodes, edges = inputs.nodes, inputs.edges
+    else:
+        src = _load(store, inputs.source_run_id, name=f"parent of {inputs.run}")
+        nodes, edges = src.nodes, src.edges
+    sync = _sync_frame(nodes, edges)
+    if sync.is_empty():
+        return pl.DataFrame(
+            schema={
+                "source_rank": pl.Int64,
+                "node_id": pl.Int64,
+                "transfer": pl.Int64,
+                "skew": pl.Int64,
+            }
+        )
+    k_ts = nodes["ts"].fill_null(0).to_numpy()
+    k_dur = nodes["dur"].fill_null(0).to_numpy()
+    sidx = sync["sync_idx"].to_numpy()
+    start, dur = k_ts[sidx], k_dur[sidx]
+    rank = sync["rank"].to_numpy().astype(np.int64)
+    group = sync["group_id"].fill_null(-1).to_numpy().astype(np.int64)
+    seq = sync["seq"].fill_null(-1).to_numpy().astype(np.int64)
+    peer = sync["peer"].fill_null(-1).to_numpy().astype(np.int64)
+    is_coll = (sync["kind"] == "collective").to_numpy()
+    is_send = (sync["kind"] == "send").to_numpy()
+    inst = np.zeros(sync.height, dtype=np.int64)
+    c = np.flatnonzero(is_coll & (group >= 0))
+    ci, nc = collective_instances(
+        c, rank[c], group[c], seq[c], expected={}, unit_rank=rank, allow_partial=True
+    )
+    inst[c] = ci
+    p = np.flatnonzero(~is_coll)
+    pi, npp = p2p_instances(
+        p,
+        rank[p],
+        peer[p],
+        is_send[p],
+        group[p],
+        seq[p],
+        unit_rank=rank,
+        peer_rank=peer[p],
+        allow_partial=True,
+    )
+    inst[p] = pi + nc
+    lone = np.flatnonzero(is_coll & (group < 0))  # no communicator: its own instance
+    inst[lone] = nc + npp + np.arange(lone.size)
+    n_inst = nc + npp + lone.size
+    transfer, skew = recorded_completion(inst, start, dur, n_inst)
+    return pl.DataFrame(
+        {
+            "source_rank": rank,
+            "node_id": sync["node_id"].to_numpy().astype(np.int64),
+            "transfer": transfer[inst],
+            "skew": skew,
+        }
+    )
+
+
+# -- emulating -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Result:
+    inputs: _Inputs
+    timeline: Timeline
+    sync: pl.DataFrame  # sync frame + instance, unit
+    n_collective: int
+    n_p2p: int
+    seconds: float
+
+
+def _groups(store: Store, run_id: int, group_ids: list[int]) -> pl.DataFrame:
+    return _fetch(
+        store.con,
+        "SELECT group_id, size, ranks, axis FROM comm_group"
+        " WHERE run_id = $1 AND list_contains($2, group_id)",
+        [run_id, group_ids],
+    )
+
+
+def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
+    nodes, edges = inputs.nodes, inputs.edges
+    sync = _sync_frame(nodes, edges)
+    rec = _recorded_transfers(store, inputs)
+    sync = sync.with_columns(pl.col("source_rank").cast(pl.Int64)).join(
+        rec, on=["source_rank", "node_id"], how="left"
+    )
+    lone_notes = sync.filter((pl.col("kind") == "collective") & pl.col("group_id").is_null()).height
+    if lone_notes:
+        inputs.notes.append(
+            f"{lone_notes} collective nodes without a communicator run alone (recorded duration)"
+        )
+    sync = sync.filter(~((pl.col("kind") == "collective") & pl.col("group_id").is_null()))
+    untimed = sync.filter(pl.col("transfer").is_null() & pl.col("dur").is_null()).height
+    if untimed:
+        inputs.notes.append(
+            f"{untimed} communication nodes have no recorded duration: transfer 0"
+            " (a modelled transfer, timing.model = 'alpha_beta', fills them in)"
+        )
+    gids = sorted({int(g) for g in sync["group_id"].drop_nulls().to_list()})
+    groups = _groups(store, inputs.run_id, gids)
+    g_members = {
+        int(g): np.asarray(m if m is not None else [], dtype=np.int64)
+        for g, m in zip(groups["group_id"].to_list(), groups["ranks"].to_list(), strict=True)
+    }
+    g_size = dict(zip(groups["group_id"].to_list(), groups["size"].to_list(), strict=True))
+    g_axis = dict(zip(groups["group_id"].to_list(), groups["axis"].to_list(), strict=True))
+    unit_rank = inputs.unit_rank
+    allow = config.replay.allow_partial
+
+    sidx = sync["sync_idx"].to_numpy().astype(np.int64)
+    unit = sync["unit"].to_numpy().astype(np.int64)
+    group = sync["group_id"].fill_null(-1).to_numpy().astype(np.int64)
+    seq = sync["seq"].fill_null(-1).to_numpy().astype(np.int64)
+    is_coll = (sync["kind"] == "collective").to_numpy()
+    inst = np.zeros(sync.height, dtype=np.int64)
+
+    c = np.flatnonzero(is_coll)
+    expected = {}
+    for g in np.unique(group[c]):
+        members = g_members.get(int(g))
+        if members is None or members.size == 0:
+            expected[int(g)] = np.unique(unit[c][group[c] == g])  # no member list: who issues it
+        else:
+            expected[int(g)] = _rank_lookup(inputs.rank_unit, members)
+    ci, nc = collective_instances(
+        sidx[c],
+        unit[c],
+        group[c],
+        seq[c],
+        expected=expected,
+        unit_rank=unit_rank,
+        allow_partial=allow,
+    )
+    inst[c] = ci
+
+    p = np.flatnonzero(~is_coll)
+    peer = sync["peer"].fill_null(-1).to_numpy().astype(np.int64)[p]
+    peer_unit = np.where(peer >= 0, _rank_lookup(inputs.rank_unit, peer), -1)
+    if inputs.kind == "sliced":  # a group of the pair's axis, not the exemplar's own copy
+        axes = sorted({str(a) for a in g_axis.values() if a is not None})
+        code = {a: i for i, a in enumerate(axes)}
+        gkey = np.array(
+            [code.get(str(g_axis.get(int(g))), -2 - int(g)) for g in group[p]], dtype=np.int64
+        )
+    else:
+        gkey = group[p]
+    pi, npp = p2p_instances(
+        sidx[p],
+        unit[p],
+        peer_unit,
+        (sync["kind"] == "send").to_numpy()[p],
+        gkey,
+        seq[p],
+        unit_rank=unit_rank,
+        peer_rank=peer,
+        allow_partial=allow,
+    )
+    inst[p] = pi + nc
+    n_inst = nc + npp
+    sync = sync.with_columns(pl.Series("instance", inst))
+
+    # Per instance: recorded transfer (max over participants), kind, size, group size, span.
+    per = (
+        sync.with_columns(
+            pl.col("transfer").fill_null(pl.col("dur")).fill_null(0),
+            pl.col("rank").alias("r"),
+        )
+        .group_by("instance")
+        .agg(
+            pl.col("transfer").max(),
+            pl.col("comm_kind").first(),
+            pl.col("kind").first(),
+            pl.col("msg_bytes").max(),
+            pl.col("group_id").first(),
+            pl.col("r").min().alias("lo"),
+            pl.col("r").max().alias("hi"),
+            pl.col("peer").min().alias("plo"),
+            pl.col("peer").max().alias("phi"),
+        )
+        .sort("instance")
+    )
+    kinds = per["comm_kind"].fill_null(per["kind"]).to_numpy().astype(object)
+    gsize = np.array(
+        [
+            g_size.get(g, 2) if k == "collective" else 2
+            for g, k in zip(per["group_id"].to_list(), per["kind"].to_list(), strict=True)
+        ],
+        dtype=np.int64,
+    )
+    lo = np.minimum(per["lo"].to_numpy(), per["plo"].fill_null(1 << 40).to_numpy())
+    hi = np.maximum(per["hi"].to_numpy(), per["phi"].fill_null(-1).to_numpy())
+    for i, g in enumerate(per["group_id"].to_list()):
+        m = g_members.get(g) if g is not None else None
+        if per["kind"][i] == "collective" and m is not None and m.size:
+            lo[i], hi[i] = m.min(), m.max()
+    model = transfer_model(config.timing, config.topology)
+    transfer = model.transfer(
+        TransferQuery(
+            kind=kinds,
+            msg_bytes=per["msg_bytes"].fill_null(-1).to_numpy(),
+            group_size=gsize,
+            spans_nodes=config.topology.spans_nodes(lo, hi),
+            recorded_ns=per["transfer"].to_numpy().astype(np.int64),
+        )
+    )
+
+    release = nodes["ts"].fill_null(inputs.origin).to_numpy().astype(np.int64) - inputs.origin
+    graph = EmulatorGraph(
+        unit=nodes["unit"].to_numpy(),
+        dur=np.maximum(nodes["dur"].fill_null(0).to_numpy().astype(np.int64), 0),
+        release=release,
+        src=edges["s"].to_numpy(),
+        dst=edges["d"].to_numpy(),
+        delay=np.maximum(edges["delay"].fill_null(0).to_numpy().astype(np.int64), 0),
+        from_end=(edges["anchor"].fill_null("end") != "start").to_numpy(),
+        holds_end=(edges["kind"] == "sync").to_numpy(),
+    )
+    skew = sync["skew"].fill_null(0).to_numpy().astype(np.int64)
+    if config.replay.completion == "common":
+        skew = np.zeros_like(skew)
+    comm = CommInstances(node=sidx, instance=inst, transfer=transfer[inst] + skew)
+    if n_inst == 0:
+        comm = CommInstances.empty()
+
+    n_rank = nodes["rank"].to_numpy()
+    n_id = nodes["node_id"].to_numpy()
+    n_kind = nodes["kind"].to_list()
+    n_name = nodes["name"].to_list()
+
+    def label(v: int) -> str:
+        return f"rank {int(n_rank[v])} node {int(n_id[v])} ({n_kind[v]} {n_name[v]!r})"
+
+    t = time.perf_counter()
+    timeline = emulate(graph, comm, label=label)
+    seconds = time.perf_counter() - t
+    return _Result(inputs, timeline, sync, nc, npp, seconds)
+
+
+# -- results as frames ---------------------------------------------------------------------------
+
+
+def _iteration_frame(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
+    """Emulated iterations per unit (``unit, iteration, ts, dur, name``; ts on the run clock).
+
+    An iteration keeps the recorded margins around its nodes. It ends as long after its *end
+    anchor* (the node that ended last inside the recorded iteration) as recorded. It starts where
+    the unit's previous iteration ended, plus the recorded gap between the two; the first one
+    starts as long before its first node (by recorded start) as recorded. Without a recorded
+    iteration it spans its nodes.
+    """
+    inputs, tl = res.inputs, res.timeline
+    nodes = inputs.nodes.select("unit", "iteration", "ts", "dur").with_columns(
+        (pl.col("ts") + pl.col("dur").fill_null(0)).alias("rec_end"),
+        pl.Series("emu_s", tl.start),
+        pl.Series("emu_e", tl.end),
+    )
+    src = pl.DataFrame({"unit": np.arange(inputs.unit_rank.size), "rank": inputs.unit_source})
+    rec = rec_iter.join(src.cast({"rank": rec_iter.schema["rank"]}), on="rank").select(
+        "unit",
+        "iteration",
+        pl.col("ts").alias("it_ts"),
+        (pl.col("ts") + pl.col("dur")).alias("it_end"),
+        "name",
+    )
+    j = nodes.filter(pl.col("iteration").is_not_null()).join(
+        rec.cast({"iteration": nodes.schema["iteration"]}), on=["unit", "iteration"], how="left"
+    )
+    inside = pl.col("rec_end") <= pl.col("it_end")
+    agg = j.group_by("unit", "iteration").agg(
+        pl.col("ts").min().alias("first_ts"),
+        pl.col("emu_s").filter(pl.col("ts") == pl.col("ts").min()).min().alias("a_s"),
+        pl.col("rec_end").filter(inside).max().alias("in_end"),
+        pl.col("rec_end").max().alias("all_end"),
+        pl.col("emu_s").min().alias("emu_min"),
+        pl.col("emu_e").max().alias("emu_max"),
+        pl.col("it_ts").first(),
+        pl.col("it_end").first(),
+        pl.col("name").first(),
+    )
+    end_node = (
+        j.join(agg.select("unit", "iteration", "in_end", "all_end"), on=["unit", "iteration"])
+        .filter(pl.col("rec_end") == pl.coalesce("in_end", "all_end"))
+        .group_by("unit", "iteration")
+        .agg(pl.col("emu_e").max().alias("a_e"), pl.col("rec_end").first().alias("a_end"))
+    )
+    agg = agg.join(end_node, on=["unit", "iteration"], how="left")
+    recorded = pl.col("it_ts").is_not_null()
+    out = (
+        agg.with_columns(
+            pl.when(recorded & pl.col("a_s").is_not_null())
+            .then(pl.col("a_s") - (pl.col("first_ts") - pl.col("it_ts")))
+            .otherwise(pl.col("emu_min"))
+            .alias("s0"),
+            pl.when(pl.col("it_end").is_not_null() & pl.col("a_e").is_not_null())
+            .then(pl.col("a_e") + (pl.col("it_end") - pl.col("a_end")))
+            .otherwise(pl.col("emu_max"))
+            .alias("e"),
+        )
+        .sort("unit", pl.col("it_ts").fill_null(pl.col("first_ts")), "iteration")
+        .with_columns(
+            pl.col("e").shift(1).over("unit").alias("prev_e"),
+            pl.col("it_end").shift(1).over("unit").alias("prev_it_end"),
+        )
+        .select(
+            "unit",
+            "iteration",
+            # Steps follow one another: a step starts where the previous one ended (plus the
+            # recorded gap), so that a lane drifting early cannot stretch the next step.
+            pl.when(recorded & pl.col("prev_e").is_not_null() & pl.col("prev_it_end").is_not_null())
+            .then(pl.col("prev_e") + (pl.col("it_ts") - pl.col("prev_it_end")))
+            .otherwise(pl.col("s0"))
+            .alias("s"),
+            "e",
+            "name",
+        )
+    )
+    return out.select(
+        "unit",
+        "iteration",
+        (pl.col("s") + inputs.origin).alias("ts"),
+        (pl.col("e") - pl.col("s")).alias("dur"),
+        "name",
+    ).sort("unit", "iteration")
+
+
+def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
+    """Iterations of every rank of the world (members of a class share their exemplar's)."""
+    ru = res.inputs.rank_unit.filter(pl.col("unit") >= 0)
+    return (
+        ru.join(per_unit, on="unit")
+        .select(
+            pl.col("rank").cast(pl.Int32),
+            pl.col("iteration").cast(pl.Int32),
+            pl.col("ts").cast(pl.Int64),
+            pl.col("dur").cast(pl.Int64),
+            pl.col("name").cast(pl.Utf8),
+        )
+        .sort("rank", "iteration")
+    )
+
+
+def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
+    return _fetch(
+        store.con,
+        "SELECT rank, iteration, ts, dur, name FROM iteration"
+        " WHERE run_id = $1 AND list_contains($2, rank)",
+        [inputs.source_run_id, inputs.unit_source.tolist()],
+    )
+
+
+def _event_frame(res: _Result, run_id: int) -> pl.DataFrame:
+    inputs, tl = res.inputs, res.timeline
+    n = inputs.nodes
+    return pl.DataFrame(
+        {
+            "run_id": np.full(n.height, run_id, dtype=np.int32),
+            "rank": n["rank"].to_numpy().astype(np.int32),
+            "event_id": n["node_id"].to_numpy().astype(np.int64),
+            "track_id": n["track_id"],
+            "category": n["category"],
+            "name": n["name"].fill_null(n["kind"]),
+            "ts": tl.start + inputs.origin,
+            "dur": tl.end - tl.start,
+            "iteration": n["iteration"],
+            "depth": np.zeros(n.height, dtype=np.int32),
+        }
+    )
+
+
+def _comm_frames(res: _Result, run_id: int, g_size: dict[int, int]) -> tuple[Any, Any]:
+    inputs, tl = res.inputs, res.timeline
+    s = res.sync
+    origin = inputs.origin
+    host = s["host_idx"].to_numpy()
+    has_k = s["kernel_idx"].is_not_null().to_numpy()
+    kidx = s["kernel_idx"].fill_null(0).to_numpy()
+    node_ids = inputs.nodes["node_id"].to_numpy()
+    base = pl.DataFrame(
+        {
+            "run_id": np.full(s.height, run_id, dtype=np.int32),
+            "rank": s["rank"].to_numpy().astype(np.int32),
+            "event_id": s["node_id"].to_numpy().astype(np.int64),
+            "group_id": s["group_id"],
+            "seq": s["seq"],
+            "host_ts": tl.start[host] + origin,
+            "host_dur": tl.end[host] - tl.start[host],
+            "kernel_event_id": node_ids[kidx].astype(np.int64),
+            "kernel_ts": tl.start[kidx] + origin,
+            "kernel_dur": tl.end[kidx] - tl.start[kidx],
+            "iteration": s["iteration"],
+            "_has_k": has_k,
+            "_kind": s["kind"],
+            "comm_kind": s["comm_kind"],
+            "msg_bytes": s["msg_bytes"],
+            "peer": s["peer"],
+        }
+    )
+    k_cols = ("kernel_event_id", "kernel_ts", "kernel_dur")
+    base = base.with_columns(
+        [pl.when(pl.col("_has_k")).then(pl.col(c)).otherwise(None).alias(c) for c in k_cols]
+    )
+    sizes = pl.DataFrame(
+        {"group_id": list(g_size.keys()), "group_size": list(g_size.values())},
+        schema={"group_id": pl.Int32, "group_size": pl.Int32},
+    )
+    coll = (
+        base.filter(pl.col("_kind") == "collective")
+        .join(sizes, on="group_id", how="left")
+        .with_columns(pl.col("comm_kind").alias("kind"))
+    )
+    p2p = base.filter(pl.col("_kind") != "collective").with_columns(
+        pl.col("_kind").alias("direction"), pl.col("msg_bytes").alias("bytes")
+    )
+    return coll, p2p
+
+
+# -- writing -------------------------------------------------------------------------------------
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table_name: str, df: pl.DataFrame) -> int:
+    if df.is_empty():
+        return 0
+    cols = [c for c in schema.table(table_name).column_names if c in df.columns]
+    con.register("_emu_frame", df.select(cols).to_arrow())
+    try:
+        con.execute(
+            f"INSERT INTO {table_name} ({', '.join(cols)}) SELECT {', '.join(cols)} FROM _emu_frame"
+        )
+    finally:
+        con.unregister("_emu_frame")
+    return df.height
+
+
+def _delete_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
+    for t in schema.TABLES:
+        if t.name not in ("meta", "run"):
+            con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
+    con.execute("DELETE FROM run WHERE run_id = ?", [run_id])
+
+
+def _check_out_run(store: Store, out_run: str, *, replace: bool) -> int | None:
+    old = store.run_id(out_run)
+    if old is not None and not replace:
+        msg = f"{store.path}: run {out_run!r} already exists; pass --replace to overwrite it"
+        raise DuplicateRunError(msg)
+    if old is not None:
+        ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [old]).fetchall()
+        if kind != "emulated":
+            msg = (
+                f"{store.path}: run {out_run!r} is a {kind} run; --replace only overwrites"
+                " emulated runs"
+            )
+            raise PrismError(msg)
+    return old
+
+
+def _write(
+    store: Store,
+    res: _Result,
+    iters: pl.DataFrame,
+    *,
+    out_run: str,
+    old_id: int | None,
+    config: EmulationConfig,
+) -> tuple[int, int, int]:
+    inputs = res.inputs
+    sizes = _fetch(
+        store.con,
+        "SELECT group_id, size FROM comm_group WHERE run_id = $1 AND list_contains($2, group_id)",
+        [inputs.run_id, sorted({int(g) for g in res.sync["group_id"].drop_nulls().to_list()})],
+    )
+    g_size = dict(zip(sizes["group_id"].to_list(), sizes["size"].to_list(), strict=True))
+    with store.transaction() as con:
+        if old_id is not None:
+            _delete_run(con, old_id)
+        ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+        run_id = int(run_id)
+        cfg = {"input_run": inputs.run, "input_kind": inputs.kind, **config.as_dict()}
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        con.execute(
+            "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
+            " created_at, config_json) VALUES (?, ?, 'emulated', ?, ?, ?, ?, ?)",
+            [
+                run_id,
+                out_run,
+                inputs.run_id,
+                inputs.world_size,
+                inputs.source_format,
+                now,
+                json.dumps(cfg),
+            ],
+        )
+        con.execute(
+            "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
+            " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
+            " SELECT $1, rank, backend, hostname, pid, device, class_id,"
+            " coalesce(represented_by, rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked, args"
+            " FROM rank WHERE run_id = $2",
+            [run_id, inputs.run_id],
+        )
+        con.execute(
+            "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
+            " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
+            " FROM comm_group WHERE run_id = $2",
+            [run_id, inputs.run_id],
+        )
+        units = pl.DataFrame({"rank": inputs.unit_rank, "source_rank": inputs.unit_source})
+        con.register("_emu_units", units.to_arrow())
+        try:
+            con.execute(
+                "INSERT INTO track (run_id, rank, track_id, kind, pid, tid, name)"
+                " SELECT $1, u.rank, t.track_id, t.kind, t.pid, t.tid, t.name"
+                " FROM track t JOIN _emu_units u ON t.rank = u.source_rank WHERE t.run_id = $2",
+                [run_id, inputs.source_run_id],
+            )
+        finally:
+            con.unregister("_emu_units")
+        n_events = _insert(con, "event", _event_frame(res, run_id))
+        n_iter = _insert(con, "iteration", iters.with_columns(run_id=pl.lit(run_id, pl.Int32)))
+        coll, p2p = _comm_frames(res, run_id, g_size)
+        _insert(con, "collective", coll)
+        _insert(con, "p2p", p2p)
+    return run_id, n_events, n_iter
+
+
+# -- the entry point -----------------------------------------------------------------------------
+
+
+def _prepare(store: Store, run: str) -> _Inputs:
+    run_id = store.require_run(run)
+    ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [run_id]).fetchall()
+    if kind == "recorded":
+        ((n,),) = store.con.execute(
+            "SELECT count(*) FROM graph_node WHERE run_id = ?", [run_id]
+        ).fetchall()
+        if not n:
+            if store.read_only:
+                msg = f"{store.path}: run {run!r} has no graph; open the store writable to build it"
+                raise PrismError(msg)
+            from prism_trace.graph import build_graph
+
+            build_graph(store, run)
+    return _load(store, run_id, name=run)
+
+
+def _iteration_summary(iters: pl.DataFrame) -> list[dict[str, Any]]:
+    if iters.is_empty():
+        return []
+    s = (
+        iters.group_by("iteration")
+        .agg(
+            pl.col("dur").mean().alias("mean_ns"),
+            pl.col("dur").max().alias("max_ns"),
+            pl.len().alias("ranks"),
+        )
+        .sort("iteration")
+    )
+    return [
+        {
+            "iteration": int(r["iteration"]),
+            "mean_ns": float(r["mean_ns"]),
+            "max_ns": int(r["max_ns"]),
+            "ranks": int(r["ranks"]),
+        }
+        for r in s.iter_rows(named=True)
+    ]
+
+
+def emulate_in_memory(
+    store: Store, *, run: str, config: EmulationConfig | None = None
+) -> tuple[_Result, pl.DataFrame]:
+    """Emulate ``run`` without writing: the result and every rank's iterations.
+
+    Args:
+        store: an open store (writable if a recorded run has no graph yet).
+        run: a recorded or sliced run.
+        config: the emulation config (default ``EmulationConfig()``).
+
+    Returns:
+        The internal result and the ``iteration`` rows (``rank, iteration, ts, dur, name``).
+    """
+    config = config or EmulationConfig()
+    inputs = _prepare(store, run)
+    res = _emulate(store, inputs, config)
+    per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
+    return res, _rank_iterations(res, per_unit)
+
+
+def emulate_run(
+    store: Store,
+    *,
+    run: str,
+    out_run: str,
+    replace: bool = False,
+    config: EmulationConfig | None = None,
+) -> EmulationReport:
+    """Emulate a recorded or sliced run and store the result as a run of kind ``emulated``.
+
+    Every unit (recorded rank, or class exemplar of a sliced run) executes its graph in
+    dependency order with recorded durations; collectives complete when every participant has
+    arrived plus the instance's transfer time, sends/receives when both sides have. See
+    docs/emulator.md.
+
+    Args:
+        store: an open, writable store.
+        run: the recorded or sliced run (a recorded run without a graph gets one first).
+        out_run: name of the new run.
+        replace: overwrite an existing emulated run of that name.
+        config: the emulation config (default ``EmulationConfig()``), stored in
+            ``run.config_json``.
+
+    Returns:
+        What was emulated and written.
+
+    Raises:
+        MissingParticipantError: a collective or send/recv that some participant never issues.
+        DeadlockError: the graph cannot make progress (communication out of order).
+        DuplicateRunError: ``out_run`` exists and ``replace`` is false.
+        PrismError: no such run, a run without a graph, or ``out_run`` names a non-emulated run.
+    """
+    t0 = time.perf_counter()
+    config = config or EmulationConfig()
+    if out_run == run:
+        msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
+        raise PrismError(msg)
+    old_id = _check_out_run(store, out_run, replace=replace)
+    inputs = _prepare(store, run)
+    t_load = time.perf_counter() - t0
+    res = _emulate(store, inputs, config)
+    per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
+    iters = _rank_iterations(res, per_unit)
+    t1 = time.perf_counter()
+    run_id, n_events, n_iter = _write(
+        store, res, iters, out_run=out_run, old_id=old_id, config=config
+    )
+    t_write = time.perf_counter() - t1
+    members = inputs.rank_unit.filter(pl.col("unit") >= 0).group_by("unit").len()
+    per_unit_nodes = inputs.nodes.group_by("unit").len().rename({"len": "nodes"})
+    represented = int(
+        per_unit_nodes.join(members, on="unit", how="left")
+        .select((pl.col("nodes") * pl.col("len").fill_null(1)).sum())
+        .item()
+    )
+    total = time.perf_counter() - t0
+    return EmulationReport(
+        run=out_run,
+        run_id=run_id,
+        input_run=run,
+        input_run_id=inputs.run_id,
+        input_kind=inputs.kind,
+        world_size=inputs.world_size,
+        units=int(inputs.unit_rank.size),
+        nodes=inputs.nodes.height,
+        edges=inputs.edges.height,
+        collective_instances=res.n_collective,
+        p2p_instances=res.n_p2p,
+        rounds=res.timeline.rounds,
+        events_written=n_events,
+        iteration_rows=n_iter,
+        represented_events=represented,
+        seconds={
+            "load": t_load,
+            "emulate": res.seconds,
+            "prepare_and_emulate": t1 - t0 - t_load,
+            "write": t_write,
+            "total": total,
+        },
+        iterations=_iteration_summary(iters),
+        notes=list(inputs.notes),
+    )

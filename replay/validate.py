@@ -1,0 +1,272 @@
+"""Validation: how close emulated iteration times come to a fully recorded run's.
+
+Two checks on a run whose ranks were all recorded: *replay fidelity* (emulate the graphs of every
+recorded rank) and *slice fidelity* (slice the run from a few ranks to its own layout with
+``prism_trace.slicing.slice_run``, emulate the full world from the classes, compare). Nothing is
+left in the store: the temporary sliced run is deleted again.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+
+from prism_trace.errors import PrismError
+from prism_trace.parallel import ParallelAxis, infer_layout
+from replay.run import EmulationConfig, _delete_run, emulate_in_memory
+
+if TYPE_CHECKING:
+    from prism_trace.store import Store
+
+__all__ = ["IterationError", "ValidationReport", "validate_run"]
+
+
+@dataclass(frozen=True)
+class IterationError:
+    """One iteration: recorded and emulated time (mean over ranks) and the error.
+
+    Attributes:
+        iteration: the step.
+        recorded_ns: mean over ranks of the recorded iteration duration.
+        emulated_ns: mean over ranks of the emulated iteration duration.
+        error_pct: ``100 * (emulated - recorded) / recorded`` (signed).
+        max_rank_error_pct: the largest ``|error|`` of one rank's iteration, percent.
+    """
+
+    iteration: int
+    recorded_ns: float
+    emulated_ns: float
+    error_pct: float
+    max_rank_error_pct: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "iteration": self.iteration,
+            "recorded_ns": round(self.recorded_ns, 1),
+            "emulated_ns": round(self.emulated_ns, 1),
+            "error_pct": round(self.error_pct, 6),
+            "max_rank_error_pct": round(self.max_rank_error_pct, 6),
+        }
+
+
+def _mean_abs(errors: list[IterationError] | None) -> float | None:
+    if not errors:
+        return None
+    return float(np.mean([abs(e.error_pct) for e in errors]))
+
+
+def _max_rank(errors: list[IterationError] | None) -> float | None:
+    if not errors:
+        return None
+    return float(max(e.max_rank_error_pct for e in errors))
+
+
+@dataclass
+class ValidationReport:
+    """What ``validate_run`` measured."""
+
+    run: str
+    world_size: int
+    layout: str | None
+    slice_ranks: list[int] | None
+    replay: list[IterationError]
+    slice: list[IterationError] | None
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def replay_iteration_time_error_pct(self) -> float | None:
+        """Mean over iterations of ``|error_pct|`` of the replay from every recorded rank."""
+        return _mean_abs(self.replay)
+
+    @property
+    def slice_iteration_time_error_pct(self) -> float | None:
+        """Mean over iterations of ``|error_pct|`` of the emulation from the sliced run."""
+        return _mean_abs(self.slice)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``peak_memory_error_pct`` is null: no memory model yet)."""
+
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 6)
+
+        return {
+            "run": self.run,
+            "world_size": self.world_size,
+            "layout": self.layout,
+            "slice_ranks": self.slice_ranks,
+            "replay_iteration_time_error_pct": r(self.replay_iteration_time_error_pct),
+            "replay_max_rank_error_pct": r(_max_rank(self.replay)),
+            "slice_iteration_time_error_pct": r(self.slice_iteration_time_error_pct),
+            "slice_max_rank_error_pct": r(_max_rank(self.slice)),
+            "peak_memory_error_pct": None,
+            "replay": [e.as_dict() for e in self.replay],
+            "slice": None if self.slice is None else [e.as_dict() for e in self.slice],
+            "notes": self.notes,
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+    def summary(self) -> str:
+        """A few lines for the CLI."""
+
+        def pct(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.4f} %"
+
+        lines = [
+            f"validation of {self.run!r} ({self.world_size} ranks, layout {self.layout}):",
+            "  replay from all recorded ranks: mean |error|"
+            f" {pct(self.replay_iteration_time_error_pct)}"
+            f" over {len(self.replay)} iterations (worst rank {pct(_max_rank(self.replay))})",
+        ]
+        if self.slice is not None:
+            lines.append(
+                f"  sliced from ranks {self.slice_ranks}: mean |error|"
+                f" {pct(self.slice_iteration_time_error_pct)} (worst rank"
+                f" {pct(_max_rank(self.slice))})"
+            )
+        lines.append("  peak memory: n/a (no memory model yet)")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _compare(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[IterationError]:
+    j = emulated.select("rank", "iteration", pl.col("dur").alias("emu")).join(
+        recorded.select("rank", "iteration", pl.col("dur").alias("rec")),
+        on=["rank", "iteration"],
+    )
+    j = j.with_columns(
+        ((pl.col("emu") - pl.col("rec")).abs() / pl.col("rec") * 100.0).alias("rank_err")
+    )
+    per = (
+        j.group_by("iteration")
+        .agg(
+            pl.col("rec").mean().alias("rec"),
+            pl.col("emu").mean().alias("emu"),
+            pl.col("rank_err").max().alias("worst"),
+        )
+        .sort("iteration")
+    )
+    return [
+        IterationError(
+            iteration=int(row["iteration"]),
+            recorded_ns=float(row["rec"]),
+            emulated_ns=float(row["emu"]),
+            error_pct=100.0 * (row["emu"] - row["rec"]) / row["rec"] if row["rec"] else 0.0,
+            max_rank_error_pct=float(row["worst"]),
+        )
+        for row in per.iter_rows(named=True)
+    ]
+
+
+def validate_run(
+    store: Store,
+    *,
+    run: str,
+    slice_ranks: list[int] | None = None,
+    config: EmulationConfig | None = None,
+) -> ValidationReport:
+    """Measure emulation fidelity on a run whose every rank was recorded.
+
+    (a) Replay: emulate the graphs of all recorded ranks and compare each rank's iteration
+    durations with the recorded ones (the ``iteration`` table). (b) Slice: slice the run from
+    ``slice_ranks`` to its own inferred layout (``slice_run``), emulate the full world from the
+    class exemplars, compare the same way; the sliced run is deleted afterwards. Errors are per
+    iteration on the mean over ranks, then averaged (absolute) over iterations.
+
+    Args:
+        store: an open store; writable for the slice check (and to build a missing graph).
+        run: a recorded run with every rank of its world recorded.
+        slice_ranks: ranks to slice from (default: the ranks with data-parallel coordinate 0
+            under the inferred layout, i.e. one replica).
+        config: the emulation config for both checks.
+
+    Returns:
+        The per-iteration errors of both checks.
+
+    Raises:
+        PrismError: no such run, not a recorded run, ranks missing, or no iterations recorded.
+    """
+    t0 = time.perf_counter()
+    run_id = store.require_run(run)
+    ((kind, world),) = store.con.execute(
+        "SELECT kind, world_size FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    if kind != "recorded":
+        msg = f"{store.path}: run {run!r} is {kind}; validation needs a recorded run"
+        raise PrismError(msg)
+    ranks = [
+        r
+        for (r,) in store.con.execute(
+            "SELECT rank FROM rank WHERE run_id = ? ORDER BY rank", [run_id]
+        ).fetchall()
+    ]
+    world = int(world or len(ranks))
+    if len(ranks) != world:
+        msg = (
+            f"{store.path}: run {run!r} recorded {len(ranks)} of {world} ranks; validation"
+            " needs every rank as ground truth"
+        )
+        raise PrismError(msg)
+    recorded = store.con.sql(
+        "SELECT rank, iteration, dur FROM iteration WHERE run_id = $1", params=[run_id]
+    ).pl()
+    if recorded.is_empty():
+        msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
+        raise PrismError(msg)
+    notes: list[str] = []
+
+    _, emulated = emulate_in_memory(store, run=run, config=config)
+    replay = _compare(emulated, recorded)
+    t_replay = time.perf_counter() - t0
+
+    layout_spec: str | None = None
+    sliced: list[IterationError] | None = None
+    try:
+        layout = infer_layout(store, run)
+        layout_spec = layout.spec
+    except PrismError as exc:
+        notes.append(f"slice check skipped: no layout ({exc})")
+        layout = None
+    if layout is not None and slice_ranks is None:
+        dp = layout.coords(np.asarray(ranks))[ParallelAxis.DP]
+        slice_ranks = [r for r, d in zip(ranks, dp.tolist(), strict=True) if d == 0]
+    if layout is not None and store.read_only:
+        notes.append("slice check skipped: the store is read-only")
+    elif layout is not None:
+        from prism_trace.slicing import slice_run
+
+        tmp = f"_validate_{run}_slice"
+        try:
+            slice_run(
+                store,
+                run=run,
+                layout=layout,
+                world=layout.world_size,
+                from_ranks=slice_ranks,
+                out_run=tmp,
+                replace=True,
+            )
+            _, emulated_s = emulate_in_memory(store, run=tmp, config=config)
+            sliced = _compare(emulated_s, recorded)
+        except PrismError as exc:
+            notes.append(f"slice check failed: {exc}")
+        finally:
+            tmp_id = store.run_id(tmp)
+            if tmp_id is not None:
+                with store.transaction() as con:
+                    _delete_run(con, tmp_id)
+    return ValidationReport(
+        run=run,
+        world_size=world,
+        layout=layout_spec,
+        slice_ranks=slice_ranks,
+        replay=replay,
+        slice=sliced,
+        notes=notes,
+        seconds={"replay": t_replay, "total": time.perf_counter() - t0},
+    )
