@@ -4,8 +4,9 @@ Ingests ``megatron-straggler-st-8rank`` (slice from ranks 0,2,4,6: the dp_rank 0
 ``param-dlrm-8rank`` and the bundled gloo ``datasets/sample`` (slice from their dp-coordinate-0
 ranks) into a temporary store and runs ``validate_run`` on each. Targets: replay error <= 0.1 %
 on all three, slice error <= 3 % on ST. Prints a table (mean |iteration-time error| over
-iterations, and the worst single rank-iteration) and writes ``results/validate_<host>_<date>.md``
-unless ``--no-note``.
+iterations, and the worst single rank-iteration; the peak-memory error of replay and slice, mean
+|error| over ranks, where the run has memory events) and writes
+``results/validate_<host>_<date>.md`` unless ``--no-note``.
 
 Usage::
 
@@ -59,12 +60,14 @@ def main() -> None:
         "slice from",
         "slice err",
         "slice worst",
+        "peak mem replay",
+        "peak mem slice",
         "targets",
     )
     rows = [header]
     for name, path, ranks, replay_target, slice_target in SETS:
         if not path.is_dir():
-            rows.append((name, "-", "missing", "", "", "", "", str(path)))
+            rows.append((name, "-", "missing", "", "", "", "", "", "", str(path)))
             continue
         with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "v.duckdb") as store:
             ingest(store, [path], run=name, progress=False)
@@ -86,6 +89,8 @@ def main() -> None:
                 ",".join(map(str, rep.slice_ranks or [])),
                 _pct(d["slice_iteration_time_error_pct"]),
                 _pct(d["slice_max_rank_error_pct"]),
+                _pct(d["peak_memory_error_pct"]),
+                _pct(d["slice_peak_memory_error_pct"]),
                 "; ".join(met),
             )
         )
@@ -106,7 +111,9 @@ def main() -> None:
         f"Command: `python benchmarks/bench_validate.py --completion {args.completion}`\n\n"
         f"```\n{table}\n```\n\n"
         "Errors: mean over iterations of |emulated - recorded| / recorded of the iteration time"
-        " (mean over ranks); worst: the largest error of one rank's iteration.\n\n"
+        " (mean over ranks); worst: the largest error of one rank's iteration; peak mem: mean"
+        " over ranks of |emulated - recorded| / recorded of the peak `total_allocated` (n/a:"
+        " no memory events in the recording).\n\n"
         f"Host: {host}, {platform.processor() or platform.machine()}, Python"
         f" {platform.python_version()}; {versions}.\n"
     )

@@ -287,6 +287,22 @@ def validate_cmd(db: Path, run_name: str, slice_ranks: str | None, as_json: bool
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
 
 
+@main.command("report")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Run to report on (any kind).")
+@click.option("--compare", default=None, help="Another run to compare iteration times with.")
+@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="HTML file.")
+@_one_line_errors
+def report_cmd(db: Path, run_name: str, compare: str | None, out: Path) -> None:
+    """A self-contained HTML report: timelines, breakdowns, waits, iteration times, memory."""
+    from analysis.report import write_report
+    from prism_trace.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        summary = write_report(store, run=run_name, out=out, compare=compare)
+    click.echo(summary.summary())
+
+
 @main.group("export")
 def export_group() -> None:
     """Write a run in another tool's format."""
@@ -319,6 +335,24 @@ def export_chakra_cmd(
         click.echo(json.dumps(report.as_dict(), indent=2))
     elif not quiet:
         click.echo(report.summary())
+
+
+@export_group.command("perfetto")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Run to export (any kind).")
+@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help=".json[.gz]")
+@_one_line_errors
+def export_perfetto_cmd(db: Path, run_name: str, out: Path) -> None:
+    """A Chrome trace JSON that Perfetto and chrome://tracing open, for any run."""
+    from prism_trace.export_perfetto import export_perfetto
+    from prism_trace.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        info = export_perfetto(store, run=run_name, out=out)
+    click.echo(
+        f"wrote {info['path']}: {info['events']} events of {info['ranks']} ranks,"
+        f" {info['bytes'] / 1e6:.1f} MB in {info['seconds']:.2f} s"
+    )
 
 
 if __name__ == "__main__":

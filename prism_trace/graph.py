@@ -40,8 +40,11 @@ flows ``data``/``ctrl`` become edges of the same kind (anchor ``end``, delay 0),
 whose kernel is another node gets a ``comm`` edge (anchor ``start``, delay 0).
 
 Op-timeline ranks: every event is a node (``collective``/``send``/``recv`` when it has a row, else
-``kernel``), chained per lane by ``program`` edges with the recorded gaps as delays (anchor
-``start`` with the start difference where lane events overlap, as sends and receives do).
+``kernel``; Megatron's grad-norm op ``optimizer-clip-main-grad`` becomes an all-rank
+``collective``). The ops of a rank form one program order across its lanes (Megatron's schedule
+is one host thread with blocking p2p): each op waits for the end of every op of the previous
+*slot* (ops that run side by side, e.g. a batched send+recv), with the recorded gap after the
+last of them as delay; see ``timeline_graph``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from prism_trace.store import Store
 __all__ = [
     "NODE_KINDS",
     "SYNC_CALLS",
+    "TIMELINE_SYNC_OPS",
     "GraphFrames",
     "GraphReport",
     "RankGraph",
@@ -814,15 +818,102 @@ def chakra_graph(
     return GraphFrames(nodes, edges, _stats(ranks, comm_without_kernel=no_kernel))
 
 
+TIMELINE_SYNC_OPS: tuple[str, ...] = ("optimizer-clip-main-grad",)
+"""Op-timeline ops that are all-rank synchronisation points without a collective row: Megatron's
+``optimizer-clip-main-grad`` all-reduces the gradient norm over every rank (the distributed
+optimizer's grad-stats group is the whole world; in the ST data it ends within ~1 ms on all
+ranks). ``timeline_graph`` makes each one a ``collective`` node (``all_reduce``) on the world
+group, numbered per rank in time order."""
+
+_CONCURRENT_FRACTION = 0.5
+"""Two consecutive ops of a rank (in start order) run side by side, in one *slot*, when they start
+at the same ns (a batched send+recv), when the later one (of non-zero duration) lies inside the
+earlier one, or when it starts before at least this fraction of the earlier one has passed.
+A later start near the earlier op's end is clock jitter between sequential ops (a few us in the
+ST data): the two stay in sequence."""
+
+
+def _timeline_slots(nodes: pl.DataFrame) -> pl.DataFrame:
+    """``rank, node_id, ts, end, slot, marker, _jitter``: each rank's ops in program order.
+
+    Ops of non-zero duration are grouped into slots numbered 1, 2, ... in start order. An op of
+    zero duration (a *marker*, e.g. ``gc``) is in no slot: it gets the number of the last slot
+    that started at or before it, plus one, so that it follows that slot; nothing follows it.
+    Markers are often recorded a few ns before or after the op next to them, and keeping them out
+    of the sequence makes the graph independent of that order.
+    """
+    timed = nodes.filter(pl.col("ts").is_not_null()).select(
+        "rank",
+        "node_id",
+        "ts",
+        (pl.col("ts") + pl.col("dur").fill_null(0).clip(lower_bound=0)).alias("end"),
+        pl.col("dur").fill_null(0).clip(lower_bound=0).alias("_d"),
+    )
+    ordered = timed.filter(pl.col("_d") > 0).sort(["rank", "ts", "node_id"])
+    prev_ts = pl.col("ts").shift(1).over("rank")
+    prev_end = pl.col("end").shift(1).over("rank")
+    prev_d = pl.col("_d").shift(1).over("rank")
+    left = prev_end - pl.col("ts")  # how much of the previous op is still to run
+    concurrent = (
+        (pl.col("ts") == prev_ts)
+        | ((left > 0) & ((left >= _CONCURRENT_FRACTION * prev_d) | (pl.col("end") <= prev_end)))
+    ).fill_null(value=False)
+    ops = ordered.with_columns(
+        (~concurrent).cast(pl.Int64).cum_sum().over("rank").alias("slot"),
+        ((pl.col("ts") < prev_end) & ~concurrent).fill_null(value=False).alias("_jitter"),
+        pl.lit(value=False).alias("marker"),
+    ).drop("_d")
+    starts = (
+        ops.group_by("rank", "slot")
+        .agg(pl.col("ts").min())
+        .sort(["rank", "ts"])
+        .select("rank", "ts", (pl.col("slot") + 1).alias("slot"))
+    )
+    markers = (
+        timed.filter(pl.col("_d") == 0)
+        .sort(["rank", "ts"])
+        .join_asof(starts, on="ts", by="rank", strategy="backward", check_sortedness=False)
+        .with_columns(
+            pl.col("slot").fill_null(0),
+            pl.lit(value=False).alias("_jitter"),
+            pl.lit(value=True).alias("marker"),
+        )
+        .select(ops.columns)
+    )
+    return pl.concat([ops, markers], how="vertical")
+
+
 def timeline_graph(
-    events: pl.DataFrame, collectives: pl.DataFrame, p2p: pl.DataFrame
+    events: pl.DataFrame,
+    collectives: pl.DataFrame,
+    p2p: pl.DataFrame,
+    *,
+    world_group: int | None = None,
 ) -> GraphFrames:
-    """The graph of op-timeline ranks: every op a node, chained per lane with recorded gaps.
+    """The graph of op-timeline ranks: every op a node, in the rank's program order.
+
+    Megatron's (non-interleaved) pipeline schedule runs on one host thread whose sends and
+    receives block, so each rank's ops form one sequence: recv(m) → forward(m) → send(m), ...,
+    recv_grad(m) → backward(m) → send_grad(m), then the gradient collectives, the grad-norm
+    all-reduce, the optimizer, and the next step. The graph chains that sequence across the
+    lanes (``compute``, ``pp-comm``, ``dp-comm``): ops that run side by side (a batched
+    send+recv starts both at once) form a *slot*, and every op of a slot waits for the **end of
+    every op of the previous slot** (``program`` edges, anchor ``end``). Zero-duration markers
+    (``gc``) follow the slot they were recorded in or after, and hold nothing back. The delay of
+    an op is the recorded gap after the last of them, ``max(0, ts - max(end of previous
+    slot))``: CPU or launch time, never waiting. Waiting lives inside the communication ops,
+    whose ends the emulator recomputes from the peers' arrivals, so it changes when arrivals
+    change. Negative gaps (clock jitter of a few us between sequential ops) become 0 and are
+    counted as ``overlaps``. The schedule's dependencies (receive before the compute that uses
+    it, compute before its send, last backward before the gradient collectives, optimizer before
+    the next step) are all implied by that order.
 
     Args:
         events: ``rank, event_id, track_id, category, name, ts, dur, iteration``.
         collectives: see ``comm_rows``.
         p2p: see ``comm_rows``.
+        world_group: the run's all-rank group; ops named in ``TIMELINE_SYNC_OPS`` without a
+            communication row become ``collective`` nodes on it (``None``: left as they are).
 
     Returns:
         Nodes, edges and per-rank counters.
@@ -830,13 +921,73 @@ def timeline_graph(
     ranks = sorted({int(r) for r in events["rank"].unique().to_list()})
     comm = comm_rows(collectives, p2p)
     ev = _typed(events).join(comm, on=["rank", "event_id"], how="left")
+    if world_group is not None:
+        is_sync = pl.col("name").is_in(list(TIMELINE_SYNC_OPS)) & pl.col("node_kind").is_null()
+        ev = (
+            ev.sort(["rank", "ts", "event_id"])
+            .with_columns(
+                pl.when(is_sync)
+                .then(pl.int_range(pl.len(), dtype=pl.Int64).over(["rank", is_sync]))
+                .otherwise(pl.col("seq"))
+                .alias("seq")
+            )
+            .with_columns(
+                pl.when(is_sync)
+                .then(pl.lit("collective"))
+                .otherwise(pl.col("node_kind"))
+                .alias("node_kind"),
+                pl.when(is_sync)
+                .then(pl.lit(world_group, pl.Int32))
+                .otherwise(pl.col("group_id"))
+                .alias("group_id"),
+                pl.when(is_sync)
+                .then(pl.lit("all_reduce"))
+                .otherwise(pl.col("comm_kind"))
+                .alias("comm_kind"),
+            )
+        )
     kind = pl.coalesce(pl.col("node_kind"), pl.lit("kernel"))
     nodes = _mint(_node_frame(ev, kind))
-    edges, overlaps = _program_edges(nodes)
+    slots = _timeline_slots(nodes)
+    prev = (
+        slots.filter(~pl.col("marker"))
+        .group_by("rank", "slot")
+        .agg(pl.col("end").max().alias("_pend"))
+        .with_columns((pl.col("slot") + 1).alias("slot"))
+    )
+    dst = slots.join(prev, on=["rank", "slot"], how="inner").with_columns(
+        (pl.col("ts") - pl.col("_pend")).clip(lower_bound=0).alias("_delay")
+    )
+    src = slots.filter(~pl.col("marker")).select(
+        "rank", (pl.col("slot") + 1).alias("slot"), pl.col("node_id").alias("src")
+    )
+    pairs = dst.join(src, on=["rank", "slot"], how="inner").with_columns(
+        pl.col("node_id").alias("dst")
+    )
+    edges = _edges(pairs, "program", "end", pl.col("_delay")).sort(["rank", "dst", "src"])
+    overlaps = slots.filter(pl.col("_jitter")).select("rank")
     no_kernel = nodes.filter(pl.col("kind").is_in(["collective", "send", "recv"])).select("rank")
     return GraphFrames(
         nodes, edges, _stats(ranks, overlaps=overlaps, comm_without_kernel=no_kernel)
     )
+
+
+def _world_group(store: Store, run_id: int, ranks: list[int]) -> tuple[int, list[object] | None]:
+    """The run's all-rank communicator, and the ``comm_group`` row to insert when it has none
+    (``world``, description ``default_pg``)."""
+    rows = store.con.execute(
+        "SELECT r.world_size, (SELECT min(group_id) FROM comm_group g WHERE g.run_id = r.run_id"
+        " AND g.size = r.world_size AND len(g.ranks) = r.world_size),"
+        " (SELECT coalesce(max(group_id), -1) + 1 FROM comm_group g WHERE g.run_id = r.run_id),"
+        " (SELECT min(backend) FROM comm_group g WHERE g.run_id = r.run_id)"
+        " FROM run r WHERE r.run_id = ?",
+        [run_id],
+    ).fetchall()
+    world, found, next_id, backend = rows[0]
+    if found is not None:
+        return int(found), None
+    world = int(world or len(ranks))
+    return int(next_id), [run_id, int(next_id), backend, world, list(range(world))]
 
 
 # -- the store shell ---------------------------------------------------------------------------
@@ -927,6 +1078,7 @@ def build_graph(store: Store, run: str) -> GraphReport:
         by_rule.setdefault(rule, []).append(rank)
     where = "run_id = $1 AND list_contains($2, rank)"
     parts: list[GraphFrames] = []
+    new_group: list[object] | None = None
     for rule, ranks in sorted(by_rule.items()):
         coll = _frame(
             store,
@@ -981,12 +1133,21 @@ def build_graph(store: Store, run: str) -> GraphReport:
             parts.append(chakra_graph(events, flows, coll, p2p))
         else:
             events = _frame(store, f"SELECT {_EVENT_COLS} FROM event WHERE {where}", run_id, ranks)
-            parts.append(timeline_graph(events, coll, p2p))
+            world_group = None
+            if events.filter(pl.col("name").is_in(list(TIMELINE_SYNC_OPS))).height:
+                world_group, new_group = _world_group(store, run_id, ranks)
+            parts.append(timeline_graph(events, coll, p2p, world_group=world_group))
     nodes = pl.concat([p.nodes for p in parts], how="vertical") if parts else _empty_nodes()
     edges = pl.concat([p.edges for p in parts], how="vertical") if parts else _empty_edges()
     with store.transaction() as con:
         con.execute("DELETE FROM graph_edge WHERE run_id = ?", [run_id])
         con.execute("DELETE FROM graph_node WHERE run_id = ?", [run_id])
+        if new_group is not None:
+            con.execute(
+                "INSERT INTO comm_group (run_id, group_id, name, description, backend, size,"
+                " ranks) VALUES (?, ?, 'world', 'default_pg', ?, ?, ?)",
+                new_group,
+            )
         _write(con, "graph_node", run_id, nodes)
         _write(con, "graph_edge", run_id, edges)
     report = GraphReport(run=run, run_id=run_id, ranks={})

@@ -4,8 +4,9 @@
 instances (collectives by ``(group, seq)``, sends with their receives), takes each instance's
 transfer time from the recording (``replay.timing``), runs the core once per *unit* (a recorded
 rank, or a class exemplar of a sliced run) and writes a run of kind ``emulated`` in the same
-schema: ``rank`` (every rank of the world, with ``class_id``), ``comm_group``, ``track``, ``event``
-and ``collective``/``p2p`` (units only), ``iteration`` (every rank). See docs/emulator.md.
+schema: ``rank`` (every rank of the world, with ``class_id``), ``comm_group``, ``track``, ``event``,
+``collective``/``p2p`` and ``memory`` (units only; memory re-timed by ``replay.memory``),
+``iteration`` (every rank). See docs/emulator.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from replay.emulator import (
     emulate,
     p2p_instances,
 )
+from replay.memory import MEMORY_COLUMNS, memory_peaks, optimizer_shard_delta, retime_memory
 from replay.timing import TimingConfig, TransferQuery, recorded_completion, transfer_model
 from replay.topology import Topology
 
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
     from prism_trace.store import Store
 
-__all__ = ["EmulationConfig", "EmulationReport", "ReplayConfig", "emulate_run"]
+__all__ = ["EmulationConfig", "EmulationReport", "MemoryConfig", "ReplayConfig", "emulate_run"]
 
 _COMM = ("collective", "send", "recv")
 _DEFAULT_CATEGORY = {
@@ -69,6 +71,20 @@ class ReplayConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    """The ``memory`` section of ``EmulationConfig`` (see ``replay.memory``).
+
+    Attributes:
+        optimizer_state_bytes: distributed-optimizer state each rank held at the recorded DP
+            degree, for re-sizing its shard in a sliced run with another DP degree; None takes
+            ``optimizer_state_bytes`` from the represented rank's ``rank.args`` (absent: 0, no
+            change).
+    """
+
+    optimizer_state_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class EmulationConfig:
     """Everything that shapes an emulation; stored resolved in ``run.config_json``.
 
@@ -76,12 +92,14 @@ class EmulationConfig:
         replay: how the graph is replayed (``ReplayConfig``).
         timing: the transfer-time model (``replay.timing.TimingConfig``).
         topology: the network (``replay.topology.Topology``), used by modelled transfers.
+        memory: the memory replay (``MemoryConfig``).
         seed: seed of any random model (none is random yet).
     """
 
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     topology: Topology = field(default_factory=Topology)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -93,7 +111,8 @@ class EmulationConfig:
         """Build from a parsed TOML/JSON mapping with the same sections.
 
         Args:
-            data: ``{"replay": {...}, "timing": {...}, "topology": {...}, "seed": 0}``.
+            data: ``{"replay": {...}, "timing": {...}, "topology": {...}, "memory": {...},
+                "seed": 0}``.
 
         Returns:
             The config (unknown keys raise ``TypeError``).
@@ -102,6 +121,7 @@ class EmulationConfig:
             replay=ReplayConfig(**data.get("replay", {})),
             timing=TimingConfig(**data.get("timing", {})),
             topology=Topology(**data.get("topology", {})),
+            memory=MemoryConfig(**data.get("memory", {})),
             seed=int(data.get("seed", 0)),
         )
 
@@ -127,6 +147,7 @@ class EmulationReport:
     represented_events: int
     seconds: dict[str, float] = field(default_factory=dict)
     iterations: list[dict[str, Any]] = field(default_factory=list)
+    peak_memory: dict[int, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -156,6 +177,7 @@ class EmulationReport:
             "events_per_s": round(self.events_per_s, 1),
             "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
             "iterations": self.iterations,
+            "peak_memory": {str(k): v for k, v in sorted(self.peak_memory.items())},
             "notes": self.notes,
         }
 
@@ -409,6 +431,7 @@ class _Result:
     n_collective: int
     n_p2p: int
     seconds: float
+    memory: pl.DataFrame | None = None  # unit + replay.memory.MEMORY_COLUMNS less rank
 
 
 def _groups(store: Store, run_id: int, group_ids: list[int]) -> pl.DataFrame:
@@ -585,11 +608,19 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
 def _iteration_frame(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
     """Emulated iterations per unit (``unit, iteration, ts, dur, name``; ts on the run clock).
 
-    An iteration keeps the recorded margins around its nodes. It ends as long after its *end
-    anchor* (the node that ended last inside the recorded iteration) as recorded. It starts where
-    the unit's previous iteration ended, plus the recorded gap between the two; the first one
-    starts as long before its first node (by recorded start) as recorded. Without a recorded
-    iteration it spans its nodes.
+    Op timelines (``source_format = 'op_timeline'``): the recorded iteration is one window shared
+    by all ranks (``step_t_base``: from the step's start to the end of its last op on any rank),
+    and its margins around one rank's ops are waits for other ranks. The emulated iteration is the
+    same kind of window computed from emulated ops only: it ends at the end of the step's last op
+    on any unit and starts where the previous step ended (the first one at its recorded start).
+    Nothing recorded is added, so every change in the ops shows.
+
+    Other formats (Kineto ``ProfilerStep#``, per rank): an iteration keeps the recorded margins
+    around its nodes (host time of the step annotation outside any node). It ends as long after
+    its *end anchor* (the node that ended last inside the recorded iteration) as recorded, and
+    starts where the unit's previous iteration ended plus the recorded gap between the two; the
+    first one starts as long before its first node (by recorded start) as recorded. Without a
+    recorded iteration it spans its nodes.
     """
     inputs, tl = res.inputs, res.timeline
     nodes = inputs.nodes.select("unit", "iteration", "ts", "dur").with_columns(
@@ -601,12 +632,18 @@ def _iteration_frame(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
     rec = rec_iter.join(src.cast({"rank": rec_iter.schema["rank"]}), on="rank").select(
         "unit",
         "iteration",
-        pl.col("ts").alias("it_ts"),
-        (pl.col("ts") + pl.col("dur")).alias("it_end"),
+        (pl.col("ts") - inputs.origin).alias("it_ts"),
+        (pl.col("ts") + pl.col("dur") - inputs.origin).alias("it_end"),
         "name",
     )
-    j = nodes.filter(pl.col("iteration").is_not_null()).join(
-        rec.cast({"iteration": nodes.schema["iteration"]}), on=["unit", "iteration"], how="left"
+    j = (
+        nodes.filter(pl.col("iteration").is_not_null())
+        .with_columns(
+            (pl.col("ts") - inputs.origin).alias("ts"), (pl.col("rec_end") - inputs.origin)
+        )
+        .join(
+            rec.cast({"iteration": nodes.schema["iteration"]}), on=["unit", "iteration"], how="left"
+        )
     )
     inside = pl.col("rec_end") <= pl.col("it_end")
     agg = j.group_by("unit", "iteration").agg(
@@ -620,43 +657,62 @@ def _iteration_frame(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
         pl.col("it_end").first(),
         pl.col("name").first(),
     )
-    end_node = (
-        j.join(agg.select("unit", "iteration", "in_end", "all_end"), on=["unit", "iteration"])
-        .filter(pl.col("rec_end") == pl.coalesce("in_end", "all_end"))
-        .group_by("unit", "iteration")
-        .agg(pl.col("emu_e").max().alias("a_e"), pl.col("rec_end").first().alias("a_end"))
-    )
-    agg = agg.join(end_node, on=["unit", "iteration"], how="left")
     recorded = pl.col("it_ts").is_not_null()
-    out = (
-        agg.with_columns(
-            pl.when(recorded & pl.col("a_s").is_not_null())
-            .then(pl.col("a_s") - (pl.col("first_ts") - pl.col("it_ts")))
-            .otherwise(pl.col("emu_min"))
-            .alias("s0"),
-            pl.when(pl.col("it_end").is_not_null() & pl.col("a_e").is_not_null())
-            .then(pl.col("a_e") + (pl.col("it_end") - pl.col("a_end")))
-            .otherwise(pl.col("emu_max"))
-            .alias("e"),
+    if inputs.source_format == "op_timeline":
+        # One window per step for every rank, like the recording's: from the end of the previous
+        # step (over all ranks) to the end of this step's last op on any rank.
+        steps = (
+            agg.group_by("iteration")
+            .agg(
+                pl.col("emu_max").max().alias("e"),
+                pl.col("it_ts").min(),
+                pl.col("first_ts").min(),
+                pl.col("emu_min").min(),
+            )
+            .sort(pl.col("it_ts").fill_null(pl.col("first_ts")), "iteration")
+            .with_columns(pl.col("e").shift(1).alias("prev_e"))
+            .select(
+                "iteration",
+                "e",
+                pl.coalesce("prev_e", "it_ts", "emu_min").alias("s"),
+            )
         )
-        .sort("unit", pl.col("it_ts").fill_null(pl.col("first_ts")), "iteration")
-        .with_columns(
-            pl.col("e").shift(1).over("unit").alias("prev_e"),
-            pl.col("it_end").shift(1).over("unit").alias("prev_it_end"),
+        out = agg.select("unit", "iteration", "name").join(steps, on="iteration", how="left")
+    else:
+        end_node = (
+            j.join(agg.select("unit", "iteration", "in_end", "all_end"), on=["unit", "iteration"])
+            .filter(pl.col("rec_end") == pl.coalesce("in_end", "all_end"))
+            .group_by("unit", "iteration")
+            .agg(pl.col("emu_e").max().alias("a_e"), pl.col("rec_end").first().alias("a_end"))
         )
-        .select(
-            "unit",
-            "iteration",
-            # Steps follow one another: a step starts where the previous one ended (plus the
-            # recorded gap), so that a lane drifting early cannot stretch the next step.
-            pl.when(recorded & pl.col("prev_e").is_not_null() & pl.col("prev_it_end").is_not_null())
-            .then(pl.col("prev_e") + (pl.col("it_ts") - pl.col("prev_it_end")))
-            .otherwise(pl.col("s0"))
-            .alias("s"),
-            "e",
-            "name",
+        agg = agg.join(end_node, on=["unit", "iteration"], how="left")
+        out = (
+            agg.with_columns(
+                pl.when(recorded & pl.col("a_s").is_not_null())
+                .then(pl.col("a_s") - (pl.col("first_ts") - pl.col("it_ts")))
+                .otherwise(pl.col("emu_min"))
+                .alias("s0"),
+                pl.when(pl.col("it_end").is_not_null() & pl.col("a_e").is_not_null())
+                .then(pl.col("a_e") + (pl.col("it_end") - pl.col("a_end")))
+                .otherwise(pl.col("emu_max"))
+                .alias("e"),
+            )
+            .sort("unit", pl.col("it_ts").fill_null(pl.col("first_ts")), "iteration")
+            .with_columns(
+                pl.col("e").shift(1).over("unit").alias("prev_e"),
+                pl.col("it_end").shift(1).over("unit").alias("prev_it_end"),
+            )
+            .with_columns(
+                # Steps follow one another: a step starts where the previous one ended (plus the
+                # recorded gap), so that a lane drifting early cannot stretch the next step.
+                pl.when(
+                    recorded & pl.col("prev_e").is_not_null() & pl.col("prev_it_end").is_not_null()
+                )
+                .then(pl.col("prev_e") + (pl.col("it_ts") - pl.col("prev_it_end")))
+                .otherwise(pl.col("s0"))
+                .alias("s")
+            )
         )
-    )
     return out.select(
         "unit",
         "iteration",
@@ -664,6 +720,109 @@ def _iteration_frame(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
         (pl.col("e") - pl.col("s")).alias("dur"),
         "name",
     ).sort("unit", "iteration")
+
+
+_DEVICE_KINDS = ("kernel", "memcpy", "memset")
+
+
+def _dp_sizes(store: Store, inputs: _Inputs) -> tuple[int, int]:
+    """(recorded, emulated) data-parallel size: equal unless a sliced run changed it."""
+    if inputs.kind != "sliced":
+        return 1, 1
+    rows = store.con.execute(
+        "SELECT config_json FROM run WHERE run_id = ?", [inputs.run_id]
+    ).fetchall()
+    try:
+        cfg = json.loads(rows[0][0] or "{}")
+        from prism_trace.parallel import ParallelLayout
+
+        rec = ParallelLayout.parse(cfg["recorded_layout"], cfg.get("recorded_order"))
+        tgt = ParallelLayout.parse(cfg["layout"], cfg.get("order"))
+    except (KeyError, ValueError, TypeError, PrismError):
+        return 1, 1
+    return int(rec.dp), int(tgt.dp)
+
+
+def _memory(store: Store, res: _Result, config: EmulationConfig) -> pl.DataFrame:
+    """Every unit's memory events re-timed onto its emulated nodes (``replay.memory``)."""
+    inputs, tl = res.inputs, res.timeline
+    units = pl.DataFrame(
+        {"unit": np.arange(inputs.unit_rank.size, dtype=np.int64), "rank": inputs.unit_source}
+    )
+    mem = _fetch(
+        store.con,
+        f"SELECT {', '.join(MEMORY_COLUMNS)} FROM memory"
+        " WHERE run_id = $1 AND list_contains($2, rank)",
+        [inputs.source_run_id, inputs.unit_source.tolist()],
+    )
+    if mem.is_empty():
+        return pl.DataFrame(
+            schema={"unit": pl.Int64, **{c: t for c, t in mem.schema.items() if c != "rank"}}
+        )
+    mem = mem.join(units.cast({"rank": mem.schema["rank"]}), on="rank").drop("rank")
+    n = inputs.nodes
+    host = ~n["kind"].is_in(_DEVICE_KINDS) if inputs.source_format != "op_timeline" else None
+    nodes = pl.DataFrame(
+        {
+            "unit": n["unit"],
+            "rec_ts": n["ts"],
+            "rec_end": n["ts"] + n["dur"].fill_null(0),
+            "emu_ts": tl.start + inputs.origin,
+            "emu_end": tl.end + inputs.origin,
+            "host": host if host is not None else np.ones(n.height, dtype=bool),
+        }
+    ).filter(pl.col("rec_ts").is_not_null())
+    dp_rec, dp_tgt = _dp_sizes(store, inputs)
+    delta = None
+    if dp_rec != dp_tgt:
+        if config.memory.optimizer_state_bytes is not None:
+            state = units.with_columns(
+                pl.lit(int(config.memory.optimizer_state_bytes), pl.Int64).alias("state")
+            )
+        else:
+            args = _fetch(
+                store.con,
+                "SELECT rank, TRY_CAST(json_extract(args, '$.optimizer_state_bytes') AS BIGINT)"
+                " AS state FROM rank WHERE run_id = $1 AND list_contains($2, rank)",
+                [inputs.source_run_id, inputs.unit_source.tolist()],
+            )
+            state = units.join(args.cast({"rank": pl.Int64}), on="rank", how="left")
+        delta = state.select(
+            "unit",
+            pl.col("state")
+            .fill_null(0)
+            .map_elements(
+                lambda b: optimizer_shard_delta(int(b), dp_rec, dp_tgt), return_dtype=pl.Int64
+            )
+            .alias("delta"),
+        )
+    return retime_memory(mem, nodes, delta=delta)
+
+
+def _memory_rows(res: _Result, run_id: int) -> pl.DataFrame:
+    """The re-timed memory of the units as ``memory`` rows of the emulated run."""
+    mem = res.memory
+    if mem is None or mem.is_empty():
+        return pl.DataFrame()
+    ranks = res.inputs.unit_rank
+    return mem.with_columns(
+        pl.lit(run_id, pl.Int32).alias("run_id"),
+        pl.Series("rank", ranks[mem["unit"].to_numpy()].astype(np.int32)),
+    ).drop("unit")
+
+
+def rank_peaks(res: _Result) -> pl.DataFrame:
+    """Emulated peak ``total_allocated`` of every rank of the world (``rank, peak``); members of
+    a class share their exemplar's. Empty without memory events."""
+    if res.memory is None or res.memory.is_empty():
+        return pl.DataFrame(schema={"rank": pl.Int64, "peak": pl.Int64})
+    per_unit = memory_peaks(res.memory, by="unit")
+    return (
+        res.inputs.rank_unit.filter(pl.col("unit") >= 0)
+        .join(per_unit, on="unit")
+        .select("rank", "peak")
+        .sort("rank")
+    )
 
 
 def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
@@ -863,6 +1022,7 @@ def _write(
         coll, p2p = _comm_frames(res, run_id, g_size)
         _insert(con, "collective", coll)
         _insert(con, "p2p", p2p)
+        _insert(con, "memory", _memory_rows(res, run_id))
     return run_id, n_events, n_iter
 
 
@@ -925,6 +1085,7 @@ def emulate_in_memory(
     config = config or EmulationConfig()
     inputs = _prepare(store, run)
     res = _emulate(store, inputs, config)
+    res.memory = _memory(store, res, config)
     per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
     return res, _rank_iterations(res, per_unit)
 
@@ -970,6 +1131,7 @@ def emulate_run(
     inputs = _prepare(store, run)
     t_load = time.perf_counter() - t0
     res = _emulate(store, inputs, config)
+    res.memory = _memory(store, res, config)
     per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
     iters = _rank_iterations(res, per_unit)
     t1 = time.perf_counter()
@@ -1009,5 +1171,11 @@ def emulate_run(
             "total": total,
         },
         iterations=_iteration_summary(iters),
+        peak_memory={
+            int(inputs.unit_rank[u]): int(p)
+            for u, p in memory_peaks(res.memory, by="unit").iter_rows()
+        }
+        if res.memory is not None
+        else {},
         notes=list(inputs.notes),
     )

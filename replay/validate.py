@@ -17,12 +17,12 @@ import polars as pl
 
 from prism_trace.errors import PrismError
 from prism_trace.parallel import ParallelAxis, infer_layout
-from replay.run import EmulationConfig, _delete_run, emulate_in_memory
+from replay.run import EmulationConfig, _delete_run, emulate_in_memory, rank_peaks
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
 
-__all__ = ["IterationError", "ValidationReport", "validate_run"]
+__all__ = ["IterationError", "RankPeak", "ValidationReport", "validate_run"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,59 @@ class IterationError:
         }
 
 
+@dataclass(frozen=True)
+class RankPeak:
+    """One rank: recorded and emulated peak ``total_allocated`` and the error.
+
+    Attributes:
+        rank: the rank.
+        recorded: recorded peak (max ``total_allocated`` over its memory events), bytes.
+        emulated: emulated peak (the re-timed timeline, ``replay.memory``), bytes.
+        error_pct: ``100 * (emulated - recorded) / recorded`` (signed).
+    """
+
+    rank: int
+    recorded: int
+    emulated: int
+    error_pct: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "rank": self.rank,
+            "recorded": self.recorded,
+            "emulated": self.emulated,
+            "error_pct": round(self.error_pct, 6),
+        }
+
+
+def _mem_mean(errors: list[RankPeak] | None) -> float | None:
+    if not errors:
+        return None
+    return float(np.mean([abs(e.error_pct) for e in errors]))
+
+
+def _compare_memory(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[RankPeak] | None:
+    """Per rank with a recorded peak > 0: emulated vs recorded peak (None without memory)."""
+    if recorded.is_empty():
+        return None
+    j = recorded.filter(pl.col("peak") > 0).join(
+        emulated.cast({"rank": recorded.schema["rank"]}),
+        on="rank",
+        how="left",
+        suffix="_emu",
+    )
+    return [
+        RankPeak(
+            rank=int(r),
+            recorded=int(rec),
+            emulated=int(emu or 0),
+            error_pct=100.0 * ((emu or 0) - rec) / rec,
+        )
+        for r, rec, emu in j.sort("rank").select("rank", "peak", "peak_emu").iter_rows()
+    ]
+
+
 def _mean_abs(errors: list[IterationError] | None) -> float | None:
     if not errors:
         return None
@@ -76,6 +129,8 @@ class ValidationReport:
     slice_ranks: list[int] | None
     replay: list[IterationError]
     slice: list[IterationError] | None
+    replay_memory: list[RankPeak] | None = None
+    slice_memory: list[RankPeak] | None = None
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -89,8 +144,18 @@ class ValidationReport:
         """Mean over iterations of ``|error_pct|`` of the emulation from the sliced run."""
         return _mean_abs(self.slice)
 
+    @property
+    def peak_memory_error_pct(self) -> float | None:
+        """Mean over ranks of ``|error|`` of the replayed peak memory (None: no memory events)."""
+        return _mem_mean(self.replay_memory)
+
+    @property
+    def slice_peak_memory_error_pct(self) -> float | None:
+        """Mean over ranks of ``|error|`` of the peak memory emulated from the sliced run."""
+        return _mem_mean(self.slice_memory)
+
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``peak_memory_error_pct`` is null: no memory model yet)."""
+        """JSON-ready form (memory errors are null when the run has no memory events)."""
 
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 6)
@@ -104,9 +169,16 @@ class ValidationReport:
             "replay_max_rank_error_pct": r(_max_rank(self.replay)),
             "slice_iteration_time_error_pct": r(self.slice_iteration_time_error_pct),
             "slice_max_rank_error_pct": r(_max_rank(self.slice)),
-            "peak_memory_error_pct": None,
+            "peak_memory_error_pct": r(self.peak_memory_error_pct),
+            "slice_peak_memory_error_pct": r(self.slice_peak_memory_error_pct),
             "replay": [e.as_dict() for e in self.replay],
             "slice": None if self.slice is None else [e.as_dict() for e in self.slice],
+            "replay_memory": None
+            if self.replay_memory is None
+            else [e.as_dict() for e in self.replay_memory],
+            "slice_memory": None
+            if self.slice_memory is None
+            else [e.as_dict() for e in self.slice_memory],
             "notes": self.notes,
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
         }
@@ -129,7 +201,18 @@ class ValidationReport:
                 f" {pct(self.slice_iteration_time_error_pct)} (worst rank"
                 f" {pct(_max_rank(self.slice))})"
             )
-        lines.append("  peak memory: n/a (no memory model yet)")
+        if self.replay_memory is None:
+            lines.append("  peak memory: n/a (no memory events recorded)")
+        else:
+            lines.append(
+                f"  peak memory: replay mean |error| {pct(self.peak_memory_error_pct)}"
+                + (
+                    f", sliced {pct(self.slice_peak_memory_error_pct)}"
+                    if self.slice_memory is not None
+                    else ""
+                )
+                + f" over {len(self.replay_memory)} ranks"
+            )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -219,9 +302,16 @@ def validate_run(
         msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
         raise PrismError(msg)
     notes: list[str] = []
+    rec_peaks = store.con.sql(
+        "SELECT rank, max(total_allocated)::BIGINT AS peak FROM memory WHERE run_id = $1"
+        " GROUP BY rank",
+        params=[run_id],
+    ).pl()
 
-    _, emulated = emulate_in_memory(store, run=run, config=config)
+    res, emulated = emulate_in_memory(store, run=run, config=config)
     replay = _compare(emulated, recorded)
+    replay_memory = _compare_memory(rank_peaks(res), rec_peaks)
+    slice_memory: list[RankPeak] | None = None
     t_replay = time.perf_counter() - t0
 
     layout_spec: str | None = None
@@ -251,8 +341,9 @@ def validate_run(
                 out_run=tmp,
                 replace=True,
             )
-            _, emulated_s = emulate_in_memory(store, run=tmp, config=config)
+            res_s, emulated_s = emulate_in_memory(store, run=tmp, config=config)
             sliced = _compare(emulated_s, recorded)
+            slice_memory = _compare_memory(rank_peaks(res_s), rec_peaks)
         except PrismError as exc:
             notes.append(f"slice check failed: {exc}")
         finally:
@@ -267,6 +358,8 @@ def validate_run(
         slice_ranks=slice_ranks,
         replay=replay,
         slice=sliced,
+        replay_memory=replay_memory,
+        slice_memory=slice_memory,
         notes=notes,
         seconds={"replay": t_replay, "total": time.perf_counter() - t0},
     )

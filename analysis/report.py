@@ -1,0 +1,459 @@
+"""The HTML report of one run: timeline, breakdowns, collective waits, iteration times, memory.
+
+``write_report`` writes one self-contained file (plotly.js embedded once, no network) that opens
+in any browser. It works on every run kind: a sliced or emulated run of thousands of ranks is
+drawn one lane group per equivalence class (``rank.class_id``), from its exemplar's events, with
+a drop-down to show one group alone. See docs/report.md.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import plotly.graph_objects as go
+import polars as pl
+
+from analysis import _report_data as data
+from analysis import _report_figures as figs
+from analysis.breakdown import kernels, temporal
+from analysis.stragglers import collective_waits
+from prism_trace.errors import PrismError
+
+if TYPE_CHECKING:
+    from prism_trace.store import Store
+
+__all__ = ["ReportLimits", "ReportSummary", "write_report"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReportLimits:
+    """Caps that keep a report small and fast for any run size.
+
+    Attributes:
+        timeline_events: events drawn in the timeline over all lane groups; each group gets an
+            equal share, filled shallowest first, then longest (so top-level ops always show).
+        timeline_groups: lane groups (ranks or classes) drawn; the rest are listed as omitted.
+        top_ops: bars in the top-kernels and top-host-ops charts.
+        breakdown_rows: ranks (or classes) in the temporal breakdown.
+        heatmap_cells: ranks x instances in the wait heatmap; the instances with the largest
+            total wait are kept first.
+        memory_lines: (rank, device) lines in the memory chart, highest peak first.
+        memory_points: time buckets per memory line (a bucket keeps its maximum).
+    """
+
+    timeline_events: int = 30_000
+    timeline_groups: int = 32
+    top_ops: int = 15
+    breakdown_rows: int = 1024
+    heatmap_cells: int = 100_000
+    memory_lines: int = 16
+    memory_points: int = 1500
+
+
+@dataclass
+class ReportSummary:
+    """What ``write_report`` wrote: the file, its size, the time it took and what was capped."""
+
+    run: str
+    out: Path
+    bytes: int
+    seconds: float
+    figures: list[str]
+    events: int
+    events_drawn: int
+    lane_groups: int
+    compare: str | None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        d = asdict(self)
+        d["out"] = str(self.out)
+        return d
+
+    def summary(self) -> str:
+        """One line for the CLI, then the notes."""
+        vs = f" vs {self.compare!r}" if self.compare else ""
+        head = (
+            f"report of run {self.run!r}{vs}: {self.out} ({self.bytes / 2**20:.1f} MiB,"
+            f" {len(self.figures)} charts, {self.events_drawn}/{self.events} events drawn"
+            f" in {self.lane_groups} lane groups) in {self.seconds:.2f} s"
+        )
+        return "\n".join([head, *(f"  {n}" for n in self.notes)])
+
+
+_CSS = """
+body { font-family: system-ui, -apple-system, 'Segoe UI', sans-serif; margin: 0 24px 40px;
+       color: #222; }
+h1 { font-size: 1.5em; margin: 18px 0 6px; }
+h2 { font-size: 1.15em; margin: 28px 0 4px; border-bottom: 1px solid #ddd; }
+p.what { margin: 2px 0 6px; color: #555; font-size: 0.92em; }
+table.facts { border-collapse: collapse; font-size: 0.9em; }
+table.facts td, table.facts th { padding: 2px 10px 2px 0; text-align: left; vertical-align: top; }
+table.facts th { color: #666; font-weight: normal; }
+ul.notes { color: #7a4b00; font-size: 0.9em; }
+pre.config { font-size: 0.8em; background: #f6f6f6; padding: 6px; max-height: 200px;
+             overflow: auto; }
+"""
+
+
+@dataclass
+class _Section:
+    key: str
+    title: str
+    what: str
+    figs: list[go.Figure] = field(default_factory=list)
+    html: str = ""
+
+
+def _id(store: Store, run: str) -> int:
+    return store.require_run(run)
+
+
+def _t0(store: Store, run_id: int) -> int:
+    row = store.con.execute(
+        "SELECT least((SELECT min(ts) FROM event WHERE run_id = $1),"
+        " (SELECT min(ts) FROM iteration WHERE run_id = $1))",
+        [run_id],
+    ).fetchall()
+    return int(row[0][0] or 0)
+
+
+def _timeline(
+    store: Store, run_id: int, t0: int, limits: ReportLimits, notes: list[str]
+) -> tuple[_Section, int, int, int]:
+    groups_all = data.lane_groups(store, run_id)
+    groups = groups_all[: limits.timeline_groups]
+    sec = _Section(
+        "timeline",
+        "Timeline",
+        "One lane per host thread and device stream; nested events are drawn narrower on top of"
+        " their parents. Zoom with the mouse, hover a bar for the op. The menu at the top right"
+        " shows one rank (or class) alone.",
+    )
+    if not groups:
+        sec.html = "<p class='what'>No timed events in this run.</p>"
+        return sec, 0, 0, 0
+    if len(groups_all) > len(groups):
+        omitted = groups_all[len(groups) :]
+        notes.append(
+            f"timeline: {len(groups)} of {len(groups_all)} lane groups drawn; omitted "
+            + ", ".join(g.label for g in omitted[:8])
+            + (" ..." if len(omitted) > 8 else "")
+        )
+    if any(g.is_class for g in groups):
+        members = sum(len(g.members) for g in groups_all)
+        notes.append(
+            f"timeline: {len(groups_all)} equivalence classes stand for {members} ranks; each"
+            " class is drawn from its exemplar's events"
+        )
+    ranks = [g.rank for g in groups]
+    per_rank = max(limits.timeline_events // len(ranks), 1)
+    events, total = data.timeline_events(store, run_id, ranks, per_rank=per_rank)
+    if events.height < total:
+        notes.append(
+            f"timeline: {events.height} of {total} events drawn (per rank at most {per_rank},"
+            " shallowest first, then longest)"
+        )
+    tracks = data.timeline_tracks(store, run_id, ranks)
+    sec.figs = [figs.timeline_figure(groups, tracks, events, t0)]
+    return sec, total, events.height, len(groups)
+
+
+def _breakdown(
+    store: Store, run: str, groups: dict[int, data.LaneGroup], limits: ReportLimits
+) -> _Section:
+    sec = _Section(
+        "temporal",
+        "Temporal breakdown",
+        "Where each rank's iteration windows go (analysis.temporal): computation, exposed"
+        " communication, memory copies, other device ops and idle time.",
+    )
+    df = temporal(store, run)
+    if groups and any(g.is_class for g in groups.values()):
+        df = df.filter(pl.col("rank").is_in(list(groups)))
+        labels = [groups[r].label for r in df["rank"].to_list()]
+    else:
+        labels = [f"rank {r}" for r in df["rank"].to_list()]
+    if df.is_empty():
+        sec.html = "<p class='what'>No iteration windows.</p>"
+        return sec
+    df, labels = df.head(limits.breakdown_rows), labels[: limits.breakdown_rows]
+    sec.figs = [figs.temporal_figure(df, [figs.esc(x, limit=60) for x in labels])]
+    return sec
+
+
+def _top_ops(store: Store, run: str, run_id: int, limits: ReportLimits, scope: str) -> _Section:
+    sec = _Section(
+        "ops",
+        "Top kernels and ops",
+        "Device kernels by total time (analysis.kernels), and host ops by self time (their"
+        " duration minus the events nested in them).",
+    )
+    parts: list[go.Figure] = []
+    kdf = kernels(store, run, top_k=limits.top_ops)
+    kdf = kdf.filter(pl.col("name") != "others").sort("total_ns", descending=True)
+    if kdf.height:
+        parts.append(figs.kernels_figure(kdf.head(limits.top_ops)))
+    hdf = data.host_ops(store, run_id, top=limits.top_ops)
+    if hdf.height:
+        parts.append(figs.host_ops_figure(hdf, scope=scope))
+    if not parts:
+        sec.html = "<p class='what'>No kernels or host ops.</p>"
+        return sec
+    sec.figs = parts
+    return sec
+
+
+def _waits(
+    store: Store,
+    run: str,
+    groups: dict[int, data.LaneGroup],
+    limits: ReportLimits,
+    notes: list[str],
+) -> _Section:
+    sec = _Section(
+        "waits",
+        "Collective waits",
+        "For every collective instance (group, sequence number) and participant, the time it"
+        " waited for the last rank to arrive (analysis.collective_waits, host arrivals).",
+    )
+    df = collective_waits(store, run)
+    if df.is_empty():
+        sec.html = "<p class='what'>No collectives.</p>"
+        return sec
+    inst = (
+        df.group_by("group_id", "seq")
+        .agg(pl.col("kind").first(), pl.col("wait_ns").sum().alias("total"))
+        .sort("group_id", "seq")
+    )
+    ranks = sorted(set(df["rank"].to_list()))
+    max_inst = max(limits.heatmap_cells // max(len(ranks), 1), 1)
+    if inst.height > max_inst:
+        notes.append(
+            f"collective waits: {max_inst} of {inst.height} instances shown (largest total wait)"
+        )
+        inst = inst.sort("total", descending=True).head(max_inst).sort("group_id", "seq")
+    inst = inst.with_row_index("col")
+    cells = df.join(inst.select("group_id", "seq", "col"), on=["group_id", "seq"])
+    row_of = {r: i for i, r in enumerate(ranks)}
+    z = np.full((len(ranks), inst.height), np.nan)
+    z[
+        np.array([row_of[r] for r in cells["rank"].to_list()], dtype=np.int64),
+        cells["col"].to_numpy().astype(np.int64),
+    ] = cells["wait_ns"].cast(pl.Float64).to_numpy() / 1e3
+    labels = [
+        f"g{g}#{s} {figs.esc(k)}"
+        for g, s, k in zip(inst["group_id"], inst["seq"], inst["kind"], strict=True)
+    ]
+
+    def rank_label(r: int) -> str:
+        g = groups.get(r)
+        return f"r{r} (class {g.key})" if g is not None and g.is_class else f"r{r}"
+
+    sec.figs = [figs.wait_heatmap(z, [rank_label(r) for r in ranks], labels)]
+    return sec
+
+
+def _iterations(
+    store: Store, facts: data.RunFacts, compare: str | None, notes: list[str]
+) -> tuple[_Section, str | None]:
+    sec = _Section(
+        "iterations",
+        "Iteration time",
+        "Per iteration, the slowest rank's step time (bars) and the mean over ranks (diamonds),"
+        " next to the compared run (the recorded run an emulated run came from, or --compare).",
+    )
+    runs: list[tuple[str, pl.DataFrame]] = []
+    other: str | None = compare
+    if other is None and facts.kind in ("emulated", "replayed"):
+        anc = data.iteration_ancestor(store, facts.run_id)
+        if anc is not None:
+            other = store.con.execute("SELECT name FROM run WHERE run_id = $1", [anc]).fetchall()[
+                0
+            ][0]
+    mine = data.iteration_times(store, facts.run_id)
+    if other is not None:
+        theirs = data.iteration_times(store, _id(store, other))
+        runs.append((other, theirs))
+    runs.append((facts.name, mine))
+    runs = [(n, d) for n, d in runs if d.height]
+    if not runs:
+        sec.html = "<p class='what'>No iterations.</p>"
+        return sec, other
+    sec.figs = [figs.iteration_figure(runs)]
+    if other is not None and len(runs) == 2:
+        joined = runs[0][1].join(runs[1][1], on="iteration", suffix="_b")
+        rows = []
+        for r in joined.iter_rows(named=True):
+            a, b = r["max_ns"], r["max_ns_b"]
+            err = (b - a) / a * 100 if a else float("nan")
+            rows.append(
+                f"<tr><td>{r['iteration']}</td><td>{a / 1e6:.3f}</td><td>{b / 1e6:.3f}</td>"
+                f"<td>{err:+.2f} %</td></tr>"
+            )
+        if rows:
+            sec.html = (
+                "<table class='facts'><tr><th>iteration</th>"
+                f"<th>{html.escape(other)} max ms</th><th>{html.escape(facts.name)} max ms</th>"
+                "<th>difference</th></tr>" + "".join(rows) + "</table>"
+            )
+        else:
+            notes.append(f"iterations: no iteration numbers in common with {other!r}")
+    return sec, other
+
+
+def _memory(store: Store, run_id: int, t0: int, limits: ReportLimits, notes: list[str]) -> _Section:
+    sec = _Section(
+        "memory",
+        "Memory",
+        "Allocated bytes over time per rank and device (from the allocator events), the peak of"
+        " each line marked.",
+    )
+    series, peaks, lines = data.memory_series(
+        store, run_id, max_lines=limits.memory_lines, points=limits.memory_points
+    )
+    if peaks.is_empty():
+        sec.html = "<p class='what'>No allocator events in this run.</p>"
+        return sec
+    if lines > peaks.height:
+        notes.append(f"memory: {peaks.height} of {lines} (rank, device) lines shown (top peaks)")
+    sec.figs = [figs.memory_figure(series, peaks, t0)]
+    return sec
+
+
+def _facts_html(facts: data.RunFacts, compare: str | None) -> str:
+    rows = [
+        ("run", facts.name),
+        ("kind", facts.kind),
+        ("derived from", facts.parent or "—"),
+        ("world size", facts.world_size),
+        ("ranks stored", facts.ranks),
+        ("equivalence classes", facts.classes or "—"),
+        ("events", facts.events),
+        ("iterations", facts.iterations),
+        ("source format", facts.source_format or "—"),
+        ("created", facts.created_at or "—"),
+        ("compared with", compare or "—"),
+    ]
+    body = "".join(
+        f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    )
+    return f"<table class='facts'>{body}</table>"
+
+
+def write_report(
+    store: Store,
+    *,
+    run: str,
+    out: Path | str,
+    compare: str | None = None,
+    limits: ReportLimits | None = None,
+) -> ReportSummary:
+    """Write the HTML report of ``run`` to ``out``.
+
+    Args:
+        store: an open store (read-only is fine).
+        run: the run's name (any kind).
+        out: the HTML file to write.
+        compare: a run whose iteration times are shown next to this run's. By default an
+            emulated or replayed run is compared with its nearest ancestor that has iterations
+            (the recorded run it came from).
+        limits: caps on what is drawn (``ReportLimits``).
+
+    Returns:
+        The file written, its size, the time taken and notes on what was capped.
+
+    Raises:
+        PrismError: no run of that name (``run`` or ``compare``).
+    """
+    started = time.perf_counter()
+    limits = limits or ReportLimits()
+    run_id = _id(store, run)
+    if compare is not None:
+        _id(store, compare)
+    out = Path(out)
+    facts = data.run_facts(store, run_id)
+    notes: list[str] = []
+    t0 = _t0(store, run_id)
+    timeline, total, drawn, n_groups = _timeline(store, run_id, t0, limits, notes)
+    groups = {g.rank: g for g in data.lane_groups(store, run_id)}
+    scope = "class exemplars" if facts.classes else "all ranks"
+    sections = [
+        timeline,
+        _breakdown(store, run, groups, limits),
+        _top_ops(store, run, run_id, limits, scope),
+        _waits(store, run, groups, limits, notes),
+    ]
+    it_sec, other = _iterations(store, facts, compare, notes)
+    sections += [it_sec, _memory(store, run_id, t0, limits, notes)]
+    page = _render(facts, other, sections, notes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        msg = f"{out}: cannot write the report: {exc.strerror}"
+        raise PrismError(msg) from exc
+    figures = [s.key for s in sections if s.figs]
+    return ReportSummary(
+        run=run,
+        out=out,
+        bytes=out.stat().st_size,
+        seconds=time.perf_counter() - started,
+        figures=figures,
+        events=total,
+        events_drawn=drawn,
+        lane_groups=n_groups,
+        compare=other,
+        notes=notes,
+    )
+
+
+def _render(
+    facts: data.RunFacts, compare: str | None, sections: list[_Section], notes: list[str]
+) -> str:
+    plotly_js = True
+    config = {"displaylogo": False, "responsive": True, "scrollZoom": False}
+    body: list[str] = []
+    for sec in sections:
+        body.append(f"<section id='{sec.key}'><h2>{html.escape(sec.title)}</h2>")
+        body.append(f"<p class='what'>{html.escape(sec.what)}</p>")
+        for fig in sec.figs:
+            body.append(
+                fig.to_html(
+                    full_html=False,
+                    include_plotlyjs=plotly_js,
+                    config=config,
+                    default_width="100%",
+                )
+            )
+            plotly_js = False
+        if sec.html:
+            body.append(sec.html)
+        body.append("</section>")
+    notes_html = (
+        "<ul class='notes'>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"
+        if notes
+        else ""
+    )
+    config_html = ""
+    if facts.config:
+        config_html = (
+            "<details><summary>configuration</summary><pre class='config'>"
+            + html.escape(json.dumps(facts.config, indent=1, default=str))
+            + "</pre></details>"
+        )
+    title = html.escape(f"prism report: {facts.name}")
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{title}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{title}</h1>{_facts_html(facts, compare)}{config_html}{notes_html}"
+        + "".join(body)
+        + "</body></html>\n"
+    )

@@ -1,0 +1,320 @@
+"""The HTML report: content, escaping and caps, and a real headless Chromium rendering it.
+
+The browser tests (``slow``) drive Debian's ``/usr/bin/chromium`` with playwright-python
+(``.ci/install-browser`` installs it); they skip, saying why, when either is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from analysis._report_data import rank_ranges
+from analysis.report import ReportLimits, ReportSummary, write_report
+from prism_trace.errors import PrismError
+from prism_trace.ingest import ingest
+from prism_trace.parallel import ParallelLayout
+from prism_trace.slicing import slice_run
+from prism_trace.store import Store, open_store
+from replay import emulate_run
+
+SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
+CHROMIUM = os.environ.get("PRISM_CHROMIUM", "/usr/bin/chromium")
+NASTY = "<script>alert(1)</script> \"quotes\" & 'apos'"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """The sample (`sample`, one op and one thread renamed to hostile strings), sliced to 8192
+    ranks (`big`) and emulated (`big_emu`), and the sample emulated as is (`sample_emu`)."""
+    db = tmp_path_factory.mktemp("report") / "s.duckdb"
+    with open_store(db) as s:
+        ingest(s, [SAMPLE], run="sample", progress=False)
+        rid = s.require_run("sample")
+        s.con.execute(
+            "UPDATE event SET name = $2 WHERE run_id = $1 AND rank = 0 AND event_id = 0",
+            [rid, NASTY],
+        )
+        s.con.execute(
+            "UPDATE track SET name = $2 WHERE run_id = $1 AND rank = 0 AND track_id = 0",
+            [rid, NASTY],
+        )
+        slice_run(
+            s,
+            run="sample",
+            layout=ParallelLayout.parse("tp=2,dp=2048,pp=2"),
+            world=8192,
+            out_run="big",
+        )
+        emulate_run(s, run="big", out_run="big_emu")
+        emulate_run(s, run="sample", out_run="sample_emu")
+    return open_store(db, read_only=True)
+
+
+def test_rank_ranges() -> None:
+    assert rank_ranges([0, 2, 4, 6, 8]) == "0..8 step 2"
+    assert rank_ranges([5, 1, 3, 8, 9, 10, 11]) == "1..5 step 2, 8..11"
+    assert rank_ranges([7]) == "7"
+    assert rank_ranges([*list(range(0, 40, 2)), 41, 50, 60, 61, 70, 99]).endswith("...")
+
+
+def test_sample_report_contents(store: Store, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    rep = write_report(store, run="sample", out=out)
+    assert isinstance(rep, ReportSummary)
+    assert rep.figures == ["timeline", "temporal", "ops", "waits", "iterations", "memory"]
+    assert rep.lane_groups == 8
+    assert rep.events == 44880
+    assert rep.events_drawn == ReportLimits().timeline_events
+    assert rep.compare is None
+    text = out.read_text()
+    assert rep.bytes == out.stat().st_size
+    # plotly.js embedded exactly once, nothing fetched from a CDN.
+    assert text.count("plotly.js v") <= 2
+    assert re.findall(r"<script[^>]*\bsrc=", text) == []
+    assert text.count("Plotly.newPlot(") == 6  # one per section (the CPU sample has no kernels)
+    # Trace strings never reach the page as markup.
+    assert "<script>alert(1)" not in text
+    assert "&lt;script&gt;alert(1)&lt;" in text
+    assert "timeline: 30000 of 44880 events drawn" in text
+    assert "peak" in text
+
+
+def test_emulated_report_classes_and_compare(store: Store, tmp_path: Path) -> None:
+    out = tmp_path / "big.html"
+    rep = write_report(store, run="big_emu", out=out)
+    assert rep.compare == "sample"  # emulated → the recorded run it came from
+    assert rep.lane_groups == 4
+    assert rep.events == rep.events_drawn
+    assert "iterations" in rep.figures
+    text = out.read_text()
+    assert "class 0: ranks 0..4094 step 2 (2048)" in text
+    assert "4 equivalence classes stand for 8192 ranks" in text
+    assert rep.bytes < 20 * 2**20
+
+
+def test_compare_and_caps(store: Store, tmp_path: Path) -> None:
+    limits = ReportLimits(timeline_events=800, timeline_groups=3, memory_lines=2, heatmap_cells=40)
+    rep = write_report(
+        store, run="sample", out=tmp_path / "c.html", compare="sample_emu", limits=limits
+    )
+    assert rep.compare == "sample_emu"
+    assert rep.lane_groups == 3
+    assert rep.events_drawn <= 800
+    joined = "\n".join(rep.notes)
+    assert "3 of 8 lane groups drawn" in joined
+    assert "memory: 2 of 8" in joined
+    assert re.search(r"collective waits: \d+ of 168 instances", joined)
+    assert rep.summary().startswith("report of run 'sample' vs 'sample_emu'")
+
+
+def test_unknown_run(store: Store, tmp_path: Path) -> None:
+    with pytest.raises(PrismError, match="nope"):
+        write_report(store, run="nope", out=tmp_path / "x.html")
+    with pytest.raises(PrismError, match="nope"):
+        write_report(store, run="sample", out=tmp_path / "x.html", compare="nope")
+    assert not (tmp_path / "x.html").exists()
+
+
+# --- the browser -------------------------------------------------------------------------------
+
+
+def read_png(path: Path) -> tuple[int, int, int, bytes]:
+    """A minimal PNG decoder (8-bit RGB/RGBA, not interlaced): width, height, channels, pixels."""
+    raw = path.read_bytes()
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat = 8, bytearray()
+    width = height = channels = 0
+    while pos < len(raw):
+        (n,) = struct.unpack(">I", raw[pos : pos + 4])
+        kind, chunk = raw[pos + 4 : pos + 8], raw[pos + 8 : pos + 8 + n]
+        pos += 12 + n
+        if kind == b"IHDR":
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", chunk)
+            assert (depth, interlace) == (8, 0), (depth, interlace)
+            assert color in (2, 6), color
+            channels = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+    data = zlib.decompress(bytes(idat))
+    stride = width * channels
+    out = bytearray(height * stride)
+    prev = bytearray(stride)
+    for y in range(height):
+        f = data[y * (stride + 1)]
+        line = bytearray(data[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        if f == 1:
+            for i in range(channels, stride):
+                line[i] = (line[i] + line[i - channels]) & 0xFF
+        elif f == 2:
+            line = bytearray((a + b) & 0xFF for a, b in zip(line, prev, strict=True))
+        elif f == 3:
+            for i in range(stride):
+                left = line[i - channels] if i >= channels else 0
+                line[i] = (line[i] + ((left + prev[i]) >> 1)) & 0xFF
+        elif f == 4:
+            for i in range(stride):
+                a = line[i - channels] if i >= channels else 0
+                b = prev[i]
+                c = prev[i - channels] if i >= channels else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                line[i] = (line[i] + pred) & 0xFF
+        out[y * stride : (y + 1) * stride] = line
+        prev = line
+    return width, height, channels, bytes(out)
+
+
+def png_stats(path: Path) -> tuple[int, float]:
+    """Distinct colours, and the share of pixels that are not near-white."""
+    width, height, ch, px = read_png(path)
+    colors: set[bytes] = set()
+    ink = 0
+    for i in range(0, len(px), ch * 2):  # every other pixel is plenty
+        rgb = px[i : i + 3]
+        colors.add(rgb)
+        if min(rgb) < 235:
+            ink += 1
+    return len(colors), ink / (width * height / 2)
+
+
+_CHECK_PLOTS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const r = gd.getBoundingClientRect();
+  const svg = gd.querySelector('svg.main-svg');
+  const sr = svg ? svg.getBoundingClientRect() : {width: 0, height: 0};
+  const points = (gd.calcdata || []).reduce((n, cd) => n + cd.length, 0);
+  const marks = gd.querySelectorAll(
+      '.bars path, .scatterlayer path.js-line, .scatterlayer .point, .hm image, .heatmaplayer image'
+  ).length;
+  return {id: gd.id, traces: (gd.data || []).length, points, width: r.width, height: r.height,
+          svg_w: sr.width, svg_h: sr.height, marks, section: gd.closest('section')?.id};
+})
+"""
+
+
+def browser_check(html: Path, shot: Path, tmp: Path) -> dict[str, Any]:
+    """Open ``html`` in headless Chromium; return errors, per-plot facts, timing and the PNG."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright not installed (pip install playwright)"
+    )
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip(f"chromium not found at {CHROMIUM} (run .ci/install-browser)")
+    errors: list[str] = []
+    dialogs: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(tmp / "profile"),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
+        try:
+            page = ctx.new_page()
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            t = time.perf_counter()
+            page.goto(html.resolve().as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function(
+                "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                ".every(gd => gd._fullLayout && gd.querySelector('svg.main-svg'))",
+                timeout=120_000,
+            )
+            render_s = time.perf_counter() - t
+            plots = page.evaluate(_CHECK_PLOTS)
+            # Hover the middle of the timeline: a hover label must appear, without errors.
+            tl = page.locator("#timeline .js-plotly-plot .nsewdrag").first
+            box = tl.bounding_box()
+            hover = 0
+            if box:
+                for fx in (0.1, 0.3, 0.5, 0.7):
+                    page.mouse.move(box["x"] + box["width"] * fx, box["y"] + 12)
+                    page.wait_for_timeout(150)
+                    hover = max(hover, page.locator("#timeline .hoverlayer .hovertext").count())
+            page.mouse.move(1, 1)
+            page.locator("#timeline").scroll_into_view_if_needed()
+            page.screenshot(path=str(shot))
+        finally:
+            ctx.close()
+    return {
+        "errors": errors,
+        "dialogs": dialogs,
+        "plots": plots,
+        "render_s": render_s,
+        "hover": hover,
+    }
+
+
+def assert_renders(html: Path, tmp: Path, *, sections: set[str]) -> dict[str, Any]:
+    shot = tmp / f"{html.stem}.png"
+    res = browser_check(html, shot, tmp)
+    assert res["errors"] == []
+    assert res["dialogs"] == []
+    assert {p["section"] for p in res["plots"]} == sections
+    for p in res["plots"]:
+        assert p["traces"] > 0, p
+        assert p["points"] > 0, p
+        assert min(p["width"], p["height"], p["svg_w"], p["svg_h"]) > 100, p
+        assert p["marks"] > 0, p
+    assert res["hover"] > 0
+    colors, ink = png_stats(shot)
+    assert colors >= 20, colors
+    assert ink > 0.03, ink
+    res["shot"], res["colors"], res["ink"] = shot, colors, ink
+    return res
+
+
+@pytest.mark.slow
+def test_browser_sample(store: Store, tmp_path: Path) -> None:
+    out = tmp_path / "sample.html"
+    write_report(store, run="sample", out=out)
+    assert_renders(
+        out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"}
+    )
+
+
+@pytest.mark.slow
+def test_browser_emulated_8192(store: Store, tmp_path: Path) -> None:
+    out = tmp_path / "big_emu.html"
+    rep = write_report(store, run="big_emu", out=out)
+    assert rep.bytes < 20 * 2**20
+    # an emulated run carries its units' re-timed memory events (replay.memory)
+    res = assert_renders(
+        out,
+        tmp_path,
+        sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"},
+    )
+    assert res["render_s"] < 30
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_browser_dlrm(shared_datasets: Path, tmp_path: Path) -> None:
+    with open_store(tmp_path / "d.duckdb") as s:
+        ingest(s, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
+        out = tmp_path / "dlrm.html"
+        rep = write_report(s, run="dlrm", out=out)
+    assert rep.events == rep.events_drawn == 19781
+    assert "ops" in rep.figures
+    assert_renders(out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations"})
