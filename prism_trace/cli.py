@@ -186,13 +186,22 @@ def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
     """Build the per-rank execution graph of a run and check collectives match across ranks."""
     from prism_trace.collectives import match_comms
     from prism_trace.graph import build_graph
+    from prism_trace.parallel import assign_axes, infer_layout
     from prism_trace.store import open_store
 
     with open_store(db) as store:
         report = build_graph(store, run_name)
         match = match_comms(store, run_name)
+        # Give every rank its role coordinates and every group its axis, when the groups allow.
+        try:
+            layout = infer_layout(store, run_name)
+            assign_axes(store, run_name, layout)
+            layout_text = f"layout {layout.spec} (order {layout.order_spec})"
+        except PrismError as exc:
+            layout_text = f"layout not inferred: {str(exc).splitlines()[0]}"
     if as_json:
-        click.echo(json.dumps({"graph": report.as_dict(), "comms": match.as_dict()}, indent=2))
+        out = {"graph": report.as_dict(), "comms": match.as_dict(), "layout": layout_text}
+        click.echo(json.dumps(out, indent=2))
     else:
         click.echo(
             f"run {run_name!r}: {report.nodes} nodes, {report.edges} edges over"
@@ -207,6 +216,7 @@ def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
         )
         if not match.ok:
             click.echo(f"warning: {match.message()}")
+        click.echo(layout_text)
 
 
 @main.command("slice")

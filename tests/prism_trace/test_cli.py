@@ -61,3 +61,18 @@ def test_query_error_is_one_line(shared_datasets: Path, tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["info", str(db), "--run", "missing"])
     assert res.exit_code == 1
     assert "no run named 'missing'" in res.output
+
+
+def test_graph_command_assigns_roles(tmp_path: Path) -> None:
+    sample = Path(__file__).resolve().parents[2] / "datasets" / "sample"
+    db = tmp_path / "g.duckdb"
+    invoke("ingest", sample, "--db", db, "--run", "sample", "-q")
+    out = json.loads(invoke("graph", db, "--run", "sample", "--json"))
+    assert out["layout"].startswith("layout tp=2,cp=1,ep=1,dp=2,pp=2")
+    assert out["comms"]["ok"]
+    axes = json.loads(
+        invoke(
+            "query", db, "SELECT DISTINCT axis FROM comm_group ORDER BY axis", "--format", "json"
+        )
+    )
+    assert [a["axis"] for a in axes] == ["dp", "pp", "tp", "world"]
