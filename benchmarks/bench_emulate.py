@@ -16,17 +16,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata as md
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SHARED = Path(os.environ.get("PRISM_SHARED_DATASETS", HERE.parents[1] / "shared" / "datasets"))
-DATASET = SHARED / "megatron-straggler-st-8rank"
+from _common import dataset, host_kind, table, write_note
+
 TARGET_S = 30.0
 
 
@@ -46,11 +41,10 @@ def main() -> None:
     from prism_trace.store import open_store
     from replay.run import emulate_run
 
-    if not DATASET.is_dir():
-        raise SystemExit(f"{DATASET}: dataset not found (set PRISM_SHARED_DATASETS)")
+    st = dataset("megatron-straggler-st-8rank")
     layout = ParallelLayout.parse(f"dp={args.dp},pp=4")
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "b.duckdb") as store:
-        ingest(store, [DATASET], run="st", progress=False)
+        ingest(store, [st], run="st", progress=False)
         build_graph(store, "st")
         t = time.perf_counter()
         slice_run(store, run="st", layout=layout, world=layout.world_size, out_run="big")
@@ -67,7 +61,6 @@ def main() -> None:
     assert report is not None
     best = min(times)
     core = report.seconds["emulate"]
-    host = args.host_kind or f"{platform.machine()}-{os.cpu_count()}cpu".replace("_", "-")
     rows = [
         (f"slice to {layout.world_size} ranks", f"{slice_s:.2f} s"),
         (f"emulate_run (best of {args.repeat})", f"{best:.2f} s"),
@@ -89,23 +82,17 @@ def main() -> None:
         ("rows written: event / iteration", f"{report.events_written} / {n_iter}"),
         ("target", f"<= {TARGET_S:.0f} s: {'met' if best <= TARGET_S else 'MISSED'}"),
     ]
-    width = max(len(r[0]) for r in rows)
-    table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    print(table)
+    text = table(rows)
+    print(text)
     if args.no_note:
         return
-    versions = ", ".join(
-        f"{p} {md.version(p)}" for p in ("prism-trace", "duckdb", "polars", "numpy")
-    )
-    note = HERE / "results" / f"emulate_{host}_{dt.date.today().isoformat()}.md"
-    note.parent.mkdir(exist_ok=True)
-    note.write_text(
-        f"# emulate: megatron-straggler-st-8rank sliced to dp={args.dp},pp=4"
-        f" ({layout.world_size} ranks)\n\n"
-        f"Command: `python benchmarks/bench_emulate.py --dp {args.dp} --repeat {args.repeat}`\n\n"
-        f"```\n{table}\n```\n\n"
-        f"Host: {host}, {platform.processor() or platform.machine()}, Python"
-        f" {platform.python_version()}; {versions}; load average {os.getloadavg()}.\n"
+    note = write_note(
+        "emulate",
+        host_kind(args.host_kind),
+        title=f"emulate: megatron-straggler-st-8rank sliced to dp={args.dp},pp=4"
+        f" ({layout.world_size} ranks)",
+        command=f"python benchmarks/bench_emulate.py --dp {args.dp} --repeat {args.repeat}",
+        body=f"```\n{text}\n```",
     )
     print(f"note: {note}")
 

@@ -17,8 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SHARED = Path(os.environ.get("PRISM_SHARED_DATASETS", HERE.parents[1] / "shared" / "datasets"))
+from _common import dataset
 
 
 def main() -> None:
@@ -36,7 +35,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = args.keep or Path(tmp) / "et"
         store = open_store(Path(tmp) / "b.duckdb")
-        ingest(store, [SHARED / "megatron-straggler-st-8rank"], run="st", progress=False)
+        ingest(store, [dataset("megatron-straggler-st-8rank")], run="st", progress=False)
         world = args.dp * 4
         slice_run(
             store,

@@ -20,9 +20,8 @@ import time
 from datetime import date
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-SHARED = Path(os.environ.get("PRISM_SHARED_DATASETS", HERE.parents[1] / "shared" / "datasets"))
+from _common import HERE, REPO, SHARED
+
 CHROMIUM = os.environ.get("PRISM_CHROMIUM", "/usr/bin/chromium")
 
 

@@ -14,17 +14,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata as md
-import os
-import platform
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SHARED = Path(os.environ.get("PRISM_SHARED_DATASETS", HERE.parents[1] / "shared" / "datasets"))
-DATASET = SHARED / "megatron-straggler-st-8rank"
+from _common import dataset, host_kind, table, write_note
+
 TARGET_S = 10.0
 
 
@@ -43,12 +38,11 @@ def main() -> None:
     from prism_trace.slicing import slice_run
     from prism_trace.store import open_store
 
-    if not DATASET.is_dir():
-        raise SystemExit(f"{DATASET}: dataset not found (set PRISM_SHARED_DATASETS)")
+    st = dataset("megatron-straggler-st-8rank")
     layout = ParallelLayout.parse(f"dp={args.dp},pp=4")
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "b.duckdb") as store:
         t = time.perf_counter()
-        ingest(store, [DATASET], run="st", progress=False)
+        ingest(store, [st], run="st", progress=False)
         ingest_s = time.perf_counter() - t
         t = time.perf_counter()
         build_graph(store, "st")
@@ -63,7 +57,6 @@ def main() -> None:
             times.append(time.perf_counter() - t)
     assert report is not None
     best = min(times)
-    host = args.host_kind or f"{platform.machine()}-{os.cpu_count()}cpu".replace("_", "-")
     rows = [
         ("ingest (8 ranks)", f"{ingest_s:.2f} s"),
         ("build_graph (8 ranks)", f"{graph_s:.2f} s"),
@@ -75,22 +68,16 @@ def main() -> None:
         ),
         ("target", f"<= {TARGET_S:.0f} s: {'met' if best <= TARGET_S else 'MISSED'}"),
     ]
-    width = max(len(r[0]) for r in rows)
-    table = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
-    print(table)
+    text = table(rows)
+    print(text)
     if args.no_note:
         return
-    versions = ", ".join(
-        f"{p} {md.version(p)}" for p in ("prism-trace", "duckdb", "polars", "numpy")
-    )
-    note = HERE / "results" / f"slice_{host}_{dt.date.today().isoformat()}.md"
-    note.parent.mkdir(exist_ok=True)
-    note.write_text(
-        f"# slice: megatron-straggler-st-8rank → dp={args.dp},pp=4 ({layout.world_size} ranks)\n\n"
-        f"Command: `python benchmarks/bench_slice.py --dp {args.dp} --repeat {args.repeat}`\n\n"
-        f"```\n{table}\n```\n\n"
-        f"Host: {host}, {platform.processor() or platform.machine()}, Python"
-        f" {platform.python_version()}; {versions}; load average {os.getloadavg()}.\n"
+    note = write_note(
+        "slice",
+        host_kind(args.host_kind),
+        title=f"slice: megatron-straggler-st-8rank → dp={args.dp},pp=4 ({layout.world_size} ranks)",
+        command=f"python benchmarks/bench_slice.py --dp {args.dp} --repeat {args.repeat}",
+        body=f"```\n{text}\n```",
     )
     print(f"note: {note}")
 

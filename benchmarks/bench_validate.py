@@ -17,16 +17,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import importlib.metadata as md
-import os
-import platform
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-SHARED = Path(os.environ.get("PRISM_SHARED_DATASETS", HERE.parents[1] / "shared" / "datasets"))
+from _common import REPO, SHARED, host_kind, write_note
+
 SETS = (
     ("st", SHARED / "megatron-straggler-st-8rank", [0, 2, 4, 6], 0.1, 3.0),
     ("dlrm", SHARED / "param-dlrm-8rank", None, 0.1, None),
@@ -100,22 +95,16 @@ def main() -> None:
     print(table)
     if args.no_note:
         return
-    host = args.host_kind or f"{platform.machine()}-{os.cpu_count()}cpu".replace("_", "-")
-    versions = ", ".join(
-        f"{p} {md.version(p)}" for p in ("prism-trace", "duckdb", "polars", "numpy")
-    )
-    note = HERE / "results" / f"validate_{host}_{dt.date.today().isoformat()}.md"
-    note.parent.mkdir(exist_ok=True)
-    note.write_text(
-        "# validate: emulator replay and slice fidelity on the 8-rank sets\n\n"
-        f"Command: `python benchmarks/bench_validate.py --completion {args.completion}`\n\n"
-        f"```\n{table}\n```\n\n"
+    note = write_note(
+        "validate",
+        host_kind(args.host_kind),
+        title="validate: emulator replay and slice fidelity on the 8-rank sets",
+        command=f"python benchmarks/bench_validate.py --completion {args.completion}",
+        body=f"```\n{table}\n```\n\n"
         "Errors: mean over iterations of |emulated - recorded| / recorded of the iteration time"
         " (mean over ranks); worst: the largest error of one rank's iteration; peak mem: mean"
         " over ranks of |emulated - recorded| / recorded of the peak `total_allocated` (n/a:"
-        " no memory events in the recording).\n\n"
-        f"Host: {host}, {platform.processor() or platform.machine()}, Python"
-        f" {platform.python_version()}; {versions}.\n"
+        " no memory events in the recording).",
     )
     print(f"note: {note}")
 
