@@ -268,15 +268,33 @@ def slice_cmd(
 @click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
 @click.option("--out-run", required=True, help="Name of the emulated run.")
 @click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@click.option(
+    "--what-if",
+    "what_ifs",
+    multiple=True,
+    help="Repeatable: slow-ranks=3,5..7@1.2 | slow-ops=GLOB@1.5 | slow-kind=kernel@1.1 |"
+    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op].",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the variance mode.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
-def emulate_cmd(db: Path, run_name: str, out_run: str, replace: bool, as_json: bool) -> None:
+def emulate_cmd(
+    db: Path,
+    run_name: str,
+    out_run: str,
+    replace: bool,
+    what_ifs: tuple[str, ...],
+    seed: int,
+    as_json: bool,
+) -> None:
     """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
     from prism_trace.store import open_store
-    from replay import emulate_run
+    from replay import EmulationConfig, emulate_run
+    from replay.whatif import parse_what_if
 
+    config = EmulationConfig(what_if=parse_what_if(what_ifs), seed=seed)
     with open_store(db) as store:
-        report = emulate_run(store, run=run_name, out_run=out_run, replace=replace)
+        report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
 
 
@@ -284,16 +302,36 @@ def emulate_cmd(db: Path, run_name: str, out_run: str, replace: bool, as_json: b
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", required=True, help="A run whose ranks were all recorded.")
 @click.option("--slice-ranks", default=None, help="Recorded ranks to slice from, e.g. 0,2,4,6.")
+@click.option(
+    "--variance",
+    type=click.Choice(["iteration", "op"]),
+    default=None,
+    help="Also emulate the slice with each replica drawing its durations (seeded).",
+)
+@click.option("--seeds", type=int, default=5, show_default=True, help="Seeds of --variance.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
-def validate_cmd(db: Path, run_name: str, slice_ranks: str | None, as_json: bool) -> None:
+def validate_cmd(
+    db: Path,
+    run_name: str,
+    slice_ranks: str | None,
+    variance: str | None,
+    seeds: int,
+    as_json: bool,
+) -> None:
     """Iteration-time error of emulating RUN from all its ranks, and from a slice of them."""
     from prism_trace.store import open_store
     from replay import validate_run
 
     ranks = None if slice_ranks is None else [int(r) for r in slice_ranks.split(",") if r]
     with open_store(db) as store:
-        report = validate_run(store, run=run_name, slice_ranks=ranks)
+        report = validate_run(
+            store,
+            run=run_name,
+            slice_ranks=ranks,
+            variance=variance,  # type: ignore[arg-type]
+            seeds=seeds,
+        )
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
 
 

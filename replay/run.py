@@ -11,8 +11,10 @@ schema: ``rank`` (every rank of the world, with ``class_id``), ``comm_group``, `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
@@ -33,10 +35,19 @@ from replay.emulator import (
 from replay.memory import MEMORY_COLUMNS, memory_peaks, optimizer_shard_delta, retime_memory
 from replay.timing import TimingConfig, TransferQuery, recorded_completion, transfer_model
 from replay.topology import Topology
+from replay.whatif import (
+    WhatIfConfig,
+    WhatIfError,
+    expand_replicas,
+    resample_durations,
+    slow_factors,
+    spans_dp,
+)
 
 if TYPE_CHECKING:
     import duckdb
 
+    from prism_trace.parallel import ParallelLayout
     from prism_trace.store import Store
 
 __all__ = ["EmulationConfig", "EmulationReport", "MemoryConfig", "ReplayConfig", "emulate_run"]
@@ -93,13 +104,15 @@ class EmulationConfig:
         timing: the transfer-time model (``replay.timing.TimingConfig``).
         topology: the network (``replay.topology.Topology``), used by modelled transfers.
         memory: the memory replay (``MemoryConfig``).
-        seed: seed of any random model (none is random yet).
+        what_if: departures from the recording (``replay.whatif.WhatIfConfig``).
+        seed: seed of the random models (the variance mode).
     """
 
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     topology: Topology = field(default_factory=Topology)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
     seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -112,7 +125,7 @@ class EmulationConfig:
 
         Args:
             data: ``{"replay": {...}, "timing": {...}, "topology": {...}, "memory": {...},
-                "seed": 0}``.
+                "what_if": {...}, "seed": 0}``.
 
         Returns:
             The config (unknown keys raise ``TypeError``).
@@ -122,6 +135,7 @@ class EmulationConfig:
             timing=TimingConfig(**data.get("timing", {})),
             topology=Topology(**data.get("topology", {})),
             memory=MemoryConfig(**data.get("memory", {})),
+            what_if=WhatIfConfig(**data.get("what_if", {})),
             seed=int(data.get("seed", 0)),
         )
 
@@ -223,6 +237,11 @@ class _Inputs:
     edges: pl.DataFrame  # + s, d (node indices)
     origin: int
     notes: list[str] = field(default_factory=list)
+    # What-ifs (replay.whatif): ranks left out of the results, with why, and group sizes that
+    # differ from the communicator's for the transfer model.
+    left_out: dict[int, str] = field(default_factory=dict)
+    size_override: dict[int, int] = field(default_factory=dict)
+    parent_run_id: int | None = None  # the dp what-if: the run the user named, not the re-slice
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
@@ -546,9 +565,10 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         .sort("instance")
     )
     kinds = per["comm_kind"].fill_null(per["kind"]).to_numpy().astype(object)
+    size_of = {**g_size, **inputs.size_override}
     gsize = np.array(
         [
-            g_size.get(g, 2) if k == "collective" else 2
+            size_of.get(g, 2) if k == "collective" else 2
             for g, k in zip(per["group_id"].to_list(), per["kind"].to_list(), strict=True)
         ],
         dtype=np.int64,
@@ -573,7 +593,13 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     release = nodes["ts"].fill_null(inputs.origin).to_numpy().astype(np.int64) - inputs.origin
     graph = EmulatorGraph(
         unit=nodes["unit"].to_numpy(),
-        dur=np.maximum(nodes["dur"].fill_null(0).to_numpy().astype(np.int64), 0),
+        dur=np.maximum(
+            nodes["emu_dur" if "emu_dur" in nodes.columns else "dur"]
+            .fill_null(0)
+            .to_numpy()
+            .astype(np.int64),
+            0,
+        ),
         release=release,
         src=edges["s"].to_numpy(),
         dst=edges["d"].to_numpy(),
@@ -584,7 +610,10 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     skew = sync["skew"].fill_null(0).to_numpy().astype(np.int64)
     if config.replay.completion == "common":
         skew = np.zeros_like(skew)
-    comm = CommInstances(node=sidx, instance=inst, transfer=transfer[inst] + skew)
+    per_part = transfer[inst]
+    if "factor" in sync.columns:  # a slow-down of communication ops scales their transfer
+        per_part = np.rint(per_part * sync["factor"].fill_null(1.0).to_numpy()).astype(np.int64)
+    comm = CommInstances(node=sidx, instance=inst, transfer=per_part + skew)
     if n_inst == 0:
         comm = CommInstances.empty()
 
@@ -818,7 +847,9 @@ def rank_peaks(res: _Result) -> pl.DataFrame:
         return pl.DataFrame(schema={"rank": pl.Int64, "peak": pl.Int64})
     per_unit = memory_peaks(res.memory, by="unit")
     return (
-        res.inputs.rank_unit.filter(pl.col("unit") >= 0)
+        res.inputs.rank_unit.filter(
+            (pl.col("unit") >= 0) & ~pl.col("rank").is_in(list(res.inputs.left_out))
+        )
         .join(per_unit, on="unit")
         .select("rank", "peak")
         .sort("rank")
@@ -826,8 +857,11 @@ def rank_peaks(res: _Result) -> pl.DataFrame:
 
 
 def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
-    """Iterations of every rank of the world (members of a class share their exemplar's)."""
-    ru = res.inputs.rank_unit.filter(pl.col("unit") >= 0)
+    """Iterations of every rank of the world (members of a class share their exemplar's);
+    ranks a what-if left out (a removed GPU) have none."""
+    ru = res.inputs.rank_unit.filter(
+        (pl.col("unit") >= 0) & ~pl.col("rank").is_in(list(res.inputs.left_out))
+    )
     return (
         ru.join(per_unit, on="unit")
         .select(
@@ -985,21 +1019,44 @@ def _write(
             [
                 run_id,
                 out_run,
-                inputs.run_id,
+                inputs.parent_run_id or inputs.run_id,
                 inputs.world_size,
                 inputs.source_format,
                 now,
                 json.dumps(cfg),
             ],
         )
-        con.execute(
-            "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
-            " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
-            " SELECT $1, rank, backend, hostname, pid, device, class_id,"
-            " coalesce(represented_by, rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked, args"
-            " FROM rank WHERE run_id = $2",
-            [run_id, inputs.run_id],
+        # class_id: the rank whose events a rank shares (what-ifs may have expanded replicas);
+        # args.what_if: why a rank is left out of the results (a removed GPU and its slot).
+        ru = inputs.rank_unit.filter(pl.col("unit") >= 0)
+        owner = pl.DataFrame(
+            {
+                "rank": ru["rank"].to_numpy().astype(np.int32),
+                "owner": inputs.unit_rank[ru["unit"].to_numpy()].astype(np.int32),
+            }
+        ).join(
+            pl.DataFrame(
+                {"rank": list(inputs.left_out), "why": list(inputs.left_out.values())},
+                schema={"rank": pl.Int32, "why": pl.Utf8},
+            ),
+            on="rank",
+            how="left",
         )
+        con.register("_emu_owner", owner.to_arrow())
+        try:
+            con.execute(
+                "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
+                " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
+                " SELECT $1, r.rank, backend, hostname, pid, device,"
+                " CASE WHEN r.class_id IS NULL THEN NULL ELSE coalesce(o.owner, r.class_id) END,"
+                " coalesce(represented_by, r.rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked,"
+                " CASE WHEN o.why IS NULL THEN args ELSE json_merge_patch(coalesce(args, '{}'),"
+                " json_object('what_if', o.why)) END"
+                " FROM rank r LEFT JOIN _emu_owner o ON o.rank = r.rank WHERE r.run_id = $2",
+                [run_id, inputs.run_id],
+            )
+        finally:
+            con.unregister("_emu_owner")
         con.execute(
             "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
             " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
@@ -1046,6 +1103,154 @@ def _prepare(store: Store, run: str) -> _Inputs:
     return _load(store, run_id, name=run)
 
 
+def _run_layout(store: Store, run_id: int) -> ParallelLayout | None:
+    """The target layout a sliced run was made for (from its ``config_json``)."""
+    from prism_trace.parallel import ParallelLayout
+
+    rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
+    try:
+        cfg = json.loads(rows[0][0] or "{}")
+        return ParallelLayout.parse(cfg["layout"], cfg.get("order"))
+    except (KeyError, ValueError, TypeError, IndexError, PrismError):
+        return None
+
+
+def _reindex(inputs: _Inputs, nodes: pl.DataFrame, edges: pl.DataFrame, follow: np.ndarray) -> None:
+    """Recompute units, node indices and edge endpoints after the units changed (in place)."""
+    nodes = nodes.sort("rank", "node_id")
+    unit_rank = np.unique(nodes["rank"].to_numpy()).astype(np.int64)
+    src_of = nodes.group_by("rank").agg(pl.col("source_rank").first()).sort("rank")
+    keys, unit = _node_index(nodes, unit_rank)
+    nodes = nodes.with_columns(
+        pl.Series("unit", unit), pl.Series("idx", np.arange(nodes.height, dtype=np.int64))
+    )
+    e_unit = np.searchsorted(unit_rank, edges["rank"].to_numpy()).astype(np.int64)
+    s = _lookup(keys, e_unit, edges["src"].to_numpy(), "source")
+    d = _lookup(keys, e_unit, edges["dst"].to_numpy(), "destination")
+    pos = np.minimum(np.searchsorted(unit_rank, follow), unit_rank.size - 1)
+    r_unit = np.where(unit_rank[pos] == follow, pos, -1)
+    inputs.nodes = nodes
+    inputs.edges = edges.with_columns(pl.Series("s", s), pl.Series("d", d))
+    inputs.unit_rank = unit_rank
+    inputs.unit_source = src_of["source_rank"].to_numpy().astype(np.int64)
+    inputs.rank_unit = pl.DataFrame(
+        {"rank": np.arange(follow.size, dtype=np.int64), "unit": r_unit.astype(np.int64)}
+    )
+
+
+def _coords(store: Store, run_id: int) -> pl.DataFrame:
+    return _fetch(
+        store.con,
+        "SELECT rank, coalesce(class_id, rank) AS class_id, tp, dp FROM rank WHERE run_id = $1"
+        " ORDER BY rank",
+        [run_id],
+    )
+
+
+def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> None:
+    """Turn ``config.what_if`` into units, durations and group sizes (in place).
+
+    Expands the data-parallel replicas that a rank-targeted what-if or the variance mode makes
+    distinct (sliced runs only: a recorded run's units are its ranks already), then sets each
+    node's ``emu_dur`` (drawn, then scaled) and ``factor`` (multiplies a communication node's
+    transfer). See ``replay.whatif``.
+    """
+    w = config.what_if
+    world = inputs.world_size
+    targets = w.rank_targets()
+    bad = sorted(r for r in targets if not 0 <= r < world)
+    if bad:
+        msg = f"what-if rank {bad[0]} is outside the world of {world} ranks of run {inputs.run!r}"
+        raise WhatIfError(msg)
+    coords = _coords(store, inputs.run_id)
+    if inputs.kind == "sliced" and (targets or w.variance):
+        layout = _run_layout(store, inputs.run_id)
+        if layout is None:
+            msg = f"run {inputs.run!r}: sliced run without a layout in its config"
+            raise WhatIfError(msg)
+        dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].to_list(), strict=True))
+        replicas = set(range(layout.dp)) if w.variance else {int(dp_of[r]) for r in targets}
+        groups = _fetch(
+            store.con,
+            "SELECT group_id, axis, ranks FROM comm_group WHERE run_id = $1",
+            [inputs.run_id],
+        )
+        exp = expand_replicas(
+            inputs.nodes.drop("unit", "idx"),
+            inputs.edges.drop("s", "d"),
+            ranks=coords.select("rank", "class_id"),
+            groups=groups,
+            layout=layout,
+            replicas=replicas,
+        )
+        _reindex(inputs, exp.nodes, exp.edges, exp.rank_unit_rank)
+        inputs.notes += exp.notes
+
+    nodes = inputs.nodes
+    unit_rank = inputs.unit_rank
+    extra = np.ones(nodes.height)
+    if w.remove_gpu is not None:
+        extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
+    dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
+    if w.variance:
+        draw = np.ones(unit_rank.size, dtype=bool)
+        if inputs.kind == "sliced":
+            # The representative replica (dp 0, the class exemplars) keeps its recorded timing:
+            # it *is* the recording; every other replica is a virtual peer and draws.
+            dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].to_list(), strict=True))
+            draw = np.array([dp_of.get(int(r), 0) != 0 for r in unit_rank], dtype=bool)
+        dur = resample_durations(nodes, draw, seed=config.seed, mode=w.variance_mode)
+        inputs.notes.append(
+            f"variance ({w.variance_mode} mode, seed {config.seed}): {int(draw.sum())} of"
+            f" {draw.size} units draw their durations from their representative's iterations"
+        )
+    factor = slow_factors(nodes, w.slow, extra=extra)
+    is_comm = nodes["kind"].is_in(_COMM).to_numpy()
+    emu = np.where(is_comm, dur, np.rint(dur * factor)).astype(np.int64)
+    inputs.nodes = nodes.with_columns(
+        pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
+    )
+
+
+def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) -> np.ndarray:
+    """The failed-GPU what-if: per-node compute factor; fills ``left_out``/``size_override``."""
+    c = coords.filter(pl.col("rank") == rank)
+    if c.is_empty() or c["tp"][0] is None or c["dp"][0] is None:
+        msg = (
+            f"run {inputs.run!r}: rank {rank} has no tp/dp coordinates (run `prism graph` so the"
+            " layout is inferred)"
+        )
+        raise WhatIfError(msg)
+    tp_of, dp_of = int(c["tp"][0]), int(c["dp"][0])
+    n_tp = int(coords["tp"].max()) + 1
+    if n_tp < 2:
+        msg = (
+            f"run {inputs.run!r}: removing rank {rank} leaves tp = 0 in its replica; with tp = 1"
+            " a failed GPU removes the whole replica: use the what-if dp=N-1 instead"
+        )
+        raise WhatIfError(msg)
+    replica = coords.filter(pl.col("dp") == dp_of)
+    slot = replica.filter(pl.col("tp") == tp_of)["rank"].to_list()
+    inputs.left_out = {int(r): ("removed" if r == rank else "idle") for r in slot}
+    scale = n_tp / (n_tp - 1)
+    in_replica = np.isin(inputs.nodes["rank"].to_numpy(), replica["rank"].to_numpy())
+    groups = _fetch(
+        store.con,
+        "SELECT group_id, size, ranks, axis FROM comm_group WHERE run_id = $1",
+        [inputs.run_id],
+    )
+    for gid, size, members, axis in groups.iter_rows():
+        tp_group = axis is not None and "tp" in str(axis).split("-") and not spans_dp(axis)
+        if tp_group and members and any(int(m) in inputs.left_out for m in members):
+            inputs.size_override[int(gid)] = int(size) - 1
+    inputs.notes.append(
+        f"remove-gpu {rank}: replica dp={dp_of} runs at tp={n_tp - 1}; its compute x{scale:.4f},"
+        f" {len(inputs.size_override)} tp groups at {n_tp - 1} members; ranks"
+        f" {sorted(inputs.left_out)} (tp slot {tp_of}) leave the results"
+    )
+    return np.where(in_replica, scale, 1.0)
+
+
 def _iteration_summary(iters: pl.DataFrame) -> list[dict[str, Any]]:
     if iters.is_empty():
         return []
@@ -1083,11 +1288,83 @@ def emulate_in_memory(
         The internal result and the ``iteration`` rows (``rank, iteration, ts, dur, name``).
     """
     config = config or EmulationConfig()
+    with _dp_what_if(store, run, config) as target:
+        inputs = _prepare_what_if(store, target, config, input_run=run)
+        res = _emulate(store, inputs, config)
+        res.memory = _memory(store, res, config)
+        per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
+        return res, _rank_iterations(res, per_unit)
+
+
+def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_run: str) -> _Inputs:
+    """``_prepare`` plus the what-ifs; ``run`` may be the temporary re-slice of ``input_run``."""
     inputs = _prepare(store, run)
-    res = _emulate(store, inputs, config)
-    res.memory = _memory(store, res, config)
-    per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
-    return res, _rank_iterations(res, per_unit)
+    if run != input_run:  # the dp what-if: report against the run the user named
+        inputs.parent_run_id = store.require_run(input_run)
+        inputs.run = input_run
+    if config.what_if.active:
+        _apply_what_if(store, inputs, config)
+    return inputs
+
+
+@contextlib.contextmanager
+def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str]:
+    """The run to emulate: ``run`` itself, or, for the ``dp`` what-if, a temporary re-slice.
+
+    A recorded run is sliced to its inferred layout with the new dp; a sliced run is re-sliced
+    from its parent with the same representatives. The temporary run is deleted afterwards.
+    """
+    dp = config.what_if.dp
+    if dp is None:
+        yield run
+        return
+    from dataclasses import replace
+
+    from prism_trace.parallel import infer_layout
+    from prism_trace.slicing import slice_run
+
+    run_id = store.require_run(run)
+    ((kind, parent),) = store.con.execute(
+        "SELECT kind, parent_run_id FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    from_ranks: list[int] | None = None
+    if kind == "sliced":
+        layout = _run_layout(store, run_id)
+        ((source,),) = store.con.execute(
+            "SELECT name FROM run WHERE run_id = ?", [parent]
+        ).fetchall()
+        from_ranks = sorted(
+            int(r)
+            for (r,) in store.con.execute(
+                "SELECT DISTINCT represented_by FROM rank WHERE run_id = ?", [run_id]
+            ).fetchall()
+        )
+    elif kind == "recorded":
+        layout, source = infer_layout(store, run), run
+    else:
+        msg = f"{store.path}: run {run!r} is {kind}; the dp what-if needs a recorded or sliced run"
+        raise WhatIfError(msg)
+    if layout is None:
+        msg = f"{store.path}: run {run!r} has no layout to change dp in"
+        raise WhatIfError(msg)
+    target = replace(layout, dp=dp)
+    tmp = f"_what_if_dp{dp}_{run}"
+    slice_run(
+        store,
+        run=source,
+        layout=target,
+        world=target.world_size,
+        from_ranks=from_ranks,
+        out_run=tmp,
+        replace=True,
+    )
+    try:
+        yield tmp
+    finally:
+        tmp_id = store.run_id(tmp)
+        if tmp_id is not None:
+            with store.transaction() as con:
+                _delete_run(con, tmp_id)
 
 
 def emulate_run(
@@ -1128,17 +1405,18 @@ def emulate_run(
         msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
         raise PrismError(msg)
     old_id = _check_out_run(store, out_run, replace=replace)
-    inputs = _prepare(store, run)
-    t_load = time.perf_counter() - t0
-    res = _emulate(store, inputs, config)
-    res.memory = _memory(store, res, config)
-    per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
-    iters = _rank_iterations(res, per_unit)
-    t1 = time.perf_counter()
-    run_id, n_events, n_iter = _write(
-        store, res, iters, out_run=out_run, old_id=old_id, config=config
-    )
-    t_write = time.perf_counter() - t1
+    with _dp_what_if(store, run, config) as target:
+        inputs = _prepare_what_if(store, target, config, input_run=run)
+        t_load = time.perf_counter() - t0
+        res = _emulate(store, inputs, config)
+        res.memory = _memory(store, res, config)
+        per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
+        iters = _rank_iterations(res, per_unit)
+        t1 = time.perf_counter()
+        run_id, n_events, n_iter = _write(
+            store, res, iters, out_run=out_run, old_id=old_id, config=config
+        )
+        t_write = time.perf_counter() - t1
     members = inputs.rank_unit.filter(pl.col("unit") >= 0).group_by("unit").len()
     per_unit_nodes = inputs.nodes.group_by("unit").len().rename({"len": "nodes"})
     represented = int(
@@ -1151,7 +1429,7 @@ def emulate_run(
         run=out_run,
         run_id=run_id,
         input_run=run,
-        input_run_id=inputs.run_id,
+        input_run_id=inputs.parent_run_id or inputs.run_id,
         input_kind=inputs.kind,
         world_size=inputs.world_size,
         units=int(inputs.unit_rank.size),

@@ -8,9 +8,10 @@ left in the store: the temporary sliced run is deleted again.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
@@ -18,6 +19,7 @@ import polars as pl
 from prism_trace.errors import PrismError
 from prism_trace.parallel import ParallelAxis, infer_layout
 from replay.run import EmulationConfig, _delete_run, emulate_in_memory, rank_peaks
+from replay.whatif import WhatIfConfig
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -113,6 +115,14 @@ def _mean_abs(errors: list[IterationError] | None) -> float | None:
     return float(np.mean([abs(e.error_pct) for e in errors]))
 
 
+def _mean_time_error(errors: list[IterationError] | None) -> float | None:
+    if not errors:
+        return None
+    rec = float(np.mean([e.recorded_ns for e in errors]))
+    emu = float(np.mean([e.emulated_ns for e in errors]))
+    return 100.0 * (emu - rec) / rec if rec else None
+
+
 def _max_rank(errors: list[IterationError] | None) -> float | None:
     if not errors:
         return None
@@ -131,6 +141,9 @@ class ValidationReport:
     slice: list[IterationError] | None
     replay_memory: list[RankPeak] | None = None
     slice_memory: list[RankPeak] | None = None
+    variance: list[IterationError] | None = None
+    variance_mode: str | None = None
+    variance_seeds: int = 0
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -143,6 +156,22 @@ class ValidationReport:
     def slice_iteration_time_error_pct(self) -> float | None:
         """Mean over iterations of ``|error_pct|`` of the emulation from the sliced run."""
         return _mean_abs(self.slice)
+
+    @property
+    def slice_mean_iteration_time_error_pct(self) -> float | None:
+        """Signed error of the sliced emulation's mean iteration time over all iterations."""
+        return _mean_time_error(self.slice)
+
+    @property
+    def variance_iteration_time_error_pct(self) -> float | None:
+        """Mean over iterations of ``|error_pct|`` of the sliced emulation in variance mode
+        (each iteration's emulated time averaged over the seeds)."""
+        return _mean_abs(self.variance)
+
+    @property
+    def variance_mean_iteration_time_error_pct(self) -> float | None:
+        """Signed error of the variance-mode mean iteration time over all iterations."""
+        return _mean_time_error(self.variance)
 
     @property
     def peak_memory_error_pct(self) -> float | None:
@@ -169,10 +198,18 @@ class ValidationReport:
             "replay_max_rank_error_pct": r(_max_rank(self.replay)),
             "slice_iteration_time_error_pct": r(self.slice_iteration_time_error_pct),
             "slice_max_rank_error_pct": r(_max_rank(self.slice)),
+            "slice_mean_iteration_time_error_pct": r(self.slice_mean_iteration_time_error_pct),
+            "variance_mode": self.variance_mode,
+            "variance_seeds": self.variance_seeds,
+            "variance_iteration_time_error_pct": r(self.variance_iteration_time_error_pct),
+            "variance_mean_iteration_time_error_pct": r(
+                self.variance_mean_iteration_time_error_pct
+            ),
             "peak_memory_error_pct": r(self.peak_memory_error_pct),
             "slice_peak_memory_error_pct": r(self.slice_peak_memory_error_pct),
             "replay": [e.as_dict() for e in self.replay],
             "slice": None if self.slice is None else [e.as_dict() for e in self.slice],
+            "variance": None if self.variance is None else [e.as_dict() for e in self.variance],
             "replay_memory": None
             if self.replay_memory is None
             else [e.as_dict() for e in self.replay_memory],
@@ -199,7 +236,14 @@ class ValidationReport:
             lines.append(
                 f"  sliced from ranks {self.slice_ranks}: mean |error|"
                 f" {pct(self.slice_iteration_time_error_pct)} (worst rank"
-                f" {pct(_max_rank(self.slice))})"
+                f" {pct(_max_rank(self.slice))}); mean iteration"
+                f" {pct(self.slice_mean_iteration_time_error_pct)}"
+            )
+        if self.variance is not None:
+            lines.append(
+                f"  sliced, variance mode ({self.variance_mode}, {self.variance_seeds} seeds):"
+                f" mean |error| {pct(self.variance_iteration_time_error_pct)}; mean iteration"
+                f" {pct(self.variance_mean_iteration_time_error_pct)}"
             )
         if self.replay_memory is None:
             lines.append("  peak memory: n/a (no memory events recorded)")
@@ -252,6 +296,8 @@ def validate_run(
     run: str,
     slice_ranks: list[int] | None = None,
     config: EmulationConfig | None = None,
+    variance: Literal["iteration", "op"] | None = None,
+    seeds: int = 5,
 ) -> ValidationReport:
     """Measure emulation fidelity on a run whose every rank was recorded.
 
@@ -266,7 +312,11 @@ def validate_run(
         run: a recorded run with every rank of its world recorded.
         slice_ranks: ranks to slice from (default: the ranks with data-parallel coordinate 0
             under the inferred layout, i.e. one replica).
-        config: the emulation config for both checks.
+        config: the emulation config for both checks (its what-ifs are ignored: validation
+            compares with the recording as it happened).
+        variance: also emulate the slice in this variance mode (``replay.whatif``), once per
+            seed ``0 .. seeds-1``, and compare the per-iteration mean over seeds.
+        seeds: number of seeds of the variance check.
 
     Returns:
         The per-iteration errors of both checks.
@@ -275,6 +325,7 @@ def validate_run(
         PrismError: no such run, not a recorded run, ranks missing, or no iterations recorded.
     """
     t0 = time.perf_counter()
+    config = dataclasses.replace(config or EmulationConfig(), what_if=WhatIfConfig())
     run_id = store.require_run(run)
     ((kind, world),) = store.con.execute(
         "SELECT kind, world_size FROM run WHERE run_id = ?", [run_id]
@@ -316,6 +367,7 @@ def validate_run(
 
     layout_spec: str | None = None
     sliced: list[IterationError] | None = None
+    variance_errors: list[IterationError] | None = None
     try:
         layout = infer_layout(store, run)
         layout_spec = layout.spec
@@ -344,6 +396,17 @@ def validate_run(
             res_s, emulated_s = emulate_in_memory(store, run=tmp, config=config)
             sliced = _compare(emulated_s, recorded)
             slice_memory = _compare_memory(rank_peaks(res_s), rec_peaks)
+            if variance is not None:
+                draws = []
+                for seed in range(seeds):
+                    cfg = dataclasses.replace(
+                        config,
+                        what_if=WhatIfConfig(variance=True, variance_mode=variance),
+                        seed=seed,
+                    )
+                    draws.append(emulate_in_memory(store, run=tmp, config=cfg)[1])
+                mean = pl.concat(draws).group_by("rank", "iteration").agg(pl.col("dur").mean())
+                variance_errors = _compare(mean, recorded)
         except PrismError as exc:
             notes.append(f"slice check failed: {exc}")
         finally:
@@ -360,6 +423,9 @@ def validate_run(
         slice=sliced,
         replay_memory=replay_memory,
         slice_memory=slice_memory,
+        variance=variance_errors,
+        variance_mode=variance,
+        variance_seeds=seeds if variance_errors is not None else 0,
         notes=notes,
         seconds={"replay": t_replay, "total": time.perf_counter() - t0},
     )
