@@ -12,6 +12,7 @@ schema: ``rank`` (every rank of the world, with ``class_id``), ``comm_group``, `
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -394,6 +395,10 @@ def _recorded_transfers(store: Store, inputs: _Inputs) -> pl.DataFrame:
                 "node_id": pl.Int64,
                 "transfer": pl.Int64,
                 "skew": pl.Int64,
+                "rec_size": pl.Int64,
+                "rec_lo": pl.Int64,
+                "rec_hi": pl.Int64,
+                "rec_bytes": pl.Int64,
             }
         )
     k_ts = nodes["ts"].fill_null(0).to_numpy()
@@ -429,12 +434,33 @@ def _recorded_transfers(store: Store, inputs: _Inputs) -> pl.DataFrame:
     inst[lone] = nc + npp + np.arange(lone.size)
     n_inst = nc + npp + lone.size
     transfer, skew = recorded_completion(inst, start, dur, n_inst)
+    # The recorded shape of each node's instance (group size, member range), for the transfer
+    # model's ratio at a changed scale.
+    src_id = inputs.run_id if inputs.kind == "recorded" else inputs.source_run_id
+    gids = sorted({int(g) for g in group[group >= 0]})
+    groups = _groups(store, src_id, gids)
+    g_size = dict(zip(groups["group_id"].to_list(), groups["size"].to_list(), strict=True))
+    g_lo, g_hi = {}, {}
+    for g, m in zip(groups["group_id"].to_list(), groups["ranks"].to_list(), strict=True):
+        if m:
+            g_lo[g], g_hi[g] = min(m), max(m)
+    rec_size = np.array([g_size.get(int(g)) or 2 for g in group], dtype=np.int64)
+    rec_lo = np.array([g_lo.get(int(g), r) for g, r in zip(group, rank, strict=True)])
+    rec_hi = np.array([g_hi.get(int(g), r) for g, r in zip(group, rank, strict=True)])
+    pp = ~is_coll
+    rec_size[pp] = 2
+    rec_lo[pp] = np.minimum(rank[pp], np.where(peer[pp] >= 0, peer[pp], rank[pp]))
+    rec_hi[pp] = np.maximum(rank[pp], peer[pp])
     return pl.DataFrame(
         {
             "source_rank": rank,
             "node_id": sync["node_id"].to_numpy().astype(np.int64),
             "transfer": transfer[inst],
             "skew": skew,
+            "rec_size": rec_size,
+            "rec_lo": rec_lo.astype(np.int64),
+            "rec_hi": rec_hi.astype(np.int64),
+            "rec_bytes": sync["msg_bytes"].fill_null(-1).to_numpy().astype(np.int64),
         }
     )
 
@@ -561,6 +587,10 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
             pl.col("r").max().alias("hi"),
             pl.col("peer").min().alias("plo"),
             pl.col("peer").max().alias("phi"),
+            pl.col("rec_size").max(),
+            pl.col("rec_lo").min(),
+            pl.col("rec_hi").max(),
+            pl.col("rec_bytes").max(),
         )
         .sort("instance")
     )
@@ -579,14 +609,37 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         m = g_members.get(g) if g is not None else None
         if per["kind"][i] == "collective" and m is not None and m.size:
             lo[i], hi[i] = m.min(), m.max()
-    model = transfer_model(config.timing, config.topology)
+    topology = config.topology
+    if config.what_if.bandwidth_scale is not None:
+        topology = dataclasses.replace(
+            topology, bandwidth_scale=topology.bandwidth_scale * config.what_if.bandwidth_scale
+        )
+    if config.timing.calibrate:
+        from replay.calibrate import calibrate_run
+
+        cal = calibrate_run(store, inputs.source_run_id, base=topology)
+        topology = cal.topology
+        inputs.notes.extend(cal.notes)
+    model = transfer_model(config.timing, topology)
+    n_nodes, _ = topology.group_nodes(lo, hi, gsize)
+    rec_size = per["rec_size"].fill_null(pl.Series(gsize)).to_numpy().astype(np.int64)
+    rec_nodes, _ = topology.group_nodes(
+        per["rec_lo"].fill_null(pl.Series(lo)).to_numpy(),
+        per["rec_hi"].fill_null(pl.Series(hi)).to_numpy(),
+        rec_size,
+    )
+    msg = per["msg_bytes"].fill_null(-1).to_numpy()
     transfer = model.transfer(
         TransferQuery(
             kind=kinds,
-            msg_bytes=per["msg_bytes"].fill_null(-1).to_numpy(),
+            msg_bytes=msg,
             group_size=gsize,
-            spans_nodes=config.topology.spans_nodes(lo, hi),
+            spans_nodes=n_nodes > 1,
             recorded_ns=per["transfer"].to_numpy().astype(np.int64),
+            n_nodes=n_nodes,
+            recorded_group_size=rec_size,
+            recorded_msg_bytes=per["rec_bytes"].fill_null(pl.Series(msg)).to_numpy(),
+            recorded_n_nodes=rec_nodes,
         )
     )
 

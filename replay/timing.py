@@ -1,14 +1,21 @@
-"""Transfer times of communication instances: replayed from the recording, or modelled.
+"""Transfer times of communication instances: replayed from the recording, scaled, or modelled.
 
 A communication node's recorded duration includes the time it waited for the other side, so it is
 not a transfer time. The pure transfer time of an instance is the duration recorded by its *last
 arriver* (the participant that started last did not wait): ``recorded_transfer``. That is exact at
 the recorded scale and is the default (``TimingConfig.model = "recorded"``).
 
-The hook for changed scales is ``TransferModel``: given each instance's kind, message size,
-group size, whether it spans nodes and its recorded transfer, it returns the transfer to emulate.
-``AlphaBetaTransfer`` is a first topology-aware model (ring algorithms on ``replay.topology``);
-it is not calibrated and not the default.
+At another scale the transfer comes from ``collective_cost``: NCCL's algorithms (ring, double
+binary tree, pairwise all-to-all, p2p) as alpha-beta costs on the two link classes of
+``replay.topology``, with nccl-tests bus-bandwidth conventions, the algorithm NCCL's tuner would
+pick (least time), and a group's nodes and ranks per node. Three models use it:
+
+- ``recorded``: the recorded transfer; with a bandwidth what-if, times the model's ratio.
+- ``scaled``: the recorded transfer times ``model(emulated) / model(recorded)`` (keeps each
+  instance's own deviation from the model); the pure model where nothing was recorded.
+- ``alpha_beta``: the pure model.
+
+Formulas, presets and calibration (``replay.calibrate``): ``docs/network.md``.
 """
 
 from __future__ import annotations
@@ -22,14 +29,20 @@ from replay.topology import Topology
 
 __all__ = [
     "AlphaBetaTransfer",
+    "CollectiveCost",
     "RecordedTransfer",
+    "ScaledTransfer",
     "TimingConfig",
     "TransferModel",
     "TransferQuery",
+    "bus_factor",
+    "collective_cost",
     "recorded_completion",
     "recorded_transfer",
     "transfer_model",
 ]
+
+Algorithm = Literal["auto", "ring", "tree"]
 
 
 def recorded_completion(
@@ -90,16 +103,195 @@ def recorded_transfer(
     return out
 
 
+# -- the cost model ------------------------------------------------------------------------------
+
+_ALL_REDUCE = ("all_reduce", "barrier")  # barrier: an all_reduce of one element in torch
+_RING_ONCE = ("all_gather", "reduce_scatter", "gather", "scatter")
+_P2P = ("send", "recv")
+
+
+def bus_factor(kind: np.ndarray, group_size: np.ndarray) -> np.ndarray:
+    """nccl-tests' ``busbw / algbw`` per collective kind (doc/PERFORMANCE.md in nccl-tests).
+
+    all_reduce ``2(n-1)/n``; all_gather, reduce_scatter, all_to_all (and gather, scatter)
+    ``(n-1)/n``; broadcast, reduce, send, recv (and unknown kinds) 1.
+
+    Args:
+        kind: collective kind per instance.
+        group_size: participants per instance.
+
+    Returns:
+        Float array.
+    """
+    kinds = np.asarray(kind, dtype=object)
+    n = np.maximum(np.asarray(group_size, dtype=np.float64), 1.0)
+    out = np.ones(n.size)
+    ar = np.isin(kinds, _ALL_REDUCE)
+    out[ar] = 2.0 * (n[ar] - 1.0) / n[ar]
+    once = np.isin(kinds, (*_RING_ONCE, "all_to_all"))
+    out[once] = (n[once] - 1.0) / n[once]
+    return out
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """The alpha-beta terms of each instance, split by link class (arrays of one length).
+
+    ``time = intra_steps * alpha_intra + inter_steps * alpha_inter
+    + max(intra_bytes / bw_intra, inter_bytes / bw_inter)``: latency adds up hop by hop, while the
+    two link classes move data at the same time, so the slower one bounds the bandwidth term.
+
+    Attributes:
+        algorithm: ``ring``, ``tree``, ``pairwise`` (all_to_all), ``p2p`` or ``none`` (one rank).
+        intra_steps: latency steps on intra-node links.
+        inter_steps: latency steps on inter-node links.
+        intra_bytes: bytes one GPU moves over NVLink on the critical path, in bus-bandwidth units.
+        inter_bytes: bytes one GPU's NIC moves, in the same units.
+    """
+
+    algorithm: np.ndarray
+    intra_steps: np.ndarray
+    inter_steps: np.ndarray
+    intra_bytes: np.ndarray
+    inter_bytes: np.ndarray
+
+    def latency_ns(self, topology: Topology) -> np.ndarray:
+        """The latency term, ns (independent of the bandwidth what-if)."""
+        return self.intra_steps * float(topology.intra_node_latency_ns) + self.inter_steps * float(
+            topology.inter_node_latency_ns
+        )
+
+    def bandwidth_ns(self, topology: Topology) -> np.ndarray:
+        """The bandwidth term, ns, at the topology's effective (what-if) bandwidths."""
+        return np.maximum(
+            self.intra_bytes / topology.intra_bytes_per_ns,
+            self.inter_bytes / topology.inter_bytes_per_ns,
+        )
+
+    def time_ns(self, topology: Topology) -> np.ndarray:
+        """Latency plus bandwidth term, ns (float)."""
+        return self.latency_ns(topology) + self.bandwidth_ns(topology)
+
+
+def collective_cost(
+    kind: np.ndarray,
+    msg_bytes: np.ndarray,
+    group_size: np.ndarray,
+    n_nodes: np.ndarray,
+    topology: Topology,
+    *,
+    algorithm: Algorithm = "auto",
+) -> CollectiveCost:
+    """Alpha-beta terms of instances under NCCL's algorithms (vectorised).
+
+    With ``n`` ranks on ``N`` nodes, ``g = ceil(n / N)`` per node and ``S = msg_bytes``
+    (nccl-tests size), steps and critical-path bytes are:
+
+    | kind | algorithm | intra / inter steps | intra / inter bytes |
+    |---|---|---|---|
+    | all_reduce | ring | ``2(n-N)`` / ``2(N-1)`` | ``X = 2(n-1)/n S`` / ``X/g`` (0 if N = 1) |
+    | all_reduce | tree (``N > 1``) | ``2(g-1)`` / ``2 ceil(log2 N)`` | ``X = 2S/eff`` / ``X/g`` |
+    | all_gather, reduce_scatter | ring | ``n-N`` / ``N-1`` | ``(n-1)/n S`` / that ``/g`` |
+    | broadcast, reduce | ring (pipelined) | ``n-N`` / ``N-1`` | ``S`` / ``S/g`` |
+    | all_to_all | pairwise | ``g-1`` / ``n-g`` | ``(g-1)/n S`` / ``(n-g)/n S`` |
+    | send, recv | p2p | 1 / 0 (``N = 1``) or 0 / 1 | ``S`` on the one link class |
+
+    Step counts are NCCL's tuner's (``nsteps``, ``nInterSteps``; tree: intra-node chain plus an
+    inter-node double binary tree). A ring crossing nodes leaves each node through the NICs of the
+    group's ``g`` GPUs there, so its inter-node bandwidth is ``g`` times one GPU's NIC (capped by
+    NVLink through the max in ``CollectiveCost``). ``eff`` is ``topology.tree_efficiency``. With
+    ``algorithm="auto"``, an all_reduce over several nodes takes whichever of ring and tree is
+    faster (NCCL's tuner); ``"ring"``/``"tree"`` force one (like ``NCCL_ALGO``).
+
+    Args:
+        kind: collective kind (``all_reduce``, ...) or ``send``/``recv`` per instance.
+        msg_bytes: nccl-tests size per instance (negative: unknown, treated as 0).
+        group_size: participants per instance.
+        n_nodes: nodes the group spans (clipped to ``[1, group_size]``).
+        topology: link parameters (used to choose ring vs tree).
+        algorithm: ``auto``, ``ring`` or ``tree`` (all_reduce only).
+
+    Returns:
+        The terms per instance.
+    """
+    kinds = np.asarray(kind, dtype=object)
+    n = np.maximum(np.asarray(group_size, dtype=np.float64), 1.0)
+    nodes = np.clip(np.asarray(n_nodes, dtype=np.float64), 1.0, n)
+    g = np.ceil(n / nodes)
+    size = np.maximum(np.asarray(msg_bytes, dtype=np.float64), 0.0)
+    multi = nodes > 1
+    factor = bus_factor(kinds, n)
+
+    # ring (every collective but all_to_all and p2p), pipelined chain for broadcast/reduce
+    ar = np.isin(kinds, _ALL_REDUCE)
+    steps = np.where(ar, 2.0, 1.0)
+    intra_steps = steps * (n - nodes)
+    inter_steps = steps * (nodes - 1.0)
+    intra_bytes = factor * size
+    inter_bytes = np.where(multi, intra_bytes / g, 0.0)
+    algo = np.full(n.size, "ring", dtype=object)
+
+    a2a = kinds == "all_to_all"
+    intra_steps[a2a] = g[a2a] - 1.0
+    inter_steps[a2a] = n[a2a] - g[a2a]
+    intra_bytes[a2a] = (g[a2a] - 1.0) / n[a2a] * size[a2a]
+    inter_bytes[a2a] = (n[a2a] - g[a2a]) / n[a2a] * size[a2a]
+    algo[a2a] = "pairwise"
+
+    p2p = np.isin(kinds, _P2P)
+    intra_steps[p2p] = np.where(multi[p2p], 0.0, 1.0)
+    inter_steps[p2p] = np.where(multi[p2p], 1.0, 0.0)
+    intra_bytes[p2p] = np.where(multi[p2p], 0.0, size[p2p])
+    inter_bytes[p2p] = np.where(multi[p2p], size[p2p], 0.0)
+    algo[p2p] = "p2p"
+
+    ring = CollectiveCost(algo, intra_steps, inter_steps, intra_bytes, inter_bytes)
+    if algorithm != "ring" and ar.any():
+        t_bytes = 2.0 * size / float(topology.tree_efficiency)
+        tree = CollectiveCost(
+            np.full(n.size, "tree", dtype=object),
+            2.0 * (g - 1.0),
+            2.0 * np.ceil(np.log2(nodes)),
+            t_bytes,
+            np.where(multi, t_bytes / g, 0.0),
+        )
+        if algorithm == "tree":
+            use = ar
+        else:
+            use = ar & multi & (tree.time_ns(topology) < ring.time_ns(topology))
+        ring = CollectiveCost(*(np.where(use, getattr(tree, f), getattr(ring, f)) for f in _F))
+    lone = n <= 1  # a group of one moves nothing
+    if lone.any():
+        ring = CollectiveCost(
+            np.where(lone, "none", ring.algorithm).astype(object),
+            *(np.where(lone, 0.0, getattr(ring, f)) for f in _F[1:]),
+        )
+    return ring
+
+
+_F = ("algorithm", "intra_steps", "inter_steps", "intra_bytes", "inter_bytes")
+
+
+# -- what a model is told --------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class TransferQuery:
     """What a transfer model is told about each instance (arrays of one length).
 
     Attributes:
         kind: collective kind (``all_reduce``, ...) or ``send``/``recv``.
-        msg_bytes: nccl-tests size (``max(in, out)``); -1 when unknown.
-        group_size: participants of the group (at the emulated scale).
-        spans_nodes: the group crosses a node boundary.
-        recorded_ns: the recorded transfer of the representative instance.
+        msg_bytes: nccl-tests size (``max(in, out)``) at the emulated scale; -1 when unknown.
+        group_size: participants of the group at the emulated scale.
+        spans_nodes: the group crosses a node boundary (at the emulated scale).
+        recorded_ns: the recorded transfer of the representative instance (0: none recorded).
+        n_nodes: nodes the group spans at the emulated scale (``Topology.group_nodes``); None:
+            1 where it does not span nodes, else ``max(2, ceil(group_size / ranks_per_node))``.
+        recorded_group_size: participants of the recorded instance; None: ``group_size``.
+        recorded_msg_bytes: size of the recorded instance; None: ``msg_bytes``.
+        recorded_n_nodes: nodes of the recorded instance; None: ``n_nodes`` where the group size
+            is unchanged, else the group's ranks per node are kept
+            (``ceil(recorded_group_size / ceil(group_size / n_nodes))``).
     """
 
     kind: np.ndarray
@@ -107,6 +299,32 @@ class TransferQuery:
     group_size: np.ndarray
     spans_nodes: np.ndarray
     recorded_ns: np.ndarray
+    n_nodes: np.ndarray | None = None
+    recorded_group_size: np.ndarray | None = None
+    recorded_msg_bytes: np.ndarray | None = None
+    recorded_n_nodes: np.ndarray | None = None
+
+    def shapes(self, topology: Topology) -> tuple[np.ndarray, ...]:
+        """``(size, n, nodes, rec_size, rec_n, rec_nodes)``, defaults filled in (int64)."""
+        n = np.maximum(np.asarray(self.group_size, dtype=np.int64), 1)
+        size = np.asarray(self.msg_bytes, dtype=np.int64)
+        if self.n_nodes is None:
+            spread = np.maximum(-(-n // topology.ranks_per_node), 2)
+            nodes = np.where(np.asarray(self.spans_nodes, dtype=bool), spread, 1)
+        else:
+            nodes = np.asarray(self.n_nodes, dtype=np.int64)
+        nodes = np.clip(nodes, 1, n)
+        rec_n = n if self.recorded_group_size is None else self.recorded_group_size
+        rec_n = np.maximum(np.asarray(rec_n, dtype=np.int64), 1)
+        rec_size = size if self.recorded_msg_bytes is None else self.recorded_msg_bytes
+        rec_size = np.asarray(rec_size, dtype=np.int64)
+        if self.recorded_n_nodes is None:
+            per = -(-n // nodes)
+            rec_nodes = np.where(rec_n == n, nodes, -(-rec_n // per))
+        else:
+            rec_nodes = np.asarray(self.recorded_n_nodes, dtype=np.int64)
+        rec_nodes = np.clip(rec_nodes, 1, rec_n)
+        return size, n, nodes, rec_size, rec_n, rec_nodes
 
 
 class TransferModel(Protocol):
@@ -117,64 +335,137 @@ class TransferModel(Protocol):
         ...
 
 
+def _ratio_scaled(
+    query: TransferQuery, topology: Topology, algorithm: Algorithm, *, rescale: bool
+) -> np.ndarray:
+    """``recorded * model(emulated) / model(recorded)``; pure model where nothing was recorded.
+
+    ``rescale=False`` (the ``recorded`` model) evaluates both sides at the recorded shape, so only
+    a bandwidth what-if changes anything.
+    """
+    size, n, nodes, rec_size, rec_n, rec_nodes = query.shapes(topology)
+    if not rescale:
+        size, n, nodes = rec_size, rec_n, rec_nodes
+    recorded = np.asarray(query.recorded_ns, dtype=np.int64)
+    kinds = np.asarray(query.kind, dtype=object)
+    base = topology.unscaled()
+    new = collective_cost(kinds, size, n, nodes, topology, algorithm=algorithm).time_ns(topology)
+    old = collective_cost(kinds, rec_size, rec_n, rec_nodes, base, algorithm=algorithm).time_ns(
+        base
+    )
+    same = (size == rec_size) & (n == rec_n) & (nodes == rec_nodes) & (not topology.scaled)
+    known = (size >= 0) & (rec_size >= 0)
+    has = recorded > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.where(old > 0, recorded * (new / old), new)
+    unknown = recorded.astype(np.float64)
+    if topology.scaled:
+        # No message size (e.g. op timelines): all of the recording beyond the modelled latency
+        # is taken as bandwidth time, so a bandwidth what-if still acts on it.
+        zero = np.zeros_like(rec_size)
+        lat = collective_cost(kinds, zero, rec_n, rec_nodes, base, algorithm=algorithm).time_ns(
+            base
+        )
+        lat = np.minimum(lat, unknown)
+        s_eff = np.where(
+            rec_nodes > 1,
+            topology.inter_bytes_per_ns / base.inter_bytes_per_ns,
+            topology.intra_bytes_per_ns / base.intra_bytes_per_ns,
+        )
+        unknown = lat + (unknown - lat) / s_eff
+    out = np.where(same, recorded, np.where(known, scaled, unknown))  # something recorded
+    out = np.where(has, out, np.where(size >= 0, new, recorded))  # nothing: the pure model
+    return np.rint(out).astype(np.int64)
+
+
+@dataclass(frozen=True)
 class RecordedTransfer:
-    """Replay the recorded transfer time (exact at the recorded scale)."""
+    """Replay the recorded transfer time (exact at the recorded scale).
+
+    Group and message sizes of the emulation are ignored. A bandwidth what-if
+    (``Topology.bandwidth_scale`` ...) still applies: the transfer becomes
+    ``recorded * model(what-if) / model(recorded network)`` at the recorded shape, i.e. the
+    modelled bandwidth term is rescaled and the latency term kept.
+    """
+
+    topology: Topology = field(default_factory=Topology)
+    algorithm: Algorithm = "auto"
 
     def transfer(self, query: TransferQuery) -> np.ndarray:
-        """The recorded transfer, unchanged."""
-        return np.asarray(query.recorded_ns, dtype=np.int64)
+        """The recorded transfer (rescaled only by a bandwidth what-if)."""
+        recorded = np.asarray(query.recorded_ns, dtype=np.int64)
+        if not self.topology.scaled:
+            return recorded
+        out = _ratio_scaled(query, self.topology, self.algorithm, rescale=False)
+        return np.where(recorded > 0, out, recorded)
 
 
-_BUS_FACTOR = {  # bytes each rank moves, as a multiple of msg_bytes, for ring algorithms
-    "all_reduce": lambda n: 2.0 * (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-}
-_STEPS = {"all_reduce": lambda n: 2.0 * (n - 1)}
+@dataclass(frozen=True)
+class ScaledTransfer:
+    """The recorded transfer carried to another scale by the model's ratio.
+
+    ``recorded * model(emulated group, size, network) / model(recorded group, size, network)``:
+    exactly the recording where nothing changed, and each instance keeps its own deviation from
+    the model (contention, protocol effects) as a factor. Where nothing was recorded
+    (``recorded_ns <= 0``) the pure model; where the size is unknown, the recording.
+    """
+
+    topology: Topology = field(default_factory=Topology)
+    algorithm: Algorithm = "auto"
+
+    def transfer(self, query: TransferQuery) -> np.ndarray:
+        """Scaled transfer per instance, ns."""
+        return _ratio_scaled(query, self.topology, self.algorithm, rescale=True)
 
 
 @dataclass(frozen=True)
 class AlphaBetaTransfer:
-    """Ring alpha-beta model: ``steps * alpha + factor(n) * msg_bytes / bandwidth``.
+    """The pure model: ``collective_cost(...).time_ns`` at the emulated shape.
 
-    ``factor`` is the nccl-tests bus factor (all_reduce ``2(n-1)/n``, all_gather/reduce_scatter/
-    all_to_all ``(n-1)/n``, send/recv/broadcast 1), steps ``2(n-1)`` for all_reduce, ``n-1`` for
-    the other collectives, 1 for p2p. Instances without a message size keep the recorded time.
+    Instances without a message size keep the recorded time.
     """
 
     topology: Topology = field(default_factory=Topology)
+    algorithm: Algorithm = "auto"
+
+    def cost(self, query: TransferQuery) -> CollectiveCost:
+        """The terms per instance (which algorithm, steps, bytes): for reports and tests."""
+        size, n, nodes, *_ = query.shapes(self.topology)
+        return collective_cost(query.kind, size, n, nodes, self.topology, algorithm=self.algorithm)
 
     def transfer(self, query: TransferQuery) -> np.ndarray:
         """Modelled transfer per instance, ns."""
-        n = np.maximum(np.asarray(query.group_size, dtype=np.float64), 1.0)
-        kinds = np.asarray(query.kind, dtype=object)
-        factor = np.ones(n.size)
-        steps = np.maximum(n - 1.0, 1.0)
-        for kind, f in _BUS_FACTOR.items():
-            m = kinds == kind
-            factor[m] = f(n[m])
-        for kind, f in _STEPS.items():
-            m = kinds == kind
-            steps[m] = f(n[m])
-        p2p = (kinds == "send") | (kinds == "recv")
-        steps[p2p] = 1.0
-        alpha, beta = self.topology.alpha_beta(query.spans_nodes)
-        size = np.asarray(query.msg_bytes, dtype=np.float64)
-        model = steps * alpha + factor * np.maximum(size, 0.0) / beta
-        known = size >= 0
-        return np.where(known, np.rint(model), query.recorded_ns).astype(np.int64)
+        size = np.asarray(query.msg_bytes, dtype=np.int64)
+        model = self.cost(query).time_ns(self.topology)
+        return np.where(size >= 0, np.rint(model), query.recorded_ns).astype(np.int64)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimingConfig:
-    """The ``timing`` section of ``EmulationConfig``.
+    """The ``timing`` section of ``EmulationConfig`` (JSON-serialisable).
 
     Attributes:
-        model: ``recorded`` (the last arriver's recorded transfer) or ``alpha_beta``.
+        model: ``scaled`` (default: the recorded transfer, times the model's ratio where the
+            group size, message size, node span or bandwidth changed), ``recorded`` (the last
+            arriver's recorded transfer, ignoring scale) or ``alpha_beta`` (the pure model).
+        calibrate: fit the topology's latencies and bandwidths to the recorded run before
+            modelling (``replay.calibrate.calibrate_run``; link classes without data keep the
+            preset's values).
+        algorithm: all_reduce algorithm: ``auto`` (least modelled time, as NCCL's tuner),
+            ``ring`` or ``tree`` (as ``NCCL_ALGO``).
     """
 
-    model: Literal["recorded", "alpha_beta"] = "recorded"
+    model: Literal["recorded", "scaled", "alpha_beta"] = "scaled"
+    calibrate: bool = False
+    algorithm: Algorithm = "auto"
+
+    def __post_init__(self) -> None:
+        if self.model not in ("recorded", "scaled", "alpha_beta"):
+            msg = f"timing `model` must be recorded, scaled or alpha_beta, got {self.model!r}"
+            raise ValueError(msg)
+        if self.algorithm not in ("auto", "ring", "tree"):
+            msg = f"timing `algorithm` must be auto, ring or tree, got {self.algorithm!r}"
+            raise ValueError(msg)
 
 
 def transfer_model(config: TimingConfig, topology: Topology) -> TransferModel:
@@ -182,11 +473,13 @@ def transfer_model(config: TimingConfig, topology: Topology) -> TransferModel:
 
     Args:
         config: the timing section.
-        topology: the topology section (used by ``alpha_beta``).
+        topology: the topology section (calibrated already when ``config.calibrate``).
 
     Returns:
         The model.
     """
     if config.model == "alpha_beta":
-        return AlphaBetaTransfer(topology)
-    return RecordedTransfer()
+        return AlphaBetaTransfer(topology, config.algorithm)
+    if config.model == "scaled":
+        return ScaledTransfer(topology, config.algorithm)
+    return RecordedTransfer(topology, config.algorithm)
