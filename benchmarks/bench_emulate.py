@@ -1,21 +1,26 @@
-"""Emulation benchmark: the 8-rank Megatron op timeline sliced to 8192 ranks (dp=2048,pp=4).
+"""Emulation benchmark: an 8-rank recording sliced to 8192 ranks, emulated (what-ifs optional).
 
-Ingests ``megatron-straggler-st-8rank`` into a temporary store, builds its graph, slices it to
-``dp=2048,pp=4`` (world 8192), then times ``emulate_run`` on the sliced run ``--repeat`` times
-(each into a fresh run name, so every repetition writes everything). Target: at most 30 s.
-Prints a table (with events/s: nodes of the whole world, i.e. class nodes x class members, per
-second of the DES core and of the whole call) and writes ``results/emulate_<host>_<date>.md``
-unless ``--no-note``.
+``--source st`` (default) ingests ``megatron-straggler-st-8rank`` (dp2 x pp4 op timeline) and
+slices it to ``dp=2048,pp=4``; ``--source sample`` takes the bundled generated gloo sample
+(tp2 x dp2 x pp2, real torch run) and slices it to ``tp=2,dp=2048,pp=2``. Either way the world is
+8192 ranks. Then it times ``emulate_run`` on the sliced run ``--repeat`` times (each into a fresh
+run name, so every repetition writes everything), with the ``--what-if`` words given (e.g.
+``variance``: every replica its own units, the worst case for speed). Targets: at most 30 s and
+8 GB (peak RSS of this process). Prints a table (with events/s: nodes of the whole world, i.e.
+class nodes x class members, per second of the DES core and of the whole call) and writes
+``results/emulate_<host>_<date>.md`` unless ``--no-note``.
 
 Usage::
 
     python benchmarks/bench_emulate.py
+    python benchmarks/bench_emulate.py --source sample --what-if variance --repeat 1
     python benchmarks/bench_emulate.py --dp 4096 --repeat 3 --no-note
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -28,7 +33,9 @@ TARGET_S = 30.0
 def main() -> None:
     """Run the benchmark and print (and note) the timings."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dp", type=int, default=2048, help="target data-parallel size (pp stays 4)")
+    ap.add_argument("--dp", type=int, default=2048, help="target data-parallel size")
+    ap.add_argument("--source", choices=["st", "sample"], default="st")
+    ap.add_argument("--what-if", action="append", default=[], help="as prism emulate --what-if")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
@@ -39,21 +46,27 @@ def main() -> None:
     from prism_trace.parallel import ParallelLayout
     from prism_trace.slicing import slice_run
     from prism_trace.store import open_store
-    from replay.run import emulate_run
+    from replay.run import EmulationConfig, emulate_run
+    from replay.whatif import parse_what_if
 
-    st = dataset("megatron-straggler-st-8rank")
-    layout = ParallelLayout.parse(f"dp={args.dp},pp=4")
+    if args.source == "st":
+        src = dataset("megatron-straggler-st-8rank")
+        layout = ParallelLayout.parse(f"dp={args.dp},pp=4")
+    else:
+        src = Path(__file__).resolve().parents[1] / "datasets" / "sample"
+        layout = ParallelLayout.parse(f"tp=2,dp={args.dp},pp=2")
+    config = EmulationConfig(what_if=parse_what_if(args.what_if))
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "b.duckdb") as store:
-        ingest(store, [st], run="st", progress=False)
-        build_graph(store, "st")
+        ingest(store, [src], run="src", progress=False)
+        build_graph(store, "src")
         t = time.perf_counter()
-        slice_run(store, run="st", layout=layout, world=layout.world_size, out_run="big")
+        slice_run(store, run="src", layout=layout, world=layout.world_size, out_run="big")
         slice_s = time.perf_counter() - t
         times = []
         report = None
         for i in range(args.repeat):
             t = time.perf_counter()
-            report = emulate_run(store, run="big", out_run=f"emu{i}")
+            report = emulate_run(store, run="big", out_run=f"emu{i}", config=config)
             times.append(time.perf_counter() - t)
         ((n_iter,),) = store.con.execute(
             "SELECT count(*) FROM iteration WHERE run_id = ?", [report.run_id]
@@ -61,7 +74,9 @@ def main() -> None:
     assert report is not None
     best = min(times)
     core = report.seconds["emulate"]
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     rows = [
+        ("source / what-ifs", f"{args.source} / {' '.join(args.what_if) or 'none'}"),
         (f"slice to {layout.world_size} ranks", f"{slice_s:.2f} s"),
         (f"emulate_run (best of {args.repeat})", f"{best:.2f} s"),
         ("emulate_run, all repetitions", ", ".join(f"{x:.2f}" for x in times) + " s"),
@@ -80,18 +95,26 @@ def main() -> None:
         ("events/s, DES core", f"{report.represented_events / core:,.0f}"),
         ("events/s, whole emulate_run", f"{report.represented_events / best:,.0f}"),
         ("rows written: event / iteration", f"{report.events_written} / {n_iter}"),
-        ("target", f"<= {TARGET_S:.0f} s: {'met' if best <= TARGET_S else 'MISSED'}"),
+        ("peak RSS of the process", f"{peak_gb:.2f} GB"),
+        (
+            "targets",
+            f"<= {TARGET_S:.0f} s: {'met' if best <= TARGET_S else 'MISSED'};"
+            f" <= 8 GB: {'met' if peak_gb <= 8 else 'MISSED'}",
+        ),
     ]
     text = table(rows)
     print(text)
     if args.no_note:
         return
+    theme = "emulate" + ("" if args.source == "st" else f"_{args.source}")
+    theme += "".join(f"_{w.split('=')[0]}" for w in args.what_if)
     note = write_note(
-        "emulate",
+        theme,
         host_kind(args.host_kind),
-        title=f"emulate: megatron-straggler-st-8rank sliced to dp={args.dp},pp=4"
-        f" ({layout.world_size} ranks)",
-        command=f"python benchmarks/bench_emulate.py --dp {args.dp} --repeat {args.repeat}",
+        title=f"emulate: {args.source} sliced to {layout.spec} ({layout.world_size} ranks)"
+        + (f", what-ifs {' '.join(args.what_if)}" if args.what_if else ""),
+        command=f"python benchmarks/bench_emulate.py --source {args.source} --dp {args.dp}"
+        f" --repeat {args.repeat}" + "".join(f" --what-if {w}" for w in args.what_if),
         body=f"```\n{text}\n```",
     )
     print(f"note: {note}")

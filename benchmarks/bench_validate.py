@@ -12,6 +12,11 @@ Usage::
 
     python benchmarks/bench_validate.py
     python benchmarks/bench_validate.py --completion common --no-note
+    python benchmarks/bench_validate.py --variance iteration --seeds 5
+
+``--variance`` adds the variance-mode check of the slice (``prism validate --variance``): the
+mean-iteration-time error (signed) of the deterministic slice and of the variance mode, and the
+variance mode's mean |per-iteration error|.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def main() -> None:
     """Run the validations and print (and note) the errors."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--completion", choices=("per_rank", "common"), default="per_rank")
+    ap.add_argument("--variance", choices=("iteration", "op"), default=None)
+    ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
@@ -59,14 +66,23 @@ def main() -> None:
         "peak mem slice",
         "targets",
     )
+    if args.variance:
+        header = (*header, "slice mean-iter", f"{args.variance} err", f"{args.variance} mean-iter")
     rows = [header]
     for name, path, ranks, replay_target, slice_target in SETS:
         if not path.is_dir():
-            rows.append((name, "-", "missing", "", "", "", "", "", "", str(path)))
+            rows.append((name, "-", "missing", *[""] * (len(header) - 4), str(path)))
             continue
         with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "v.duckdb") as store:
             ingest(store, [path], run=name, progress=False)
-            rep = validate_run(store, run=name, slice_ranks=ranks, config=config)
+            rep = validate_run(
+                store,
+                run=name,
+                slice_ranks=ranks,
+                config=config,
+                variance=args.variance,
+                seeds=args.seeds,
+            )
         d = rep.as_dict()
         met = [
             f"replay <= {replay_target} %: "
@@ -88,6 +104,15 @@ def main() -> None:
                 _pct(d["slice_peak_memory_error_pct"]),
                 "; ".join(met),
             )
+            + (
+                (
+                    _pct(d["slice_mean_iteration_time_error_pct"]),
+                    _pct(d["variance_iteration_time_error_pct"]),
+                    _pct(d["variance_mean_iteration_time_error_pct"]),
+                )
+                if args.variance
+                else ()
+            )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
@@ -96,10 +121,11 @@ def main() -> None:
     if args.no_note:
         return
     note = write_note(
-        "validate",
+        "validate" + (f"_variance_{args.variance}" if args.variance else ""),
         host_kind(args.host_kind),
         title="validate: emulator replay and slice fidelity on the 8-rank sets",
-        command=f"python benchmarks/bench_validate.py --completion {args.completion}",
+        command=f"python benchmarks/bench_validate.py --completion {args.completion}"
+        + (f" --variance {args.variance} --seeds {args.seeds}" if args.variance else ""),
         body=f"```\n{table}\n```\n\n"
         "Errors: mean over iterations of |emulated - recorded| / recorded of the iteration time"
         " (mean over ranks); worst: the largest error of one rank's iteration; peak mem: mean"

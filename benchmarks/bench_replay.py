@@ -1,0 +1,119 @@
+"""Replay overhead: time the replay machinery adds between ops, against the ops' own time.
+
+``replay_run`` executes a rank's ops as generated straight-line code; between two ops it reads
+the clock, drops dead tensors and rebuilds the occasional view. With ``gaps="none"`` (ops back to
+back) every ns between the end of one unit and the start of the next is machinery; the figure is
+``sum(between) / sum(op time)`` per measured pass (``RankReplay.overhead_pct_passes``), the median
+over passes reported. Target: <= 2 %.
+
+Sets: rank 0 of the bundled sample (tiny ops: hidden 64, median op a few us) and a generated
+1-rank run of a larger model (``--hidden``, ``--seq``), where ops take tens of us, as in real
+training. 1 CPU thread.
+
+Usage::
+
+    python benchmarks/bench_replay.py
+    python benchmarks/bench_replay.py --passes 20 --hidden 512 --no-note
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from _common import REPO, host_kind, table, write_note
+
+
+def _measure(store: object, run: str, rank: int, passes: int) -> dict[str, float]:
+    from replay.hybrid import ReplayOptions, replay_run
+
+    opts = ReplayOptions(iterations=passes, warmup=2, gaps="none", memory=False, threads=1)
+    rep = replay_run(
+        store,
+        run=run,
+        ranks=[rank],
+        out_run=f"{run}-overhead",
+        options=opts,  # type: ignore[arg-type]
+        replace=True,
+    )
+    r = rep.ranks[0]
+    ov = r.overhead_pct_passes
+    # The same ops' recorded durations (they include the recording's profiler and ET observer).
+    ((rec_ns,),) = store.con.execute(  # type: ignore[attr-defined]
+        "SELECT sum(rec.dur) FROM event rp JOIN run p ON p.run_id = rp.run_id"
+        " JOIN et_op o ON o.run_id = p.parent_run_id AND o.rank = rp.rank"
+        " AND o.node_id = rp.event_id JOIN event rec ON rec.run_id = o.run_id"
+        " AND rec.rank = o.rank AND rec.event_id = o.event_id"
+        " WHERE rp.run_id = ? AND rp.category = 'cpu_op'",
+        [rep.run_id],
+    ).fetchall()
+    return {
+        "ops": r.support["compute_units"],
+        "op_ms": r.op_ns / 1e6,
+        "median_pct": statistics.median(ov),
+        "min_pct": min(ov),
+        "max_pct": max(ov),
+        "per_op_ns": r.overhead_ns / max(r.support["compute_units"], 1),
+        "recorded_op_ms": (rec_ns or 0) / 1e6,
+    }
+
+
+def main() -> None:
+    """Measure and print (and note) the overhead."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--passes", type=int, default=10)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--host-kind", default=None)
+    ap.add_argument("--no-note", action="store_true")
+    args = ap.parse_args()
+
+    from datasets._model import ModelConfig
+    from datasets.generate import JobConfig, generate
+    from prism_trace.ingest import ingest
+    from prism_trace.store import open_store
+
+    tmp = Path(tempfile.mkdtemp(prefix="prism-replay-bench-"))
+    store = open_store(tmp / "b.duckdb")
+    ingest(store, [REPO / "datasets" / "sample"], run="sample", progress=False)
+    t0 = time.perf_counter()
+    model = replace(ModelConfig(), hidden=args.hidden, seq=args.seq)
+    generate(tmp / "big", JobConfig(dp=1, tp=1, pp=1, steps=2, microbatches=2, model=model))
+    ingest(store, [tmp / "big"], run="big", progress=False)
+    rows: list[tuple[str, str]] = []
+    for label, run in (
+        ("sample rank 0 (hidden 64)", "sample"),
+        (f"1-rank hidden {args.hidden} seq {args.seq}", "big"),
+    ):
+        m = _measure(store, run, 0, args.passes)
+        rows.append(
+            (
+                label,
+                f"{m['ops']:.0f} ops, {m['op_ms']:.1f} ms of op time per pass (recorded, with the"
+                f" profiler: {m['recorded_op_ms']:.1f} ms); machinery"
+                f" {m['median_pct']:.2f} % of op time (median of {args.passes} passes; min"
+                f" {m['min_pct']:.2f}, max {m['max_pct']:.2f}); {m['per_op_ns']:.0f} ns per op",
+            )
+        )
+    store.close()
+    body = table(rows)
+    print(body)
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    if not args.no_note:
+        note = write_note(
+            "replay-overhead",
+            host_kind(args.host_kind),
+            title="Replay machinery overhead (gaps none, 1 thread)",
+            command=f"python benchmarks/bench_replay.py --passes {args.passes}"
+            f" --hidden {args.hidden} --seq {args.seq}",
+            body="```\n" + body + "\n```",
+        )
+        print(f"wrote {note}")
+
+
+if __name__ == "__main__":
+    main()

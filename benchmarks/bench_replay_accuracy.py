@@ -1,0 +1,151 @@
+"""Replay accuracy on CPU: a real 2-rank gloo run, rank 0 replayed with rank 1 as a virtual peer.
+
+1. Record a real gloo run of 2 ranks on all ranks with the dataset generator
+   (``datasets.generate``; one process and ``torch.set_num_threads(1)`` per rank, so the two
+   ranks can have a core each), layout ``--layout`` (default ``pp=2``: rank 0 waits for rank 1's
+   pipeline stage, so the virtual peer's timing matters).
+2. Ingest it and build its graph.
+3. Replay rank 0 alone (``replay_run``, 1 thread), rank 1 virtual, once per ``--instrument``:
+   ``none`` (the ops as they are) and ``profiler`` (under the recording's instrumentation, whose
+   per-op cost every recorded duration includes; docs/replay.md).
+4. ``validate_replayed``: iteration-time error per iteration and of the mean, and peak-memory
+   error, against the recording. Target on CPU: <= 5 %.
+
+Prints a table and writes ``results/replay-accuracy_<host>_<date>.md`` unless ``--no-note``.
+
+Usage::
+
+    python benchmarks/bench_replay_accuracy.py
+    python benchmarks/bench_replay_accuracy.py --layout dp=2 --steps 4 --iterations 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from _common import host_kind, table, write_note
+
+
+def _layout(spec: str) -> dict[str, int]:
+    out = {"dp": 1, "tp": 1, "pp": 1}
+    for part in spec.split(","):
+        k, _, v = part.partition("=")
+        out[k.strip()] = int(v)
+    if out["dp"] * out["tp"] * out["pp"] != 2:
+        raise SystemExit(f"--layout {spec}: the experiment is 2 ranks")
+    return out
+
+
+def main() -> None:
+    """Record, replay, validate; print (and note) the errors."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layout", default="pp=2", help="2 ranks: pp=2, dp=2 or tp=2")
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps of the recording")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--iterations", type=int, default=3, help="measured replay passes")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--instrument", default="none,profiler")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the recording and store here")
+    ap.add_argument("--host-kind", default=None)
+    ap.add_argument("--no-note", action="store_true")
+    args = ap.parse_args()
+
+    from dataclasses import replace
+
+    from datasets._model import ModelConfig
+    from datasets.generate import JobConfig, generate
+    from prism_trace.graph import build_graph
+    from prism_trace.ingest import ingest
+    from prism_trace.store import open_store
+    from replay.hybrid import ReplayOptions, replay_run
+    from replay.validate import validate_replayed
+
+    lay = _layout(args.layout)
+    root = args.keep or Path(tempfile.mkdtemp(prefix="prism-replay-acc-"))
+    root.mkdir(parents=True, exist_ok=True)
+    rec_dir = root / "recording"
+    t0 = time.perf_counter()
+    cfg = JobConfig(
+        **lay,
+        steps=args.steps,
+        microbatches=args.microbatches,
+        model=replace(ModelConfig(), hidden=args.hidden),
+    )
+    generate(rec_dir, cfg)
+    t_gen = time.perf_counter() - t0
+    store = open_store(root / "acc.duckdb")
+    ingest(store, [rec_dir], run="rec", progress=False, replace=True)
+    build_graph(store, "rec")
+    rows: list[tuple[str, str]] = [
+        ("recording", f"{args.layout}, {args.steps} profiled steps, generated in {t_gen:.1f} s"),
+    ]
+    results = {}
+    for inst in [s for s in args.instrument.split(",") if s]:
+        opts = ReplayOptions(
+            iterations=args.iterations,
+            warmup=args.warmup,
+            threads=1,
+            instrument=inst,  # type: ignore[arg-type]
+        )
+        rep = replay_run(
+            store, run="rec", ranks=[0], out_run=f"rep-{inst}", options=opts, replace=True
+        )
+        v = validate_replayed(store, replayed=f"rep-{inst}")
+        r = rep.ranks[0]
+        results[inst] = {"replay": rep.as_dict(), "validation": v.as_dict()}
+        its = ", ".join(
+            f"#{e.iteration} {e.emulated_ns / 1e6:.1f}/{e.recorded_ns / 1e6:.1f} ms"
+            f" ({e.error_pct:+.2f} %)"
+            for e in v.iterations
+        )
+        rows += [
+            (f"[{inst}] supported ops", f"{r.support['supported']}/{r.support['compute_units']}"),
+            (f"[{inst}] iterations replayed/recorded", its),
+            (
+                f"[{inst}] iteration-time error",
+                f"mean |error| {v.iteration_time_error_pct:.2f} %,"
+                f" error of the mean {v.mean_iteration_error_pct:+.2f} %",
+            ),
+            (
+                f"[{inst}] peak memory error",
+                "n/a"
+                if v.peak_memory_error_pct is None
+                else f"{v.memory[0].emulated} / {v.memory[0].recorded} B"  # type: ignore[index]
+                f" ({v.memory[0].error_pct:+.2f} %)",
+            ),  # type: ignore[index]
+            (
+                f"[{inst}] op / comm / gap time",
+                f"{r.op_ns / 1e6:.1f} / {r.comm_ns / 1e6:.1f} /"
+                f" {r.gap_ns / 1e6:.1f} ms (representative pass)",
+            ),
+        ]
+    store.close()
+    body = table(rows)
+    print(body)
+    (root / "results.json").write_text(json.dumps(results, indent=1))
+    if not args.no_note:
+        cmd = "python benchmarks/bench_replay_accuracy.py " + " ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, v in (
+                ("layout", args.layout),
+                ("steps", args.steps),
+                ("iterations", args.iterations),
+            )
+        )
+        note = write_note(
+            "replay-accuracy-" + args.layout.replace("=", "").replace(",", "-"),
+            host_kind(args.host_kind),
+            title="Replay accuracy: 2-rank gloo run, rank 0 replayed, rank 1 virtual",
+            command=cmd,
+            body="```\n" + body + "\n```",
+        )
+        print(f"wrote {note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,994 @@
+"""Hybrid replay: real kernels for a few ranks, virtual peers for the rest → a ``replayed`` run.
+
+``replay_run`` takes a recorded or sliced run and the ranks to run for real. For each of them it
+rebuilds the compute ops from the host ET (``replay.kernels``), executes them on the device, and
+replays every communication call from the peers' schedule (``replay.peers``): no data moves to a
+virtual peer; the call completes when the emulator's timeline of the same run says the peers
+allow (``max(real arrival, peers' arrival) + transfer``), the replay clock being aligned with the
+emulated one at each iteration start. The recorded host gaps between ops (Python and framework
+time outside any op) are spent as recorded (``gaps="recorded"``), since replaying kernels cannot
+reproduce them. The measured run is stored as kind ``replayed`` in the same schema. See
+docs/replay.md for the rules and the measured accuracy and overhead.
+
+torch is imported inside the functions that need it, never at module import.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import polars as pl
+
+from prism_trace.errors import DuplicateRunError, PrismError
+from replay.kernels import (
+    Program,
+    build_program,
+    check_program,
+    compile_pass,
+    external_buffers,
+    make_externals,
+    select_units,
+)
+from replay.peers import PeerSchedule, _schedule
+from replay.run import _delete_run, _insert
+
+if TYPE_CHECKING:
+    from prism_trace.store import Store
+    from replay.run import EmulationConfig
+
+__all__ = ["RankReplay", "ReplayOptions", "ReplayReport", "replay_run"]
+
+_SPIN_SLEEP_NS = 2_000_000
+"""Waits longer than this sleep first and spin only the last ``_SPIN_SLEEP_NS``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayOptions:
+    """How a replay runs; stored in ``run.config_json``.
+
+    Attributes:
+        device: ``cpu`` or ``cuda`` (recorded compute devices map to it).
+        iterations: measured passes over the recorded iterations.
+        warmup: passes before those, not measured.
+        substitute_recorded: ops that cannot be rebuilt take their recorded duration instead of
+            making the replay fail.
+        gaps: ``recorded``: spend the recorded host time between ops (framework and Python work
+            no kernel replay reproduces); ``none``: run the ops back to back.
+        instrument: ``none``, or ``profiler``: run the measured passes under the recording's
+            instrumentation (torch.profiler with shapes and memory, plus an
+            ExecutionTraceObserver), whose per-op cost is part of every recorded duration; this
+            is how a replay is compared with a profiled recording (docs/replay.md).
+        memory: measure peak memory (CPU: allocator events of one profiled pass; CUDA:
+            ``torch.cuda.max_memory_allocated``).
+        seed: seed of the random tensor data.
+        threads: intra-op CPU threads (``torch.set_num_threads``) during the replay; None
+            keeps torch's setting. Use the recording's (the bundled generator runs 1 per rank).
+    """
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    iterations: int = 3
+    warmup: int = 1
+    substitute_recorded: bool = False
+    gaps: Literal["recorded", "none"] = "recorded"
+    instrument: Literal["none", "profiler"] = "none"
+    memory: bool = True
+    seed: int = 0
+    threads: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+
+@dataclass
+class RankReplay:
+    """What one rank's replay measured (the representative pass is the median one)."""
+
+    rank: int
+    source_rank: int
+    support: dict[str, Any]
+    iterations: list[int]
+    recorded_ns: dict[int, int]
+    emulated_ns: dict[int, int]
+    passes_ns: list[dict[int, int]]
+    representative_ns: dict[int, int] = field(default_factory=dict)
+    overhead_pct_passes: list[float] = field(default_factory=list)
+    op_ns: int = 0
+    comm_ns: int = 0
+    gap_ns: int = 0
+    overhead_ns: int = 0
+    peak_memory: int | None = None
+    frames: dict[str, pl.DataFrame] = field(default_factory=dict, repr=False)
+
+    @property
+    def replayed_ns(self) -> dict[int, int]:
+        """Per iteration, the stored duration: that of the median pass (by total time)."""
+        return self.representative_ns
+
+    @property
+    def overhead_pct(self) -> float:
+        """Replay machinery time (between units, beyond the recorded gaps) over op time, %."""
+        return 100.0 * self.overhead_ns / self.op_ns if self.op_ns else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "rank": self.rank,
+            "source_rank": self.source_rank,
+            "support": self.support,
+            "iterations": [
+                {
+                    "iteration": i,
+                    "recorded_ns": self.recorded_ns.get(i),
+                    "emulated_ns": self.emulated_ns.get(i),
+                    "replayed_ns": self.replayed_ns[i],
+                    "passes_ns": [p[i] for p in self.passes_ns],
+                }
+                for i in self.iterations
+            ],
+            "op_ns": self.op_ns,
+            "comm_ns": self.comm_ns,
+            "gap_ns": self.gap_ns,
+            "overhead_ns": self.overhead_ns,
+            "overhead_pct": round(self.overhead_pct, 4),
+            "overhead_pct_passes": [round(x, 4) for x in self.overhead_pct_passes],
+            "peak_memory": self.peak_memory,
+        }
+
+
+@dataclass
+class ReplayReport:
+    """What ``replay_run`` did."""
+
+    run: str
+    run_id: int
+    input_run: str
+    device: str
+    options: ReplayOptions
+    ranks: list[RankReplay]
+    seconds: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "run": self.run,
+            "run_id": self.run_id,
+            "input_run": self.input_run,
+            "device": self.device,
+            "options": self.options.as_dict(),
+            "ranks": [r.as_dict() for r in self.ranks],
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "notes": self.notes,
+        }
+
+    def summary(self) -> str:
+        """A few lines for the CLI."""
+        lines = [
+            f"replayed run {self.run!r} (id {self.run_id}) from {self.input_run!r} on"
+            f" {self.device}: ranks {[r.rank for r in self.ranks]}"
+        ]
+        for r in self.ranks:
+            s = r.support
+            lines.append(
+                f"  rank {r.rank}: {s['supported']}/{s['compute_units']} compute ops rebuilt,"
+                f" {s['comm_units']} communication calls; overhead {r.overhead_pct:.2f} % of"
+                f" op time; peak memory {r.peak_memory}"
+            )
+            for u in s["unsupported_ops"]:
+                lines.append(f"    unsupported {u['name']} x{u['count']}: {u['reason']}")
+            for i in r.iterations:
+                rec, rep = r.recorded_ns.get(i), r.replayed_ns[i]
+                err = f" ({100.0 * (rep - rec) / rec:+.2f} %)" if rec else ""
+                lines.append(
+                    f"    iteration {i}: replayed {rep / 1e6:.3f} ms, recorded"
+                    f" {(rec or 0) / 1e6:.3f} ms{err}"
+                )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+# -- loading ----------------------------------------------------------------
+
+
+@dataclass
+class _RankInputs:
+    rank: int
+    source_rank: int
+    ops: pl.DataFrame
+    events: pl.DataFrame  # event_id, ts, dur, category, track_id, iteration
+    iterations: pl.DataFrame  # iteration, ts, dur, name (recorded, of the source rank)
+    schedule: PeerSchedule
+
+
+def _source_of(store: Store, run_id: int) -> tuple[str, int]:
+    ((kind, parent),) = store.con.execute(
+        "SELECT kind, parent_run_id FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    if kind not in ("recorded", "sliced"):
+        msg = f"{store.path}: run id {run_id} is {kind}; replay needs a recorded or sliced run"
+        raise PrismError(msg)
+    return str(kind), int(parent) if kind == "sliced" else run_id
+
+
+def _load_rank(
+    store: Store, run_id: int, source_run: int, rank: int, schedule: PeerSchedule
+) -> _RankInputs:
+    rows = store.con.execute(
+        "SELECT coalesce(represented_by, rank) FROM rank WHERE run_id = ? AND rank = ?",
+        [run_id, rank],
+    ).fetchall()
+    if not rows:
+        msg = f"{store.path}: rank {rank} is not in the run"
+        raise PrismError(msg)
+    src = int(rows[0][0])
+    ops = store.con.sql(
+        "SELECT o.*, e.iteration FROM et_op o LEFT JOIN event e ON e.run_id = o.run_id"
+        " AND e.rank = o.rank AND e.event_id = o.event_id WHERE o.run_id = $1 AND o.rank = $2",
+        params=[source_run, src],
+    ).pl()
+    if ops.is_empty():
+        msg = (
+            f"{store.path}: rank {src} has no host execution trace (et_op); replay rebuilds ops"
+            " from it"
+        )
+        raise PrismError(msg)
+    events = store.con.sql(
+        "SELECT event_id, ts, dur, category, track_id, iteration FROM event"
+        " WHERE run_id = $1 AND rank = $2",
+        params=[source_run, src],
+    ).pl()
+    iters = store.con.sql(
+        "SELECT iteration, ts, dur, name FROM iteration WHERE run_id = $1 AND rank = $2"
+        " ORDER BY iteration",
+        params=[source_run, src],
+    ).pl()
+    return _RankInputs(rank, src, ops, events, iters, schedule)
+
+
+# -- one rank ----------------------------------------------------------------
+
+
+def _device_map(ops: pl.DataFrame, device: str) -> Any:
+    """Recorded device string → replay ``torch.device``: the trace's compute device → ``device``."""
+    import torch
+
+    gpu_trace = ops["inputs"].str.contains('"cuda').any()
+    target = torch.device("cuda" if device == "cuda" else "cpu")
+    cpu = torch.device("cpu")
+    cache: dict[str, Any] = {}
+
+    def dev(s: str) -> Any:
+        d = cache.get(s)
+        if d is None:
+            is_gpu = s.startswith("cuda")
+            d = target if (is_gpu if gpu_trace else s.startswith("cpu")) else cpu
+            cache[s] = d
+        return d
+
+    return dev
+
+
+def _unit_times(
+    program: Program, inputs: _RankInputs
+) -> tuple[np.ndarray, np.ndarray, dict[int, tuple[int, int]]]:
+    """Recorded start and duration of every unit (-1 when unlinked), and per iteration its
+    recorded (start, end)."""
+    ev = inputs.events
+    ts_of = dict(zip(ev["event_id"].to_list(), ev["ts"].to_list(), strict=True))
+    dur_of = dict(zip(ev["event_id"].to_list(), ev["dur"].to_list(), strict=True))
+    n = len(program.units)
+    ts = np.full(n, -1, dtype=np.int64)
+    dur = np.full(n, -1, dtype=np.int64)
+    for u in program.units:
+        if u.event_id is not None and ts_of.get(u.event_id) is not None:
+            ts[u.index] = int(ts_of[u.event_id])
+            dur[u.index] = int(dur_of[u.event_id] or 0)
+    its = {
+        int(i): (int(t), int(t) + int(d))
+        for i, t, d in inputs.iterations.select("iteration", "ts", "dur").iter_rows()
+    }
+    return ts, dur, its
+
+
+def _gaps(
+    program: Program, ts: np.ndarray, dur: np.ndarray, its: dict[int, tuple[int, int]]
+) -> tuple[np.ndarray, dict[int | None, int]]:
+    """Recorded host time before each unit (after the previous one of its iteration, or after the
+    iteration start) and after the last unit of each iteration (its tail)."""
+    gap = np.zeros(len(program.units), dtype=np.int64)
+    tail: dict[int | None, int] = {}
+    prev_end: int | None = None
+    prev_it: object = object()
+    for u in program.units:
+        k = u.index
+        if u.iteration != prev_it:
+            if prev_end is not None and prev_it in its:
+                tail[prev_it] = max(0, its[prev_it][1] - prev_end)  # type: ignore[index]
+            prev_it = u.iteration
+            prev_end = its[u.iteration][0] if u.iteration in its else None
+        if ts[k] >= 0:
+            if prev_end is not None:
+                gap[k] = max(0, int(ts[k]) - prev_end)
+            prev_end = max(prev_end or 0, int(ts[k] + dur[k]))
+    if prev_end is not None and prev_it in its:
+        tail[prev_it] = max(0, its[prev_it][1] - prev_end)  # type: ignore[index]
+    return gap, tail
+
+
+def _wait_until(target: int, pc: Any) -> None:
+    now = pc()
+    if target - now > _SPIN_SLEEP_NS:
+        time.sleep((target - now - _SPIN_SLEEP_NS) / 1e9)
+    while pc() < target:
+        pass
+
+
+@dataclass
+class _Pass:
+    T: list[int]
+    it_start: dict[Any, int]
+    it_end: dict[Any, int]
+    wait_ns: int
+
+
+class _Driver:
+    """Hooks of the generated pass: iteration boundaries, gaps, communication, substitutes."""
+
+    def __init__(
+        self,
+        program: Program,
+        schedule: PeerSchedule,
+        gap: np.ndarray | None,
+        tail: dict[int | None, int],
+        rec_dur: np.ndarray,
+        sync: Any,
+    ) -> None:
+        self.program = program
+        self.units = program.units
+        self.schedule = schedule
+        self.gap = gap.tolist() if gap is not None else None
+        self.tail = tail
+        self.rec_dur = rec_dur.tolist()
+        self.sync = sync
+        self.pc = time.perf_counter_ns
+        self.buffers: list[Any] = []
+        self.pristine: list[Any] | None = None
+        self.first: set[int] = set()
+        prev: object = object()
+        for u in program.units:
+            if u.iteration != prev:
+                self.first.add(u.index)
+                prev = u.iteration
+        self.calls = [
+            schedule.by_event(u.event_id) if u.kind == "comm" and u.event_id is not None else None
+            for u in program.units
+        ]
+        self.reset()
+
+    def reset(self) -> None:
+        self.T = [0] * (2 * len(self.units))
+        self.it_start: dict[Any, int] = {}
+        self.it_end: dict[Any, int] = {}
+        self.cur: Any = None
+        self.wait_ns = 0
+
+    def B(self, k: int) -> None:
+        if self.cur is not None:
+            if self.gap is not None and self.cur in self.tail:
+                _wait_until(self.pc() + self.tail[self.cur], self.pc)
+            if self.sync is not None:
+                self.sync()
+            self.it_end[self.cur] = self.pc()
+        if k < len(self.units):
+            self.cur = self.units[k].iteration
+            self.it_start[self.cur] = self.pc()
+
+    def S(self, k: int) -> None:
+        g = self.gap[k]  # type: ignore[index]
+        if g <= 0:
+            return
+        base = self.it_start[self.cur] if k in self.first else self.T[2 * k - 1]
+        target = base + g
+        pc = self.pc
+        if target - pc() > _SPIN_SLEEP_NS:
+            _wait_until(target, pc)
+        else:
+            while pc() < target:
+                pass
+
+    def W(self, k: int) -> None:
+        call = self.calls[k]
+        if call is None:
+            return
+        if self.sync is not None:
+            self.sync()  # the device work before the call has to be done to "arrive"
+        start = self.it_start[self.cur]
+        now = self.pc()
+        done = start + self.schedule.completion_ns(call, now - start)
+        if done > now:
+            _wait_until(done, self.pc)
+            self.wait_ns += done - now
+
+    def SUB(self, k: int) -> None:
+        d = self.rec_dur[k]
+        if d > 0:
+            _wait_until(self.pc() + d, self.pc)
+
+    def run(self, fn: Any, externals: list[Any]) -> _Pass:
+        import torch
+
+        self.reset()
+        if self.pristine is not None:  # every pass starts from the same data (no drift)
+            for buf, saved in zip(self.buffers, self.pristine, strict=True):
+                buf.copy_(saved)
+
+        def es(shape: Any, strides: Any, dtype: Any, dev: Any) -> Any:
+            return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
+
+        fn(externals, self.T, self.pc, self.B, self.S, self.W, self.SUB, torch.as_strided, es)
+        return _Pass(list(self.T), dict(self.it_start), dict(self.it_end), self.wait_ns)
+
+
+def _profiler(options: ReplayOptions, trace_dir: Path, *, memory_only: bool) -> Any:
+    import torch
+    from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU]
+    if options.device == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    if memory_only:
+        return profile(activities=acts, profile_memory=True)
+    et = ExecutionTraceObserver().register_callback(str(trace_dir / "replay.et.json"))
+    del torch
+    return profile(
+        activities=acts,
+        record_shapes=True,
+        profile_memory=True,
+        with_stack=False,
+        execution_trace_observer=et,
+    )
+
+
+def _memory_events(prof: Any, trace_dir: Path, device: str) -> pl.DataFrame:
+    """Allocator events of a finished profiler (``ts`` on ``time.time_ns``'s clock)."""
+    import orjson
+
+    path = trace_dir / "replay.kineto.json"
+    prof.export_chrome_trace(str(path))
+    doc = orjson.loads(path.read_bytes())
+    rows = []
+    base = int(doc.get("baseTimeNanoseconds") or 0)  # ts are µs after it (Kineto >= 2024)
+    want = "cuda" if device == "cuda" else "cpu"
+    for e in doc.get("traceEvents", []):
+        if e.get("name") != "[memory]":
+            continue
+        a = e.get("args", {})
+        dev_type = a.get("Device Type")
+        kind = "cuda" if dev_type == 1 else "cpu" if dev_type == 0 else str(dev_type)
+        if kind != want:
+            continue
+        rows.append(
+            (
+                base + round(float(e["ts"]) * 1000),
+                int(a.get("Bytes", 0)),
+                int(a.get("Total Allocated", 0)),
+                int(a.get("Total Reserved", 0)),
+                int(a.get("Addr", 0)),
+            )
+        )
+    return pl.DataFrame(
+        rows,
+        schema={
+            "ts": pl.Int64,
+            "bytes": pl.Int64,
+            "total_allocated": pl.Int64,
+            "total_reserved": pl.Int64,
+            "addr": pl.Int64,
+        },
+        orient="row",
+    ).sort("ts")
+
+
+def _replay_rank(inputs: _RankInputs, options: ReplayOptions) -> RankReplay:
+    import torch
+
+    if options.device == "cuda" and not torch.cuda.is_available():
+        msg = "--device cuda: no CUDA device is available to this torch"
+        raise PrismError(msg)
+    dev = _device_map(inputs.ops, options.device)
+    comm_events = [c.event_id for c in inputs.schedule.calls if c.event_id is not None]
+    units, skipped = select_units(inputs.ops, comm_events)
+    if not any(u.kind == "compute" for u in units):
+        msg = f"rank {inputs.source_rank}: no compute op to replay in its host ET"
+        raise PrismError(msg)
+    program = build_program(units, inputs.ops, device=dev, skipped=skipped)
+    externals = make_externals(program, dev, seed=options.seed)
+    with torch.no_grad():
+        bad = check_program(program, externals, dev)
+    if bad:
+        program = build_program(
+            units,
+            inputs.ops,
+            device=dev,
+            skipped=skipped,
+            unsupported={**program.unsupported, **bad},
+        )
+        externals = make_externals(program, dev, seed=options.seed)
+    if program.unsupported and not options.substitute_recorded:
+        listed = ", ".join(f"{u.name} x{u.count} ({u.reason})" for u in program.unsupported_ops())
+        msg = (
+            f"rank {inputs.rank}: {len(program.unsupported)} of {program.compute_units} compute"
+            f" ops cannot be rebuilt: {listed}; pass --substitute-recorded to use their recorded"
+            " durations"
+        )
+        raise PrismError(msg)
+    rec_ts, rec_dur, rec_its = _unit_times(program, inputs)
+    gap, tail = _gaps(program, rec_ts, rec_dur, rec_its)
+    use_gaps = options.gaps == "recorded"
+    fn = compile_pass(program, gaps=use_gaps, device=dev)
+    sync = torch.cuda.synchronize if options.device == "cuda" else None
+    driver = _Driver(program, inputs.schedule, gap if use_gaps else None, tail, rec_dur, sync)
+    driver.buffers = external_buffers(program, externals)
+    driver.pristine = [b.clone() for b in driver.buffers]
+
+    passes: list[_Pass] = []
+    mem_rows = pl.DataFrame()
+    peak: int | None = None
+    gc_was = gc.isenabled()
+    flush = torch.set_flush_denormal(True)  # random data must not take denormal slow paths
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="prism-replay-") as tmp:
+        trace_dir = Path(tmp)
+        for _ in range(options.warmup):
+            driver.run(fn, externals)
+        gc.collect()
+        gc.disable()
+        try:
+            offset = time.time_ns() - time.perf_counter_ns()
+            if options.instrument == "profiler":
+                prof = _profiler(options, trace_dir, memory_only=False)
+                with prof:
+                    for _ in range(options.iterations):
+                        passes.append(driver.run(fn, externals))
+                mem = _memory_events(prof, trace_dir, options.device)
+            else:
+                for _ in range(options.iterations):
+                    if options.device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    passes.append(driver.run(fn, externals))
+                mem = None
+                if options.memory and options.device == "cpu":
+                    prof = _profiler(options, trace_dir, memory_only=True)
+                    with prof:
+                        mem_pass = driver.run(fn, externals)
+                    mem = _memory_events(prof, trace_dir, options.device)
+        finally:
+            if gc_was:
+                gc.enable()
+            if flush:
+                torch.set_flush_denormal(False)
+        rep = _representative(passes, program)
+        if options.instrument == "profiler":
+            mem_rows, peak = (
+                _memory_in_pass(mem, rep, offset) if mem is not None else (mem_rows, None)
+            )
+        elif mem is not None:
+            mem_rows, peak = _memory_mapped(mem, mem_pass, rep, offset)
+        elif options.device == "cuda" and options.memory:
+            peak = int(torch.cuda.max_memory_allocated())
+    return _result(
+        inputs,
+        program,
+        passes,
+        rep,
+        gap if use_gaps else None,
+        tail,
+        mem_rows,
+        peak,
+        options.device,
+    )
+
+
+def _representative(passes: list[_Pass], program: Program) -> _Pass:
+    totals = [sum(p.it_end[i] - p.it_start[i] for i in p.it_start) for p in passes]
+    order = sorted(range(len(passes)), key=lambda i: totals[i])
+    return passes[order[len(order) // 2]]
+
+
+def _memory_in_pass(mem: pl.DataFrame, rep: _Pass, offset: int) -> tuple[pl.DataFrame, int | None]:
+    """Memory events of the representative pass (profiled), totals relative to its start."""
+    start = min(rep.it_start.values()) + offset
+    end = max(rep.it_end.values()) + offset
+    before = mem.filter(pl.col("ts") < start)
+    base = int(before["total_allocated"][-1]) if before.height else None
+    inside = mem.filter((pl.col("ts") >= start) & (pl.col("ts") <= end))
+    if inside.is_empty():
+        return pl.DataFrame(), None
+    if base is None:
+        base = int(inside["total_allocated"][0] - inside["bytes"][0])
+    rows = inside.with_columns(
+        (pl.col("ts") - offset).alias("perf_ts"),
+        (pl.col("total_allocated") - base).alias("total_allocated"),
+    )
+    return rows, int(rows["total_allocated"].max())  # type: ignore[arg-type]
+
+
+def _memory_mapped(
+    mem: pl.DataFrame, mem_pass: _Pass, rep: _Pass, offset: int
+) -> tuple[pl.DataFrame, int | None]:
+    """Memory events of the profiled memory pass, moved onto the representative pass: each event
+    keeps its offset inside the unit it happened in (clipped to that unit's replayed time)."""
+    rows, peak = _memory_in_pass(mem, mem_pass, offset)
+    if rows.is_empty():
+        return rows, peak
+    starts = np.asarray(mem_pass.T[0::2], dtype=np.int64)
+    ts = rows["perf_ts"].to_numpy()
+    k = np.clip(np.searchsorted(starts, ts, side="right") - 1, 0, starts.size - 1)
+    rep_start = np.asarray(rep.T[0::2], dtype=np.int64)
+    rep_end = np.asarray(rep.T[1::2], dtype=np.int64)
+    within = np.minimum(ts - starts[k], np.maximum(rep_end[k] - rep_start[k], 0))
+    return rows.with_columns(pl.Series("perf_ts", rep_start[k] + np.maximum(within, 0))), peak
+
+
+def _timing(
+    p: _Pass, units: list[Any], is_comm: np.ndarray, target: np.ndarray
+) -> tuple[int, int, int]:
+    """(op time, communication time, machinery time) of one pass. Machinery is the time between
+    units beyond the recorded gap the replay had to spend there (clock reads, frees, views,
+    hooks, and any preemption by the OS)."""
+    T = np.asarray(p.T, dtype=np.int64)
+    start, end = T[0::2], T[1::2]
+    dur = end - start
+    between = np.zeros(len(units), dtype=np.int64)
+    prev: object = object()
+    for u in units:
+        k = u.index
+        base = p.it_start[u.iteration] if u.iteration != prev else int(end[k - 1])
+        prev = u.iteration
+        between[k] = int(start[k]) - base
+    return (
+        int(dur[~is_comm].sum()),
+        int(dur[is_comm].sum()),
+        int(np.maximum(between - target, 0).sum()),
+    )
+
+
+def _result(
+    inputs: _RankInputs,
+    program: Program,
+    passes: list[_Pass],
+    rep: _Pass,
+    gap: np.ndarray | None,
+    tail: dict[int | None, int],
+    mem_rows: pl.DataFrame,
+    peak: int | None,
+    device: str,
+) -> RankReplay:
+    units = program.units
+    is_comm = np.array([u.kind == "comm" for u in units])
+    target = gap if gap is not None else np.zeros(len(units), dtype=np.int64)
+    per_pass = [_timing(p, units, is_comm, target) for p in passes]
+    op_ns, comm_ns, overhead = _timing(rep, units, is_comm, target)
+    its = [i for i in rep.it_start if i is not None] or list(rep.it_start)
+    rec = {
+        int(i): int(d)
+        for i, d in zip(inputs.iterations["iteration"], inputs.iterations["dur"], strict=True)
+    }
+    emu = {int(k): int(v) for k, v in inputs.schedule.iteration_dur_ns.items()}
+    passes_ns = [{i: p.it_end[i] - p.it_start[i] for i in its} for p in passes]
+    rep_ns = {i: rep.it_end[i] - rep.it_start[i] for i in its}
+    r = RankReplay(
+        rank=inputs.rank,
+        source_rank=inputs.source_rank,
+        support=program.support_summary(),
+        iterations=[int(i) for i in its] if None not in its else its,
+        recorded_ns=rec,
+        emulated_ns=emu,
+        passes_ns=passes_ns,
+        representative_ns=rep_ns,
+        overhead_pct_passes=[100.0 * o / t if t else 0.0 for t, _, o in per_pass],
+        op_ns=op_ns,
+        comm_ns=comm_ns,
+        gap_ns=int(target.sum()),
+        overhead_ns=overhead,
+        peak_memory=peak,
+    )
+    r.frames = _frames(inputs, program, rep, mem_rows, device)
+    return r
+
+
+def _frames(
+    inputs: _RankInputs, program: Program, rep: _Pass, mem_rows: pl.DataFrame, device: str
+) -> dict[str, pl.DataFrame]:
+    """The rank's rows, on the replay clock laid over the recording (first iteration start)."""
+    units = program.units
+    rec_its = dict(zip(inputs.iterations["iteration"], inputs.iterations["ts"], strict=True))
+    first_it = units[0].iteration
+    origin = int(rec_its.get(first_it, 0)) - int(rep.it_start[first_it])
+    T = np.asarray(rep.T, dtype=np.int64)
+    ev = inputs.events.select("event_id", "category", "track_id")
+    unit_df = pl.DataFrame(
+        {
+            "event_id": [u.node_id for u in units],
+            "src_event": [u.event_id for u in units],
+            "name": [u.name for u in units],
+            "kind": [u.kind for u in units],
+            "iteration": [u.iteration for u in units],
+            "ts": T[0::2] + origin,
+            "dur": T[1::2] - T[0::2],
+            "substituted": [u.kind == "compute" and u.index in program.unsupported for u in units],
+        },
+        schema_overrides={"src_event": pl.Int64, "iteration": pl.Int32},
+    ).join(ev, left_on="src_event", right_on="event_id", how="left")
+    events = unit_df.select(
+        pl.lit(inputs.rank, pl.Int32).alias("rank"),
+        "event_id",
+        pl.col("track_id").cast(pl.Int32),
+        pl.coalesce(
+            "category",
+            pl.when(pl.col("kind") == "comm").then(pl.lit("comm")).otherwise(pl.lit("cpu_op")),
+        ).alias("category"),
+        "name",
+        "ts",
+        "dur",
+        "iteration",
+        pl.lit(0, pl.Int32).alias("depth"),
+        pl.when(pl.col("substituted"))
+        .then(pl.lit('{"substituted": true}'))
+        .otherwise(None)
+        .alias("args"),
+    )
+    its = [
+        (
+            inputs.rank,
+            i,
+            rep.it_start[i] + origin,
+            rep.it_end[i] - rep.it_start[i],
+            f"ProfilerStep#{i}",
+        )
+        for i in rep.it_start
+        if i is not None
+    ]
+    iters = pl.DataFrame(
+        its,
+        schema={
+            "rank": pl.Int32,
+            "iteration": pl.Int32,
+            "ts": pl.Int64,
+            "dur": pl.Int64,
+            "name": pl.Utf8,
+        },
+        orient="row",
+    )
+    comm = unit_df.filter(pl.col("kind") == "comm").select(
+        pl.col("src_event").alias("src_event_id"),
+        pl.col("event_id").alias("new_event_id"),
+        pl.col("ts").alias("host_ts"),
+        pl.col("dur").alias("host_dur"),
+    )
+    memory = pl.DataFrame()
+    if not mem_rows.is_empty():
+        memory = mem_rows.select(
+            pl.lit(inputs.rank, pl.Int32).alias("rank"),
+            (pl.col("perf_ts") + origin).alias("ts"),
+            pl.lit(device).alias("device_type"),
+            pl.lit(0 if device == "cuda" else -1, pl.Int32).alias("device_id"),
+            "addr",
+            "bytes",
+            "total_allocated",
+            "total_reserved",
+        )
+    return {"event": events, "iteration": iters, "comm": comm, "memory": memory}
+
+
+# -- writing ----------------------------------------------------------------
+
+
+def _check_out_run(store: Store, out_run: str, *, replace: bool) -> int | None:
+    old = store.run_id(out_run)
+    if old is not None and not replace:
+        msg = f"{store.path}: run {out_run!r} already exists; pass --replace to overwrite it"
+        raise DuplicateRunError(msg)
+    if old is not None:
+        ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [old]).fetchall()
+        if kind != "replayed":
+            msg = (
+                f"{store.path}: run {out_run!r} is a {kind} run; --replace only overwrites"
+                " replayed runs"
+            )
+            raise PrismError(msg)
+    return old
+
+
+def _write(
+    store: Store,
+    *,
+    input_run_id: int,
+    source_run_id: int,
+    out_run: str,
+    old_id: int | None,
+    results: list[RankReplay],
+    config: dict[str, Any],
+    device_name: str,
+) -> int:
+    ranks = [r.rank for r in results]
+    with store.transaction() as con:
+        if old_id is not None:
+            _delete_run(con, old_id)
+        ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+        run_id = int(run_id)
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        con.execute(
+            "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
+            " created_at, config_json) SELECT ?, ?, 'replayed', run_id, world_size,"
+            " source_format, ?, ? FROM run WHERE run_id = ?",
+            [run_id, out_run, now, json.dumps(config), input_run_id],
+        )
+        con.execute(
+            "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
+            " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
+            " SELECT $1, rank, backend, hostname, pid, $3, class_id,"
+            " coalesce(represented_by, rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked, args"
+            " FROM rank WHERE run_id = $2 AND list_contains($4, rank)",
+            [run_id, input_run_id, device_name, ranks],
+        )
+        con.execute(
+            "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
+            " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
+            " FROM comm_group WHERE run_id = $2",
+            [run_id, input_run_id],
+        )
+        for r in results:
+            con.execute(
+                "INSERT INTO track (run_id, rank, track_id, kind, pid, tid, name)"
+                " SELECT $1, $2, track_id, kind, pid, tid, name FROM track"
+                " WHERE run_id = $3 AND rank = $4",
+                [run_id, r.rank, source_run_id, r.source_rank],
+            )
+            f = r.frames
+            lit = pl.lit(run_id, pl.Int32).alias("run_id")
+            _insert(con, "event", f["event"].with_columns(lit))
+            _insert(con, "iteration", f["iteration"].with_columns(lit))
+            if not f["memory"].is_empty():
+                _insert(con, "memory", f["memory"].with_columns(lit))
+            if not f["comm"].is_empty():
+                con.register("_replay_comm", f["comm"].to_arrow())
+                try:
+                    for table, cols in (
+                        (
+                            "collective",
+                            "group_id, seq, kind, dtype, in_bytes, out_bytes, msg_bytes,"
+                            " group_size, iteration",
+                        ),
+                        (
+                            "p2p",
+                            "group_id, seq, direction, peer, bytes, tag, dtype, iteration",
+                        ),
+                    ):
+                        sel = ", ".join(f"c.{c.strip()}" for c in cols.split(","))
+                        con.execute(
+                            f"INSERT INTO {table} (run_id, rank, event_id, host_ts, host_dur,"
+                            f" {cols}) SELECT $1, $2, f.new_event_id, f.host_ts, f.host_dur, {sel}"
+                            f" FROM {table} c JOIN _replay_comm f ON c.event_id = f.src_event_id"
+                            " WHERE c.run_id = $3 AND c.rank = $4",
+                            [run_id, r.rank, source_run_id, r.source_rank],
+                        )
+                finally:
+                    con.unregister("_replay_comm")
+    return run_id
+
+
+# -- the entry point ----------------------------------------------------------------
+
+
+def replay_run(
+    store: Store,
+    *,
+    run: str,
+    ranks: list[int],
+    out_run: str,
+    options: ReplayOptions | None = None,
+    replace: bool = False,
+    config: EmulationConfig | None = None,
+) -> ReplayReport:
+    """Replay ``ranks`` of ``run`` with real kernels and virtual peers; store a ``replayed`` run.
+
+    Each selected rank is replayed in this process, one after the other; every other rank,
+    selected or not, is a virtual peer whose timing comes from the emulation of ``run``
+    (docs/replay.md says what a multi-process replay of several real ranks would add).
+
+    Args:
+        store: an open, writable store.
+        run: a recorded or sliced run whose ranks (or their representatives) have host ETs.
+        ranks: the ranks to replay for real.
+        out_run: name of the new run (kind ``replayed``, parent ``run``).
+        options: how to replay (``ReplayOptions``).
+        replace: overwrite an existing replayed run of that name.
+        config: the emulation config for the virtual peers.
+
+    Returns:
+        What was measured and written.
+
+    Raises:
+        PrismError: no such run or rank, a rank without host ET, ops that cannot be rebuilt
+            (without ``substitute_recorded``), no CUDA device for ``device="cuda"``.
+    """
+    import torch
+
+    t0 = time.perf_counter()
+    options = options or ReplayOptions()
+    if not ranks:
+        msg = "replay needs at least one rank (--ranks)"
+        raise PrismError(msg)
+    if out_run == run:
+        msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
+        raise PrismError(msg)
+    if options.iterations < 1 or options.warmup < 0:
+        msg = "--iterations must be >= 1 and --warmup >= 0"
+        raise PrismError(msg)
+    old_id = _check_out_run(store, out_run, replace=replace)
+    run_id = store.require_run(run)
+    _, source_run = _source_of(store, run_id)
+    # One emulation; each rank replayed alone sees every other rank, selected or not, as virtual.
+    from replay.run import emulate_in_memory
+
+    res, iters = emulate_in_memory(store, run=run, config=config)
+    schedules = {r: _schedule(store, res, iters, run=run, rank=r, real=[r]) for r in ranks}
+    inputs = [_load_rank(store, run_id, source_run, r, schedules[r]) for r in ranks]
+    t_load = time.perf_counter() - t0
+    torch.manual_seed(options.seed)
+    threads = torch.get_num_threads()
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    try:
+        results = [_replay_rank(i, options) for i in inputs]
+    finally:
+        torch.set_num_threads(threads)
+    t_replay = time.perf_counter() - t0 - t_load
+    device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
+    cfg = {
+        "input_run": run,
+        "ranks": list(ranks),
+        "replay": options.as_dict(),
+        "emulation": config.as_dict() if config is not None else None,
+        "torch_version": torch.__version__,
+        "per_rank": [r.as_dict() for r in results],
+    }
+    out_id = _write(
+        store,
+        input_run_id=run_id,
+        source_run_id=source_run,
+        out_run=out_run,
+        old_id=old_id,
+        results=results,
+        config=cfg,
+        device_name=device_name,
+    )
+    notes = []
+    if len(ranks) > 1:
+        notes.append(
+            "ranks were replayed one after the other in one process; each sees the others as"
+            " virtual peers"
+        )
+    return ReplayReport(
+        run=out_run,
+        run_id=out_id,
+        input_run=run,
+        device=device_name,
+        options=options,
+        ranks=results,
+        seconds={
+            "load": t_load,
+            "replay": t_replay,
+            "total": time.perf_counter() - t0,
+        },
+        notes=notes,
+    )

@@ -1,0 +1,189 @@
+"""Hybrid replay (``replay.hybrid``) of rank 0 of the bundled sample, its stored run, validation."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from click.testing import CliRunner
+
+torch = pytest.importorskip("torch")
+
+from prism_trace.errors import PrismError  # noqa: E402
+from replay.hybrid import ReplayOptions, replay_run  # noqa: E402
+from replay.peers import PeerSchedule  # noqa: E402
+from replay.validate import validate_replayed  # noqa: E402
+
+FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
+
+
+@pytest.fixture(scope="module")
+def replayed(sample_store: object) -> object:
+    """Rank 0 replayed once, every other rank virtual."""
+    return replay_run(sample_store, run="sample", ranks=[0], out_run="rp", options=FAST)  # type: ignore[arg-type]
+
+
+def _q(store: object, sql: str) -> pl.DataFrame:
+    return store.con.sql(sql).pl()  # type: ignore[attr-defined]
+
+
+def test_stored_as_a_replayed_run(sample_store: object, replayed: object) -> None:
+    run = _q(
+        sample_store,
+        "SELECT r.kind, p.name AS parent, r.config_json FROM run r"
+        " JOIN run p ON p.run_id = r.parent_run_id WHERE r.name = 'rp'",
+    )
+    assert run["kind"][0] == "replayed"
+    assert run["parent"][0] == "sample"
+    cfg = json.loads(run["config_json"][0])
+    assert cfg["ranks"] == [0]
+    assert cfg["replay"]["iterations"] == 1
+    rid = "(SELECT run_id FROM run WHERE name = 'rp')"
+    ranks = _q(sample_store, f"SELECT rank, represented_by FROM rank WHERE run_id = {rid}")
+    assert ranks.rows() == [(0, 0)]
+    it = _q(sample_store, f"SELECT iteration, dur FROM iteration WHERE run_id = {rid} ORDER BY 1")
+    assert it["iteration"].to_list() == [1, 2]
+    assert (it["dur"] > 0).all()
+    ev = _q(
+        sample_store, f"SELECT category, count(*) AS n FROM event WHERE run_id = {rid} GROUP BY 1"
+    )
+    n = dict(ev.rows())
+    assert sum(n.values()) == 1160  # 1110 compute ops + 50 communication calls
+    # Collectives and p2p keep the recorded (group, seq), with the replay's host times.
+    coll = _q(sample_store, f"SELECT group_id, seq, host_dur FROM collective WHERE run_id = {rid}")
+    p2p = _q(sample_store, f"SELECT direction, peer FROM p2p WHERE run_id = {rid}")
+    assert coll.height == 34
+    assert p2p.height == 16
+    assert (coll["host_dur"] >= 0).all()
+    assert set(p2p["peer"].to_list()) == {4}
+    mem = _q(sample_store, f"SELECT total_allocated FROM memory WHERE run_id = {rid}")
+    assert mem.height > 100
+    assert mem["total_allocated"].max() > 0
+    assert replayed.ranks[0].support["supported_fraction"] == 1.0  # type: ignore[attr-defined]
+
+
+def test_calls_wait_for_the_virtual_peers(sample_store: object, replayed: object) -> None:
+    """Every communication call ends no earlier than the virtual peers allow: the peers' last
+    arrival plus the transfer, counted from the replayed iteration's start."""
+    sched = PeerSchedule.from_store(sample_store, run="sample", rank=0)  # type: ignore[arg-type]
+    rid = "(SELECT run_id FROM run WHERE name = 'rp')"
+    its = dict(_q(sample_store, f"SELECT iteration, ts FROM iteration WHERE run_id = {rid}").rows())
+    comm = _q(
+        sample_store,
+        f"SELECT c.event_id, c.host_ts, c.host_dur, c.iteration, o.event_id AS src"
+        f" FROM collective c JOIN et_op o ON o.node_id = c.event_id AND o.rank = 0"
+        f" AND o.run_id = (SELECT run_id FROM run WHERE name = 'sample')"
+        f" WHERE c.run_id = {rid}",
+    )
+    assert comm.height == 34
+    for _, ts, dur, it, src in comm.rows():
+        call = sched.by_event(src)
+        assert call is not None
+        end = ts + dur - its[it]
+        assert end >= call.peers_arrival_ns + call.transfer_ns - 1000  # 1 us clock slack
+
+
+def test_validate_replayed_and_gaps(sample_store: object, replayed: object) -> None:
+    v = validate_replayed(sample_store, replayed="rp")  # type: ignore[arg-type]
+    assert v.recorded == "sample"
+    assert v.ranks == [0]
+    assert [e.iteration for e in v.iterations] == [1, 2]
+    assert v.memory is not None
+    assert v.memory[0].recorded == 820928
+    assert v.iteration_time_error_pct is not None
+    assert v.peak_memory_error_pct is not None
+    r = replayed.ranks[0]  # type: ignore[attr-defined]
+    # The recorded host gaps were spent: the replayed iteration holds at least them.
+    assert r.gap_ns > 0
+    assert sum(r.replayed_ns.values()) >= r.op_ns + r.comm_ns + r.gap_ns
+    with pytest.raises(PrismError, match="is recorded"):
+        validate_replayed(sample_store, replayed="sample")  # type: ignore[arg-type]
+
+
+def test_unsupported_ops_fail_or_take_recorded_time(sample_store: object) -> None:
+    con = sample_store.con  # type: ignore[attr-defined]
+    ((node, ev),) = con.execute(
+        "SELECT node_id, event_id FROM et_op WHERE rank = 0 AND name = 'aten::gelu'"
+        " ORDER BY node_id LIMIT 1"
+    ).fetchall()
+    ((schema,),) = con.execute(
+        "SELECT op_schema FROM et_op WHERE rank = 0 AND node_id = ?", [node]
+    ).fetchall()
+    con.execute(
+        "UPDATE et_op SET op_schema = 'aten::no_such_op_here(Tensor self) -> Tensor'"
+        " WHERE rank = 0 AND node_id = ?",
+        [node],
+    )
+    try:
+        with pytest.raises(PrismError, match=r"aten::gelu x1 \(no op aten::no_such_op_here"):
+            replay_run(sample_store, run="sample", ranks=[0], out_run="rp_bad", options=FAST)  # type: ignore[arg-type]
+        opts = ReplayOptions(
+            iterations=1, warmup=0, threads=1, substitute_recorded=True, memory=False
+        )
+        rep = replay_run(sample_store, run="sample", ranks=[0], out_run="rp_sub", options=opts)  # type: ignore[arg-type]
+        assert rep.ranks[0].support["unsupported"] == 1
+        ((dur, args),) = con.execute(
+            "SELECT dur, args FROM event WHERE run_id = ? AND event_id = ?", [rep.run_id, node]
+        ).fetchall()
+        ((rec_dur,),) = con.execute(
+            "SELECT dur FROM event WHERE rank = 0 AND event_id = ?"
+            " AND run_id = (SELECT run_id FROM run WHERE name = 'sample')",
+            [ev],
+        ).fetchall()
+        assert json.loads(args) == {"substituted": True}
+        assert dur >= rec_dur
+    finally:
+        con.execute("UPDATE et_op SET op_schema = ? WHERE rank = 0 AND node_id = ?", [schema, node])
+
+
+def test_cuda_path_is_guarded(sample_store: object) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present; the guard is for machines without one")
+    with pytest.raises(PrismError, match="no CUDA device"):
+        replay_run(
+            sample_store,  # type: ignore[arg-type]
+            run="sample",
+            ranks=[0],
+            out_run="rp_cuda",
+            options=ReplayOptions(device="cuda", iterations=1, warmup=0),
+        )
+
+
+def test_cli_replay_and_validate(tmp_path: object, sample_store: object) -> None:
+    from prism_trace.cli import main
+
+    db = str(sample_store.path)  # type: ignore[attr-defined]
+    sample_store.close()  # type: ignore[attr-defined]
+    runner = CliRunner()
+    out = runner.invoke(
+        main,
+        [
+            "replay",
+            db,
+            "--run",
+            "sample",
+            "--ranks",
+            "0",
+            "--out-run",
+            "rp_cli",
+            "--iterations",
+            "1",
+            "--warmup",
+            "0",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    rep = json.loads(out.output[out.output.index("{") :])
+    assert rep["ranks"][0]["support"]["compute_units"] == 1110
+    again = runner.invoke(
+        main, ["replay", db, "--run", "sample", "--ranks", "0", "--out-run", "rp_cli"]
+    )
+    assert again.exit_code == 1
+    assert "already exists" in again.output
+    v = runner.invoke(main, ["validate", db, "--replayed", "rp_cli", "--json"])
+    assert v.exit_code == 0, v.output
+    assert json.loads(v.output)["recorded"] == "sample"

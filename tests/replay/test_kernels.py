@@ -1,0 +1,173 @@
+"""Rebuilding ops from the host ET (``replay.kernels``) on rank 0 of the bundled sample."""
+
+from __future__ import annotations
+
+import time
+
+import polars as pl
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from replay.kernels import (  # noqa: E402
+    build_program,
+    check_program,
+    compile_pass,
+    make_externals,
+    parse_schema,
+    select_units,
+)
+
+
+def _cpu(_: str) -> object:
+    return torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def rank0(sample_store: object) -> tuple[pl.DataFrame, set[int]]:
+    from prism_trace.graph import build_graph
+
+    con = sample_store.con  # type: ignore[attr-defined]
+    if not con.execute("SELECT count(*) FROM graph_node").fetchall()[0][0]:
+        build_graph(sample_store, "sample")  # type: ignore[arg-type]
+    ops = con.sql(
+        "SELECT o.*, e.iteration FROM et_op o LEFT JOIN event e USING (run_id, rank, event_id)"
+        " WHERE o.rank = 0"
+    ).pl()
+    comm = {
+        e
+        for (e,) in con.execute(
+            "SELECT event_id FROM graph_node WHERE rank = 0 AND kind IN"
+            " ('collective', 'send', 'recv')"
+        ).fetchall()
+    }
+    return ops, comm
+
+
+def test_parse_schema() -> None:
+    name, ov, args, rets = parse_schema(
+        "aten::randint.generator(SymInt high, SymInt[] size, *, Generator? generator,"
+        " ScalarType? dtype=4, Layout? layout=None, Device? device=None, bool? pin_memory=None)"
+        " -> Tensor"
+    )
+    assert (name, ov, rets) == ("aten::randint", "generator", ["Tensor"])
+    assert [a.name for a in args if a.kwarg_only] == [
+        "generator",
+        "dtype",
+        "layout",
+        "device",
+        "pin_memory",
+    ]
+    assert args[1].type == "SymInt[]"
+    assert args[1].is_list
+    assert args[3].base == "ScalarType"
+    _, ov, args, rets = parse_schema(
+        "aten::_fused_adam_(Tensor(a!)[] self, Tensor(b!)[] grads, Tensor?[] x, *, float lr) -> ()"
+    )
+    assert ov == "default"
+    assert rets == []
+    assert [a.type for a in args] == ["Tensor[]", "Tensor[]", "Tensor?[]", "float"]
+    _, _, _, rets = parse_schema(
+        "aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight,"
+        " Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)"
+    )
+    assert rets == ["Tensor", "Tensor", "Tensor"]
+    with pytest.raises(ValueError, match="not an op schema"):
+        parse_schema("ProfilerStep#1")
+
+
+def test_units_are_outermost_ops_and_comm(rank0: tuple) -> None:
+    ops, comm = rank0
+    units, skipped = select_units(ops, comm)
+    compute = [u for u in units if u.kind == "compute"]
+    comms = [u for u in units if u.kind == "comm"]
+    assert len(comms) == len(comm) == 50
+    assert len(compute) == 1110
+    assert not any(u.name.startswith("c10d::") for u in compute)
+    assert [u.node_id for u in units] == sorted(u.node_id for u in units)
+    assert {u.iteration for u in units} == {1, 2}
+    # No unit runs inside another unit: walk each unit's ancestors.
+    parent = dict(zip(ops["node_id"].to_list(), ops["parent_node_id"].to_list(), strict=True))
+    schema = dict(zip(ops["node_id"].to_list(), ops["op_schema"].to_list(), strict=True))
+    ids = {u.node_id for u in units}
+    for u in units:
+        p = parent[u.node_id]
+        while p is not None:
+            assert p not in ids
+            assert schema[p] is None
+            p = parent[p]
+    # The c10d ops are all under the communication units; nested ops are counted, not lost.
+    assert skipped["inside_comm"] == 50
+    assert skipped["inside_op"] > 0
+    assert skipped["uncovered_comm"] == 0
+
+
+def test_every_compute_op_of_rank0_is_rebuilt_and_runs(rank0: tuple) -> None:
+    ops, comm = rank0
+    units, skipped = select_units(ops, comm)
+    program = build_program(units, ops, device=_cpu, skipped=skipped)
+    summary = program.support_summary()
+    assert summary["supported"] == summary["compute_units"] == 1110
+    assert summary["supported_fraction"] == 1.0
+    externals = make_externals(program, _cpu)
+    # Externals of one recorded storage share one buffer (views alias).
+    by_storage: dict[tuple, set[int]] = {}
+    for m, t in zip(program.externals, externals, strict=True):
+        by_storage.setdefault((*m.storage, m.dtype), set()).add(t.untyped_storage().data_ptr())
+    assert all(len(ptrs) == 1 for ptrs in by_storage.values())
+    assert check_program(program, externals, _cpu) == {}
+    # Views of results that the ET reaches through another tensor id are rebuilt as aliases.
+    assert sum(len(c.aliases) for c in program.calls.values()) > 0
+    fn = compile_pass(program, gaps=False, device=_cpu)
+    t = [0] * (2 * len(units))
+    seen: list[int] = []
+
+    def noop(k: int) -> None:
+        seen.append(k)
+
+    with torch.no_grad():
+        fn(externals, t, time.perf_counter_ns, noop, noop, noop, noop, torch.as_strided, None)
+    assert all(t[2 * k + 1] >= t[2 * k] > 0 for k in range(len(units)))
+    # B marks the two iteration starts and the end; W is called once per comm unit.
+    assert seen.count(len(units)) == 1
+
+
+def test_a_missing_op_is_unsupported_with_its_reason(rank0: tuple) -> None:
+    ops, comm = rank0
+    victim = ops.filter(pl.col("name") == "aten::gelu")["node_id"][0]
+    bad = ops.with_columns(
+        pl.when(pl.col("node_id") == victim)
+        .then(pl.lit("aten::no_such_op_here(Tensor self) -> Tensor"))
+        .otherwise(pl.col("op_schema"))
+        .alias("op_schema")
+    )
+    units, skipped = select_units(bad, comm)
+    program = build_program(units, bad, device=_cpu, skipped=skipped)
+    (u,) = program.unsupported_ops()
+    assert u.name == "aten::gelu"
+    assert u.count == 1
+    assert "no op aten::no_such_op_here" in u.reason
+    # Its result is still made (empty, recorded layout), so later ops still run.
+    (idx,) = program.unsupported
+    assert program.substituted_outputs[idx]
+    externals = make_externals(program, _cpu)
+    assert check_program(program, externals, _cpu) == {}
+
+
+def test_check_catches_shape_mismatch(rank0: tuple) -> None:
+    """An op whose rebuilt result disagrees with the recorded shape is reported by the check."""
+    ops, comm = rank0
+    victim = ops.filter(pl.col("name") == "aten::gelu")["node_id"][0]
+    row = ops.filter(pl.col("node_id") == victim)
+    shapes = row["output_shapes"][0]
+    bad = ops.with_columns(
+        pl.when(pl.col("node_id") == victim)
+        .then(pl.lit(shapes.replace("[[", "[[7,", 1)))
+        .otherwise(pl.col("output_shapes"))
+        .alias("output_shapes")
+    )
+    units, skipped = select_units(bad, comm)
+    program = build_program(units, bad, device=_cpu, skipped=skipped)
+    found = check_program(program, make_externals(program, _cpu), _cpu)
+    assert len(found) == 1
+    assert "differs from recorded" in next(iter(found.values()))
