@@ -1,6 +1,8 @@
 """Analyses of a stored run: documented SQL views plus thin polars functions (HTA parity).
 
-``ANALYSES`` maps each ``prism analyze`` word to a function ``(store, run) -> DataFrame``.
+``ANALYSES`` maps each single-run ``prism analyze`` word to a function ``(store, run) ->
+DataFrame``; ``COMPARISONS`` the words that compare two runs. ``analyze`` runs any word with its
+options and returns named frames.
 """
 
 from __future__ import annotations
@@ -10,18 +12,33 @@ from collections.abc import Callable
 import polars as pl
 
 from analysis.breakdown import idle, kernels, overlap, temporal
+from analysis.bubbles import bubble_summary, bubbles
+from analysis.critical_path import critical_path, critical_path_shares, critical_path_summary
+from analysis.diff import RunDiff, run_diff
 from analysis.stragglers import collective_skew, collective_waits, skew, straggler_ops
 from analysis.views import load_views
+from prism_trace.errors import PrismError
 from prism_trace.store import Store
 
 __all__ = [
     "ANALYSES",
+    "COMPARISONS",
+    "GRAPH_ANALYSES",
+    "WORDS",
+    "RunDiff",
+    "analyze",
+    "bubble_summary",
+    "bubbles",
     "collective_skew",
     "collective_waits",
+    "critical_path",
+    "critical_path_shares",
+    "critical_path_summary",
     "idle",
     "kernels",
     "load_views",
     "overlap",
+    "run_diff",
     "skew",
     "straggler_ops",
     "temporal",
@@ -33,5 +50,74 @@ ANALYSES: dict[str, Callable[[Store, str], pl.DataFrame]] = {
     "overlap": overlap,
     "idle": idle,
     "skew": skew,
+    "bubbles": bubble_summary,
+    "bubble-windows": bubbles,
 }
 """The `prism analyze DB --run NAME WHAT` words and their functions."""
+
+GRAPH_ANALYSES: dict[str, Callable[[Store, str], pl.DataFrame]] = {
+    "critical-path": critical_path,
+    "critical-path-summary": critical_path_summary,
+}
+"""Words that walk the execution graph: the run (or, emulated, its parent) needs one
+(`prism graph`)."""
+
+COMPARISONS: dict[str, Callable[..., RunDiff]] = {"diff": run_diff}
+"""Words that compare the run with another (`--compare OTHER`)."""
+
+WORDS: tuple[str, ...] = (*ANALYSES, *GRAPH_ANALYSES, *COMPARISONS)
+"""Every `prism analyze` word."""
+
+
+def analyze(
+    store: Store,
+    what: str,
+    run: str,
+    *,
+    compare: str | None = None,
+    iteration: int | None = None,
+    threshold_pct: float = 1.0,
+    min_ns: int = 0,
+) -> dict[str, pl.DataFrame]:
+    """Run the analysis ``what`` with its options; the result as named frames.
+
+    Args:
+        store: an open store (read-only is fine).
+        what: one of ``WORDS``.
+        run: the run (for ``diff``: the reference, ``a``).
+        compare: the other run of a comparison (``b``).
+        iteration: only this iteration (bubbles, critical path, diff).
+        threshold_pct: divergence threshold of ``diff`` (% of the rank's iteration).
+        min_ns: shortest bubble counted.
+
+    Returns:
+        One frame named ``what``, or a comparison's sections.
+
+    Raises:
+        PrismError: unknown word, a comparison without ``compare``, or what the analysis raises.
+    """
+    if what in COMPARISONS:
+        if compare is None:
+            msg = f"`{what}` compares two runs: give the other with --compare"
+            raise PrismError(msg)
+        diff = COMPARISONS[what](
+            store, run, compare, threshold_pct=threshold_pct, iteration=iteration
+        )
+        return diff.frames()
+    if what == "bubbles":
+        return {what: bubble_summary(store, run, iteration=iteration, min_ns=min_ns)}
+    if what == "bubble-windows":
+        return {what: bubbles(store, run, iteration=iteration, min_ns=min_ns)}
+    if what == "critical-path":
+        return {
+            "summary": critical_path_summary(store, run, iteration=iteration),
+            "ranks": critical_path_shares(store, run, by="rank", iteration=iteration),
+            "kinds": critical_path_shares(store, run, by="kind", iteration=iteration),
+            "path": critical_path(store, run, iteration=iteration),
+        }
+    if what == "critical-path-summary":
+        return {what: critical_path_summary(store, run, iteration=iteration)}
+    if what not in ANALYSES:
+        msg = f"unknown analysis {what!r}; one of {', '.join(WORDS)}"
+        raise PrismError(msg)
+    return {what: ANALYSES[what](store, run)}

@@ -156,25 +156,76 @@ def query_cmd(db: Path, sql: str, fmt: str, output: Path | None, max_rows: int) 
 
 @main.command("analyze")
 @click.argument("db", type=click.Path(path_type=Path))
-@click.argument("what", type=click.Choice(["temporal", "kernels", "overlap", "idle", "skew"]))
+@click.argument(
+    "what",
+    type=click.Choice(
+        [
+            "temporal",
+            "kernels",
+            "overlap",
+            "idle",
+            "skew",
+            "bubbles",
+            "bubble-windows",
+            "critical-path",
+            "critical-path-summary",
+            "diff",
+        ]
+    ),
+)
 @click.option("--run", "run_name", required=True, help="Run to analyse (any kind).")
+@click.option("--compare", default=None, help="diff: the other run (differences are OTHER - RUN).")
+@click.option("--iteration", type=int, default=None, help="Only this iteration.")
+@click.option(
+    "--threshold-pct",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="diff: an op diverges when its start shifts by more than this % of its iteration.",
+)
+@click.option("--min-ns", type=int, default=0, show_default=True, help="bubbles: shortest window.")
 @click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
 @click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown as table.")
 @_one_line_errors
-def analyze_cmd(db: Path, what: str, run_name: str, as_json: bool, max_rows: int) -> None:
-    """Answer WHAT about a run: temporal/kernel breakdown, overlap, idle time, collective skew."""
+def analyze_cmd(
+    db: Path,
+    what: str,
+    run_name: str,
+    compare: str | None,
+    iteration: int | None,
+    threshold_pct: float,
+    min_ns: int,
+    as_json: bool,
+    max_rows: int,
+) -> None:
+    """Answer WHAT about a run: temporal/kernel breakdown, overlap, idle time, collective skew,
+    pipeline bubbles, critical path across ranks, or its diff with another run."""
     import polars as pl
 
-    from analysis import ANALYSES
+    from analysis import analyze
     from prism_trace.store import open_store
 
     with open_store(db, read_only=True) as store:
-        df = ANALYSES[what](store, run_name)
+        frames = analyze(
+            store,
+            what,
+            run_name,
+            compare=compare,
+            iteration=iteration,
+            threshold_pct=threshold_pct,
+            min_ns=min_ns,
+        )
     if as_json:
-        click.echo(json.dumps(df.to_dicts(), default=str, indent=1))
+        out: object = {k: v.to_dicts() for k, v in frames.items()}
+        if len(frames) == 1:
+            out = next(iter(frames.values())).to_dicts()
+        click.echo(json.dumps(out, default=str, indent=1))
     else:
         with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
-            click.echo(str(df))
+            for name, df in frames.items():
+                if len(frames) > 1:
+                    click.echo(f"{name}:")
+                click.echo(str(df))
 
 
 @main.command("graph")
@@ -298,9 +349,61 @@ def emulate_cmd(
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
 
 
+@main.command("replay")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
+@click.option("--ranks", required=True, help="Ranks to replay with real kernels, e.g. 0,5.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--out-run", required=True, help="Name of the replayed run.")
+@click.option("--iterations", type=int, default=3, show_default=True, help="Measured passes.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Passes not measured.")
+@click.option("--substitute-recorded", is_flag=True, help="Unsupported ops: recorded duration.")
+@click.option("--gaps", type=click.Choice(["recorded", "none"]), default="recorded")
+@click.option("--instrument", type=click.Choice(["none", "profiler"]), default="none")
+@click.option("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads).")
+@click.option("--replace", is_flag=True, help="Overwrite an existing replayed run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def replay_cmd(
+    db: Path,
+    run_name: str,
+    ranks: str,
+    device: str,
+    out_run: str,
+    iterations: int,
+    warmup: int,
+    substitute_recorded: bool,
+    gaps: str,
+    instrument: str,
+    threads: int | None,
+    replace: bool,
+    as_json: bool,
+) -> None:
+    """Replay RANKS of RUN with real kernels; the other ranks are virtual peers."""
+    from prism_trace.store import open_store
+    from replay.hybrid import ReplayOptions, replay_run
+
+    options = ReplayOptions(
+        device=device,  # type: ignore[arg-type]
+        iterations=iterations,
+        warmup=warmup,
+        substitute_recorded=substitute_recorded,
+        gaps=gaps,  # type: ignore[arg-type]
+        instrument=instrument,  # type: ignore[arg-type]
+        threads=threads,
+    )
+    rank_list = [int(r) for r in ranks.split(",") if r.strip()]
+    with open_store(db) as store:
+        report = replay_run(
+            store, run=run_name, ranks=rank_list, out_run=out_run, options=options, replace=replace
+        )
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
 @main.command("validate")
 @click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="A run whose ranks were all recorded.")
+@click.option("--run", "run_name", default=None, help="A run whose ranks were all recorded.")
+@click.option("--replayed", default=None, help="Instead: a replayed run against its recording.")
 @click.option("--slice-ranks", default=None, help="Recorded ranks to slice from, e.g. 0,2,4,6.")
 @click.option(
     "--variance",
@@ -313,7 +416,8 @@ def emulate_cmd(
 @_one_line_errors
 def validate_cmd(
     db: Path,
-    run_name: str,
+    run_name: str | None,
+    replayed: str | None,
     slice_ranks: str | None,
     variance: str | None,
     seeds: int,
@@ -323,6 +427,16 @@ def validate_cmd(
     from prism_trace.store import open_store
     from replay import validate_run
 
+    if replayed is not None:
+        from replay.validate import validate_replayed
+
+        with open_store(db, read_only=True) as store:
+            rv = validate_replayed(store, replayed=replayed)
+        click.echo(json.dumps(rv.as_dict(), indent=2) if as_json else rv.summary())
+        return
+    if run_name is None:
+        msg = "give --run RUN (or --replayed NAME)"
+        raise click.UsageError(msg)
     ranks = None if slice_ranks is None else [int(r) for r in slice_ranks.split(",") if r]
     with open_store(db) as store:
         report = validate_run(
@@ -333,6 +447,41 @@ def validate_cmd(
             seeds=seeds,
         )
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
+@main.command(
+    "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@click.option("--world", "world_size", required=True, type=int, help="Ranks of the emulated job.")
+@click.option("--ranks", default="0", show_default=True, help="Ranks to run for real, e.g. 0,1.")
+@click.option("--db", type=click.Path(path_type=Path), default=None, help="Store with --run.")
+@click.option("--run", "run_name", default=None, help="Run whose timing the virtual peers follow.")
+@click.option("--timeout-s", type=float, default=None, help="Stop every rank after this long.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@_one_line_errors
+def run_cmd(
+    world_size: int,
+    ranks: str,
+    db: Path | None,
+    run_name: str | None,
+    timeout_s: float | None,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run an unmodified training COMMAND as --ranks of a --world job; the rest are virtual."""
+    from replay.launch import launch
+
+    res = launch(
+        list(command),
+        world_size=world_size,
+        ranks=[int(r) for r in ranks.split(",") if r],
+        db=db,
+        run=run_name,
+        timeout_s=timeout_s,
+    )
+    click.echo(json.dumps(res.as_dict(), indent=2) if as_json else res.summary(), err=not as_json)
+    sys.exit(res.returncode)
 
 
 @main.command("report")

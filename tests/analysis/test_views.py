@@ -16,7 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "analysis.md"
 def test_every_public_view_and_column_has_a_comment(sample_store: Store) -> None:
     objects = views.load_views(sample_store.con, force=True)
     public = [o for o in objects if o.public and o.kind == "VIEW"]
-    assert {o.module for o in objects} == {"core", "breakdown", "comm"}
+    assert {o.module for o in objects} == {"core", "breakdown", "comm", "pipeline"}
     for o in public:
         row = sample_store.con.execute(
             "SELECT comment FROM duckdb_views() WHERE view_name = ? AND temporary", [o.name]

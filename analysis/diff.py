@@ -1,0 +1,303 @@
+"""Run diff: how two runs of one job differ, per iteration, per rank and per op.
+
+Any two runs (recorded vs emulated, two emulations, two recordings) are compared through the one
+schema. Ranks are matched by global rank; a class member of an emulated sliced run reads its
+class exemplar's events (``rank.class_id``). Iterations are matched by number. Ops are aligned:
+
+- ``node``: when one run was emulated from the other (``run.parent_run_id``) or both from the
+  same run, through the execution graph: an emulated event's ``event_id`` is the parent's
+  ``graph_node.node_id``, whose ``event_id`` is the recorded event.
+- ``ordinal`` otherwise: by (rank, iteration, name, occurrence in start order).
+
+An op's start is taken relative to its rank's iteration start in its own run, so runs on
+different clocks compare. The first divergence of an iteration is the op (earliest start in run
+``a``) whose start shifted by more than the threshold: ``threshold_pct`` of the rank's iteration
+in ``a``, or ``threshold_ns``. Contributors rank op names by their total duration difference and
+by their largest start shift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from prism_trace.errors import PrismError
+from prism_trace.store import Store
+
+__all__ = ["RunDiff", "run_diff"]
+
+
+@dataclass
+class RunDiff:
+    """The difference ``b - a`` of two runs (times in ns)."""
+
+    a: str
+    b: str
+    alignment: str
+    """``node`` (through the execution graph) or ``ordinal``."""
+    iterations: pl.DataFrame
+    """Per iteration: ``ranks, a_ns, b_ns`` (mean over ranks), ``diff_ns, diff_pct``, and the
+    first divergent op (``first_rank, first_op, first_shift_ns``)."""
+    ranks: pl.DataFrame
+    """Per rank and iteration: ``a_ns, b_ns, diff_ns, diff_pct``."""
+    divergence: pl.DataFrame
+    """Per iteration, the first op whose start shifted beyond the threshold: ``rank, name,
+    ordinal, a_ts, a_rel_ns, b_rel_ns, shift_ns, threshold_ns, a_dur, b_dur``."""
+    contributors: pl.DataFrame
+    """Per op name: ``ops, a_ns, b_ns, dur_diff_ns, mean_shift_ns, max_abs_shift_ns,
+    dur_rank, shift_rank``, largest absolute duration difference first."""
+    matched_ops: int = 0
+    unmatched_a: int = 0
+    unmatched_b: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def frames(self) -> dict[str, pl.DataFrame]:
+        """The sections as named frames (for printing or JSON)."""
+        return {
+            "iterations": self.iterations,
+            "divergence": self.divergence,
+            "contributors": self.contributors,
+            "ranks": self.ranks,
+        }
+
+
+def _info(store: Store, run: str) -> tuple[int, str, int | None]:
+    run_id = store.require_run(run)
+    ((kind, parent),) = store.con.execute(
+        "SELECT kind, parent_run_id FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    return run_id, str(kind), None if parent is None else int(parent)
+
+
+def _units(store: Store, run_id: int) -> pl.DataFrame:
+    """``rank, unit``: the rank whose events stand for each rank (its class exemplar)."""
+    return store.con.sql(
+        "WITH r AS (SELECT rank, coalesce(class_id, rank) AS cls FROM rank WHERE run_id = $1),"
+        " ev AS (SELECT DISTINCT rank FROM event WHERE run_id = $1)"
+        " SELECT r.rank, x.unit FROM r JOIN (SELECT r.cls, min(r.rank) AS unit FROM r"
+        " JOIN ev USING (rank) GROUP BY r.cls) x USING (cls)",
+        params=[run_id],
+    ).pl()
+
+
+def _iterations(store: Store, run_id: int) -> pl.DataFrame:
+    return store.con.sql(
+        "SELECT rank, iteration, ts AS it_ts, dur AS it_dur FROM iteration WHERE run_id = $1",
+        params=[run_id],
+    ).pl()
+
+
+def _ops(store: Store, run_id: int, node_of: int | None) -> pl.DataFrame:
+    """Timed ops of a run with their start relative to their rank's iteration and their key.
+
+    ``node_of``: the graph run whose ``graph_node`` maps this run's ``event_id`` to a node id
+    (``key``); ``None`` uses the event id itself (emulated runs) or, for ordinal alignment, is
+    ignored.
+    """
+    if node_of is not None:
+        sql = (
+            "SELECT e.rank, e.iteration, e.name, e.ts, e.dur, n.node_id AS key"
+            " FROM event e JOIN graph_node n ON n.run_id = $2 AND n.rank = e.rank"
+            " AND n.event_id = e.event_id"
+            " WHERE e.run_id = $1 AND e.ts IS NOT NULL AND e.dur IS NOT NULL"
+            " AND e.iteration IS NOT NULL"
+        )
+        params: list[object] = [run_id, node_of]
+    else:
+        sql = (
+            "SELECT rank, iteration, name, ts, dur, event_id AS key FROM event"
+            " WHERE run_id = $1 AND ts IS NOT NULL AND dur IS NOT NULL"
+            " AND iteration IS NOT NULL AND category <> 'instant'"
+        )
+        params = [run_id]
+    ops = store.con.sql(sql, params=params).pl()
+    it = _iterations(store, run_id)
+    return (
+        ops.join(it, on=["rank", "iteration"], how="inner")
+        .sort("rank", "iteration", "ts", "key")
+        .with_columns(
+            (pl.col("ts") - pl.col("it_ts")).alias("rel"),
+            pl.int_range(pl.len(), dtype=pl.Int64)
+            .over("rank", "iteration", "name")
+            .alias("ordinal"),
+        )
+    )
+
+
+def _alignment(
+    store: Store, a: tuple[int, str, int | None], b: tuple[int, str, int | None]
+) -> tuple[str, int | None, int | None]:
+    """How to key ops: ``(mode, graph run for a's keys, graph run for b's keys)``."""
+    (ida, kind_a, par_a), (idb, kind_b, par_b) = a, b
+
+    def has_graph(run_id: int) -> bool:
+        rows = store.con.execute(
+            "SELECT EXISTS (SELECT 1 FROM graph_node WHERE run_id = ?)", [run_id]
+        ).fetchall()
+        return bool(rows[0][0])
+
+    if kind_b == "emulated" and par_b == ida and kind_a == "recorded" and has_graph(ida):
+        return "node", ida, None
+    if kind_a == "emulated" and par_a == idb and kind_b == "recorded" and has_graph(idb):
+        return "node", None, idb
+    if kind_a == kind_b == "emulated" and par_a == par_b and par_a is not None:
+        return "node", None, None
+    return "ordinal", None, None
+
+
+def run_diff(
+    store: Store,
+    a: str,
+    b: str,
+    *,
+    threshold_pct: float = 1.0,
+    threshold_ns: int | None = None,
+    iteration: int | None = None,
+    top: int = 10,
+) -> RunDiff:
+    """Compare run ``b`` with run ``a`` (differences are ``b - a``).
+
+    Args:
+        store: an open store (read-only is fine).
+        a: the reference run (e.g. the recording).
+        b: the other run (e.g. its emulation).
+        threshold_pct: an op's start diverges when it shifts by more than this percentage of its
+            rank's iteration in ``a``.
+        threshold_ns: an absolute threshold instead (takes precedence).
+        iteration: only this iteration.
+        top: contributors kept (by duration difference or by start shift).
+
+    Returns:
+        A ``RunDiff``.
+
+    Raises:
+        PrismError: a run does not exist, or the runs share no rank-iteration.
+    """
+    ia, ib = _info(store, a), _info(store, b)
+    ua, ub = _units(store, ia[0]), _units(store, ib[0])
+    it_a, it_b = _iterations(store, ia[0]), _iterations(store, ib[0])
+    if iteration is not None:
+        it_a = it_a.filter(pl.col("iteration") == iteration)
+        it_b = it_b.filter(pl.col("iteration") == iteration)
+    ranks = (
+        it_a.join(it_b, on=["rank", "iteration"], how="inner", suffix="_b")
+        .select(
+            "rank",
+            "iteration",
+            pl.col("it_dur").alias("a_ns"),
+            pl.col("it_dur_b").alias("b_ns"),
+        )
+        .with_columns((pl.col("b_ns") - pl.col("a_ns")).alias("diff_ns"))
+        .with_columns((100.0 * pl.col("diff_ns") / pl.col("a_ns")).alias("diff_pct"))
+        .sort("iteration", "rank")
+    )
+    if ranks.is_empty():
+        msg = f"{store.path}: runs {a!r} and {b!r} share no (rank, iteration)"
+        raise PrismError(msg)
+
+    mode, graph_a, graph_b = _alignment(store, ia, ib)
+    ops_a = _ops(store, ia[0], graph_a).join(
+        it_a.select("rank", "iteration"), on=["rank", "iteration"], how="semi"
+    )
+    ops_b = _ops(store, ib[0], graph_b).join(
+        it_b.select("rank", "iteration"), on=["rank", "iteration"], how="semi"
+    )
+    pairs = (
+        ua.join(ub, on="rank", how="inner", suffix="_b")
+        .select(pl.col("unit").alias("rank"), pl.col("unit_b").alias("rank_b"))
+        .unique()
+    )
+    on = ["key"] if mode == "node" else ["iteration", "name", "ordinal"]
+    left = ops_a.join(pairs, on="rank", how="inner")
+    matched = left.join(
+        ops_b.rename({"rank": "rank_b"}),
+        left_on=["rank_b", *on],
+        right_on=["rank_b", *on],
+        how="inner",
+        suffix="_b",
+    )
+    if mode == "node":
+        matched = matched.filter(pl.col("iteration") == pl.col("iteration_b"))
+    matched = matched.with_columns(
+        (pl.col("rel_b") - pl.col("rel")).alias("shift_ns"),
+        (pl.col("dur_b") - pl.col("dur")).alias("dur_diff_ns"),
+        (
+            pl.lit(threshold_ns, pl.Int64)
+            if threshold_ns is not None
+            else (pl.col("it_dur") * threshold_pct / 100.0).round().cast(pl.Int64)
+        ).alias("threshold_ns"),
+    )
+
+    divergence = (
+        matched.filter(pl.col("shift_ns").abs() > pl.col("threshold_ns"))
+        .sort("iteration", "ts", "rank")
+        .group_by("iteration", maintain_order=True)
+        .first()
+        .select(
+            "iteration",
+            "rank",
+            "name",
+            "ordinal",
+            pl.col("ts").alias("a_ts"),
+            pl.col("rel").alias("a_rel_ns"),
+            pl.col("rel_b").alias("b_rel_ns"),
+            "shift_ns",
+            "threshold_ns",
+            pl.col("dur").alias("a_dur"),
+            pl.col("dur_b").alias("b_dur"),
+        )
+    )
+    iterations = (
+        ranks.group_by("iteration")
+        .agg(pl.len().alias("ranks"), pl.col("a_ns").mean(), pl.col("b_ns").mean())
+        .with_columns((pl.col("b_ns") - pl.col("a_ns")).alias("diff_ns"))
+        .with_columns((100.0 * pl.col("diff_ns") / pl.col("a_ns")).alias("diff_pct"))
+        .join(
+            divergence.select(
+                "iteration",
+                pl.col("rank").alias("first_rank"),
+                pl.col("name").alias("first_op"),
+                pl.col("shift_ns").alias("first_shift_ns"),
+            ),
+            on="iteration",
+            how="left",
+        )
+        .sort("iteration")
+    )
+    contributors = (
+        matched.group_by("name")
+        .agg(
+            pl.len().alias("ops"),
+            pl.col("dur").sum().alias("a_ns"),
+            pl.col("dur_b").sum().alias("b_ns"),
+            pl.col("dur_diff_ns").sum(),
+            pl.col("shift_ns").mean().alias("mean_shift_ns"),
+            pl.col("shift_ns").abs().max().alias("max_abs_shift_ns"),
+        )
+        .with_columns(
+            pl.col("dur_diff_ns").abs().rank("ordinal", descending=True).alias("dur_rank"),
+            pl.col("max_abs_shift_ns").rank("ordinal", descending=True).alias("shift_rank"),
+        )
+        .filter((pl.col("dur_rank") <= top) | (pl.col("shift_rank") <= top))
+        .sort("dur_rank")
+    )
+    notes = []
+    if mode == "ordinal":
+        notes.append("ops aligned by (rank, iteration, name, occurrence)")
+    return RunDiff(
+        a=a,
+        b=b,
+        alignment=mode,
+        iterations=iterations,
+        ranks=ranks,
+        divergence=divergence,
+        contributors=contributors,
+        matched_ops=matched.height,
+        unmatched_a=left.height - matched.height,
+        unmatched_b=ops_b.join(
+            pairs.select(pl.col("rank_b").alias("rank")).unique(), on="rank", how="semi"
+        ).height
+        - matched.height,
+        notes=notes,
+    )
