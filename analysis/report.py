@@ -309,6 +309,47 @@ def _iterations(
     return sec, other
 
 
+def _frame_table(df: pl.DataFrame, columns: list[str], max_rows: int = 10) -> str:
+    """A small HTML table of ``columns`` of ``df``, every cell escaped."""
+    cols = [c for c in columns if c in df.columns]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+        for row in df.select(cols).head(max_rows).iter_rows()
+    )
+    return f"<table class='facts'><tr>{head}</tr>{body}</table>"
+
+
+def _diff(store: Store, other: str, run: str, notes: list[str]) -> _Section:
+    """Run diff against the compared run: where the timelines diverge and which ops explain it."""
+    from analysis.diff import run_diff
+
+    sec = _Section(
+        "diff",
+        "Run diff",
+        f"This run minus {other!r}: the first op per iteration whose start shifted beyond 1 % of"
+        " its iteration, and the ops that contribute most to the difference.",
+    )
+    try:
+        d = run_diff(store, other, run)
+    except PrismError as exc:
+        notes.append(f"run diff with {other!r}: {exc}")
+        sec.html = "<p class='what'>No rank-iteration in common with the compared run.</p>"
+        return sec
+    sec.html = (
+        f"<p class='what'>{d.matched_ops} ops aligned ({html.escape(d.alignment)}).</p>"
+        "<h3>First divergence per iteration</h3>"
+        + _frame_table(
+            d.divergence, ["iteration", "rank", "name", "ordinal", "shift_ns", "threshold_ns"]
+        )
+        + "<h3>Top contributors</h3>"
+        + _frame_table(
+            d.contributors, ["name", "ops", "a_ns", "b_ns", "dur_diff_ns", "mean_shift_ns"]
+        )
+    )
+    return sec
+
+
 def _memory(store: Store, run_id: int, t0: int, limits: ReportLimits, notes: list[str]) -> _Section:
     sec = _Section(
         "memory",
@@ -392,7 +433,10 @@ def write_report(
         _waits(store, run, groups, limits, notes),
     ]
     it_sec, other = _iterations(store, facts, compare, notes)
-    sections += [it_sec, _memory(store, run_id, t0, limits, notes)]
+    sections.append(it_sec)
+    if other is not None:
+        sections.append(_diff(store, other, run, notes))
+    sections.append(_memory(store, run_id, t0, limits, notes))
     page = _render(facts, other, sections, notes)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -124,6 +124,11 @@ def test_compare_and_caps(store: Store, tmp_path: Path) -> None:
     assert "memory: 2 of 8" in joined
     assert re.search(r"collective waits: \d+ of 168 instances", joined)
     assert rep.summary().startswith("report of run 'sample' vs 'sample_emu'")
+    # The run diff section: every op of the sample aligns with its emulation through the graph.
+    text = (tmp_path / "c.html").read_text()
+    diff = text[text.index("Run diff</h2>") :]
+    assert re.search(r"\d+ ops aligned \(node\)", diff[:2000])
+    assert "<h3>Top contributors</h3>" in diff
 
 
 def test_unknown_run(store: Store, tmp_path: Path) -> None:
