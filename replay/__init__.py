@@ -1,16 +1,21 @@
-"""Time: emulate a run's execution graph at any scale and validate it against the recording.
+"""Time: emulate a run's execution graph at any scale, replay real kernels, validate.
 
-``emulate_run`` (store → emulated run) and ``validate_run`` (replay and slice fidelity) are the
-entry points; ``replay.emulator`` is the pure core on arrays.
+``emulate_run`` (store → emulated run, with what-ifs), ``validate_run`` (replay and slice
+fidelity), ``replay_run`` (real kernels of selected ranks against virtual-peer timing; needs
+torch, imported only when called) and ``validate_replayed`` are the entry points;
+``replay.emulator`` is the pure core on arrays, ``replay.process_group`` the timed fake backend.
 """
 
 from __future__ import annotations
 
+from replay.calibrate import calibrate_run
 from replay.emulator import DeadlockError, MissingParticipantError
+from replay.hybrid import ReplayOptions, replay_run
 from replay.run import EmulationConfig, EmulationReport, ReplayConfig, emulate_run
 from replay.timing import TimingConfig
 from replay.topology import Topology
-from replay.validate import ValidationReport, validate_run
+from replay.validate import ValidationReport, validate_replayed, validate_run
+from replay.whatif import WhatIfConfig, parse_what_if
 
 __all__ = [
     "DeadlockError",
@@ -18,9 +23,15 @@ __all__ = [
     "EmulationReport",
     "MissingParticipantError",
     "ReplayConfig",
+    "ReplayOptions",
     "TimingConfig",
     "Topology",
     "ValidationReport",
+    "WhatIfConfig",
+    "calibrate_run",
     "emulate_run",
+    "parse_what_if",
+    "replay_run",
+    "validate_replayed",
     "validate_run",
 ]

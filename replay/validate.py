@@ -24,7 +24,14 @@ from replay.whatif import WhatIfConfig
 if TYPE_CHECKING:
     from prism_trace.store import Store
 
-__all__ = ["IterationError", "RankPeak", "ValidationReport", "validate_run"]
+__all__ = [
+    "IterationError",
+    "RankPeak",
+    "ReplayValidation",
+    "ValidationReport",
+    "validate_replayed",
+    "validate_run",
+]
 
 
 @dataclass(frozen=True)
