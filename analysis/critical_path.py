@@ -124,6 +124,11 @@ def _graph_run(store: Store, run: str) -> tuple[int, int, bool]:
     raise PrismError(msg)
 
 
+def _kind(store: Store, run_id: int) -> str:
+    rows = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [run_id]).fetchall()
+    return str(rows[0][0])
+
+
 def _load(store: Store, run: str) -> _Graph:
     run_id, graph_id, own = _graph_run(store, run)
     if own:
@@ -140,6 +145,19 @@ def _load(store: Store, run: str) -> _Graph:
             " AND e.rank = coalesce(r.represented_by, n.rank) AND e.event_id = n.event_id"
             " WHERE n.run_id = $1 AND n.ts IS NOT NULL ORDER BY n.rank, n.node_id",
             [graph_id],
+        )
+    elif _kind(store, run_id) == "replayed":
+        # A replayed run's events are host ET nodes (``event_id = et_op.node_id``); the graph
+        # node of one is the graph node of the recorded event its ET op is linked to.
+        nodes = _fetch(
+            store,
+            "SELECT n.rank, n.node_id, n.kind, n.name, e.category, e.iteration, e.ts, e.dur,"
+            " n.group_id, n.seq, n.peer, n.track_id"
+            " FROM graph_node n"
+            " JOIN et_op o ON o.run_id = $1 AND o.rank = n.rank AND o.event_id = n.event_id"
+            " JOIN event e ON e.run_id = $2 AND e.rank = n.rank AND e.event_id = o.node_id"
+            " WHERE n.run_id = $1 AND e.ts IS NOT NULL ORDER BY n.rank, n.node_id",
+            [graph_id, run_id],
         )
     else:
         nodes = _fetch(
