@@ -327,6 +327,23 @@ def slice_cmd(
     " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op].",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the variance mode.")
+@click.option(
+    "--topology",
+    "system",
+    type=click.Choice(["generic", "a100", "h100", "h200"]),
+    default="generic",
+    show_default=True,
+    help="Network preset of the transfer model (docs/network.md).",
+)
+@click.option(
+    "--timing",
+    "timing_model",
+    type=click.Choice(["scaled", "recorded", "alpha_beta"]),
+    default="scaled",
+    show_default=True,
+    help="Transfer times: recorded, carried to a new scale by the model, or the pure model.",
+)
+@click.option("--calibrate", is_flag=True, help="Fit the network model to recorded collectives.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
 def emulate_cmd(
@@ -336,14 +353,22 @@ def emulate_cmd(
     replace: bool,
     what_ifs: tuple[str, ...],
     seed: int,
+    system: str,
+    timing_model: str,
+    calibrate: bool,
     as_json: bool,
 ) -> None:
     """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
     from prism_trace.store import open_store
-    from replay import EmulationConfig, emulate_run
+    from replay import EmulationConfig, TimingConfig, Topology, emulate_run
     from replay.whatif import parse_what_if
 
-    config = EmulationConfig(what_if=parse_what_if(what_ifs), seed=seed)
+    config = EmulationConfig(
+        what_if=parse_what_if(what_ifs),
+        seed=seed,
+        topology=Topology(system=system),
+        timing=TimingConfig(model=timing_model, calibrate=calibrate),  # type: ignore[arg-type]
+    )
     with open_store(db) as store:
         report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())

@@ -181,6 +181,21 @@ def test_cli_what_if_and_bad_word(tmp_path: Path) -> None:
         main, ["emulate", path, "--run", "h", "--out-run", "h2", "--what-if", "slow-ranks=1@2"]
     )
     assert ok.exit_code == 0, ok.output
+    net = runner.invoke(
+        main,
+        [
+            *("emulate", path, "--run", "h", "--out-run", "h4", "--topology", "h100"),
+            *("--timing", "alpha_beta", "--calibrate"),
+        ],
+    )
+    assert net.exit_code == 0, net.output
+    import duckdb
+
+    with duckdb.connect(path, read_only=True) as con:
+        ((cfg,),) = con.execute("SELECT config_json FROM run WHERE name = 'h4'").fetchall()
+    assert '"system": "h100"' in cfg
+    assert '"model": "alpha_beta"' in cfg
+    assert '"calibrate": true' in cfg
     bad = runner.invoke(
         main, ["emulate", path, "--run", "h", "--out-run", "h3", "--what-if", "x=1"]
     )
