@@ -8,6 +8,7 @@ exactly as it was.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -191,18 +192,28 @@ class _RankBook:
                 raise DuplicateRankError(msg)
 
 
-def _link_rank(con: object, run_id: int, rank: int, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Link one rank's host ET ops to its Kineto events already written in this transaction."""
+def _link_rank(con: object, rank: int, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Link one rank's host ET ops to its Kineto events already staged by this ingest."""
     from prism_trace.link import HOST_CATEGORIES, link_et_to_kineto
 
     cols = ", ".join(FRAME_SCHEMAS["events"])
     cats = ", ".join(f"'{c}'" for c in HOST_CATEGORIES)
     events = con.sql(  # type: ignore[attr-defined]
-        f"SELECT {cols} FROM event WHERE run_id = $1 AND rank = $2 AND category IN ({cats})",
-        params=[run_id, rank],
+        f"SELECT {cols} FROM {_STAGE}.event WHERE rank = $1 AND category IN ({cats})",
+        params=[rank],
     ).pl()
     linked, report = link_et_to_kineto(ops, events)
     return linked, report.linked
+
+
+# The scratch database every file is staged into (committed file by file, so its pages can leave
+# memory), and the in-memory one a Kineto reader works in (dropped after each file).
+_STAGE = "_prism_stage"
+_WORK = "_prism_work"
+# Tables staged file by file and copied into the store at the end.
+_STAGED = ("track", "event", "flow", "iteration", "memory", "et_op")
+# A Kineto trace of at least this many JSON bytes is worked on in a database file, not in memory.
+_WORK_ON_DISK_BYTES = 256 << 20
 
 
 def ingest(
@@ -217,8 +228,11 @@ def ingest(
 ) -> IngestReport:
     """Ingest the traces under ``paths`` as one recorded run.
 
-    Files are read one at a time and written at once inside one transaction, so memory holds one
-    file's tables, not the job's, and any failure rolls the whole ingest back.
+    Each file is read and its rows staged into a scratch DuckDB database in a temporary folder,
+    committed file by file, so memory holds one file's work, not the job's (DuckDB may evict the
+    staged pages); a Kineto file's events go there from SQL without a trip through Python. The
+    store is written only at the end, by one transaction copying the staged tables, so any failure
+    leaves it exactly as it was.
 
     Args:
         store: an open, writable store.
@@ -248,9 +262,49 @@ def ingest(
     if rank is not None and len(files) > 1:
         msg = f"{files[0].path}: --rank applies to a single file, but {len(files)} were given"
         raise PrismError(msg)
-    # Timelines first, so a host ET can be linked to its rank's Kineto events already written.
+    # Timelines first, so a host ET can be linked to its rank's Kineto events already staged.
     files.sort(key=lambda f: f.format == "host_et")
     prints = _check_fingerprints(store, files, old_id)
+    with tempfile.TemporaryDirectory(prefix="prism-ingest-") as tmp:
+        store.con.execute(f"ATTACH '{_quote(Path(tmp) / 'stage.duckdb')}' AS {_STAGE}")
+        try:
+            return _ingest_staged(
+                store,
+                tmp=Path(tmp),
+                files=files,
+                skipped=skipped,
+                prints=prints,
+                paths=paths,
+                run=run,
+                format=format,
+                rank=rank,
+                old_id=old_id,
+                progress=progress,
+            )
+        finally:
+            store.con.execute(f"DETACH DATABASE IF EXISTS {_STAGE}")
+
+
+def _ingest_staged(
+    store: Store,
+    *,
+    tmp: Path,
+    files: list[TraceFile],
+    skipped: list[Path],
+    prints: list[str],
+    paths: list[Path],
+    run: str,
+    format: str,
+    rank: int | None,
+    old_id: int | None,
+    progress: bool,
+) -> IngestReport:
+    """Stage every file into ``_STAGE``, then copy it all into the store in one transaction."""
+    con = store.con
+    for tbl in _STAGED:
+        con.execute(_stage_ddl(f"{_STAGE}.{tbl}", tbl, group_name=False))
+    con.execute(_stage_ddl(f"{_STAGE}.collective", "collective"))
+    con.execute(_stage_ddl(f"{_STAGE}.p2p", "p2p"))
 
     book = _RankBook()
     rank_frames: list[pl.DataFrame] = []
@@ -260,26 +314,12 @@ def ingest(
     et_counts: dict[int, tuple[int, int]] = {}
     formats: set[str] = set()
     file_ranks: list[list[int]] = []
+    sources: list[list[object]] = []
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     total = sum(f.path.stat().st_size for f in files)
-    with (
-        store.transaction() as con,
-        tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest") as bar,
-    ):
-        if old_id is not None:
-            _delete_run(con, old_id)
-        row = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
-        run_id = int(row[0][0])
-        config = {"paths": [str(p) for p in paths], "format": format}
-        con.execute(
-            "INSERT INTO run (run_id, name, kind, created_at, config_json)"
-            " VALUES (?, ?, 'recorded', ?, ?)",
-            [run_id, run, now, json.dumps(config)],
-        )
-        con.execute(_stage_ddl("_stage_collective", "collective"))
-        con.execute(_stage_ddl("_stage_p2p", "p2p"))
+    with tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest") as bar:
         for f, fp in zip(files, prints, strict=True):
-            t = read_trace(f, rank=rank)
+            t = _read_staged(store, f, rank, tmp)
             book.add(t)
             file_ranks.append(t.rank_ids)
             formats.add(t.format)
@@ -295,11 +335,11 @@ def ingest(
                     ops = t.et_ops.filter(pl.col("rank") == r)
                     n_linked = 0
                     if book.timeline.get(r, ("",))[0] == "kineto":
-                        ops, n_linked = _link_rank(con, run_id, r, ops)
+                        ops, n_linked = _link_rank(con, r, ops)
                     et_counts[r] = (ops.height, n_linked)
-                    _insert(con, "et_op", run_id, ops)
+                    _stage(con, "et_op", ops)
             else:
-                _insert(con, "et_op", run_id, t.et_ops)
+                _stage(con, "et_op", t.et_ops)
             keep = pl.col("rank").is_in(mine)
             iterations = t.iterations.filter(keep)
             colls = _number(t.collectives.filter(keep), ["rank", "group_name"])
@@ -307,48 +347,52 @@ def ingest(
             comm_names |= set(colls["group_name"].drop_nulls()) | set(
                 p2p["group_name"].drop_nulls()
             )
-            _insert(con, "track", run_id, t.tracks.filter(keep))
-            _insert(con, "event", run_id, t.events.filter(keep))
-            _insert(con, "flow", run_id, t.flows.filter(keep))
-            _insert(con, "iteration", run_id, iterations)
-            _insert(
-                con, "memory", run_id, _assign_iteration(t.memory.filter(keep), "ts", iterations)
-            )
-            _stage(con, "_stage_collective", _assign_iteration(colls, "host_ts", iterations))
-            _stage(con, "_stage_p2p", _assign_iteration(p2p, "host_ts", iterations))
-            con.execute(
-                "INSERT INTO source_file VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    run_id,
-                    t.rank_ids[0] if len(t.rank_ids) == 1 else None,
-                    str(f.path.resolve()),
-                    t.format,
-                    f.path.stat().st_size,
-                    fp,
-                    now,
-                ],
-            )
-            bar.update(f.path.stat().st_size)
+            _stage(con, "track", t.tracks.filter(keep))
+            _stage(con, "event", t.events.filter(keep))
+            _stage(con, "flow", t.flows.filter(keep))
+            _stage(con, "iteration", iterations)
+            _stage(con, "memory", _assign_iteration(t.memory.filter(keep), "ts", iterations))
+            _stage(con, "collective", _assign_iteration(colls, "host_ts", iterations))
+            _stage(con, "p2p", _assign_iteration(p2p, "host_ts", iterations))
+            size = f.path.stat().st_size
+            one = t.rank_ids[0] if len(t.rank_ids) == 1 else None
+            sources.append([one, str(f.path.resolve()), t.format, size, fp, now])
+            bar.update(size)
             del t
 
-        ranks = sorted(set(book.timeline) | set(book.host_et))
-        world = max([*sizes, max(ranks) + 1])
-        groups = _merge_groups(group_frames, comm_names, world)
+    ranks = sorted(set(book.timeline) | set(book.host_et))
+    world = max([*sizes, max(ranks) + 1])
+    groups = _merge_groups(group_frames, comm_names, world)
+    rank_rows = _rank_rows(rank_frames, et_counts)
+    with store.transaction() as con:
+        if old_id is not None:
+            _delete_run(con, old_id)
+        row = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+        run_id = int(row[0][0])
+        config = {"paths": [str(p) for p in paths], "format": format}
+        source_format = formats.pop() if len(formats) == 1 else "mixed"
+        con.execute(
+            "INSERT INTO run (run_id, name, kind, created_at, config_json, world_size,"
+            " source_format) VALUES (?, ?, 'recorded', ?, ?, ?, ?)",
+            [run_id, run, now, json.dumps(config), world, source_format],
+        )
+        for tbl in _STAGED:
+            cols = ", ".join(c for c in schema.table(tbl).column_names if c != "run_id")
+            con.execute(
+                f"INSERT INTO {tbl} (run_id, {cols}) SELECT {run_id}, {cols} FROM {_STAGE}.{tbl}"
+            )
         _insert(con, "comm_group", run_id, groups)
-        _insert(con, "rank", run_id, _rank_rows(rank_frames, et_counts))
-        for stage, tbl in (("_stage_collective", "collective"), ("_stage_p2p", "p2p")):
+        _insert(con, "rank", run_id, rank_rows)
+        for tbl in ("collective", "p2p"):
             cols = [c for c in schema.table(tbl).column_names if c not in ("run_id", "group_id")]
             con.execute(
                 f"INSERT INTO {tbl} (run_id, group_id, {', '.join(cols)})"
                 f" SELECT {run_id}, g.group_id, {', '.join('s.' + c for c in cols)}"
-                f" FROM {stage} s LEFT JOIN comm_group g"
+                f" FROM {_STAGE}.{tbl} s LEFT JOIN comm_group g"
                 f" ON g.run_id = {run_id} AND g.name = s.group_name"
             )
-            con.execute(f"DROP TABLE {stage}")
-        source_format = formats.pop() if len(formats) == 1 else "mixed"
-        con.execute(
-            "UPDATE run SET world_size = ?, source_format = ? WHERE run_id = ?",
-            [world, source_format, run_id],
+        con.executemany(
+            "INSERT INTO source_file VALUES (?, ?, ?, ?, ?, ?, ?)", [[run_id, *s] for s in sources]
         )
         counts = {tbl: _count(con, tbl, run_id) for tbl in _RUN_TABLES}
     return IngestReport(
@@ -362,6 +406,47 @@ def ingest(
         et_ops={r: v[0] for r, v in et_counts.items()},
         et_ops_linked={r: v[1] for r, v in et_counts.items()},
     )
+
+
+def _read_staged(store: Store, trace: TraceFile, rank: int | None, tmp: Path) -> TraceTables:
+    """Read one file; a Kineto file's events go straight into the staged ``event`` table.
+
+    The Kineto reader's work tables live in a database of their own, dropped after the file. For a
+    large trace it is a file: there its tables are compressed and DuckDB can evict them, which
+    bounds the peak (benchmarks/bench_ingest.py, big file); for a smaller one an in-memory
+    database is faster (no disk write) and its tables are small anyway.
+    """
+    if trace.format != "kineto":
+        return read_trace(trace, rank=rank)
+    from prism_trace.formats.kineto import stage_kineto
+
+    on_disk = _json_size_guess(trace.path) >= _WORK_ON_DISK_BYTES
+    work = tmp / "work.duckdb"
+    cur = store.con.cursor()
+    try:
+        cur.execute(f"ATTACH '{_quote(work) if on_disk else ':memory:'}' AS {_WORK}")
+        cur.execute(f"USE {_WORK}")
+        return stage_kineto(
+            trace.path, con=cur, events_table=f"{_STAGE}.event", rank=rank, tmp_dir=tmp
+        )
+    finally:
+        cur.execute(f"USE {_STAGE}")
+        cur.execute(f"DETACH DATABASE IF EXISTS {_WORK}")
+        cur.close()
+        for p in (work, work.with_name(work.name + ".wal")):
+            p.unlink(missing_ok=True)
+
+
+def _json_size_guess(path: Path) -> int:
+    """The JSON bytes of ``path``, guessed: gzipped Kineto JSON shrinks about 8 times."""
+    with path.open("rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    return path.stat().st_size * (8 if gz else 1)
+
+
+def _quote(path: Path) -> str:
+    """``path`` for a single-quoted SQL string."""
+    return str(path).replace("'", "''")
 
 
 def _check_fingerprints(store: Store, files: list[TraceFile], old_id: int | None) -> list[str]:
@@ -418,22 +503,26 @@ def _rank_rows(frames: list[pl.DataFrame], et_counts: dict[int, tuple[int, int]]
     return rows.join(et_df, on="rank", how="left")
 
 
-def _stage_ddl(stage: str, table_name: str) -> str:
-    """A temp table shaped like ``table_name`` but with ``group_name`` for the minted group id."""
+def _stage_ddl(stage: str, table_name: str, *, group_name: bool = True) -> str:
+    """A staging table shaped like ``table_name`` without ``run_id`` (minted at the end), keys
+    or constraints; with ``group_name``, the group's name stands in for the minted group id."""
     cols = [
-        "group_name VARCHAR" if c.name == "group_id" else f"{c.name} {c.type}"
+        "group_name VARCHAR" if group_name and c.name == "group_id" else f"{c.name} {c.type}"
         for c in schema.table(table_name).columns
         if c.name != "run_id"
     ]
-    return f"CREATE TEMP TABLE {stage} ({', '.join(cols)})"
+    return f"CREATE TABLE {stage} ({', '.join(cols)})"
 
 
-def _stage(con: object, stage: str, df: pl.DataFrame) -> None:
+def _stage(con: object, table_name: str, df: pl.DataFrame) -> None:
+    """Append ``df`` to the staged ``table_name``, matching columns by name."""
     if df.is_empty():
         return
     con.register("_stage_frame", df.to_arrow())  # type: ignore[attr-defined]
     try:
-        con.execute(f"INSERT INTO {stage} BY NAME SELECT * FROM _stage_frame")  # type: ignore[attr-defined]
+        con.execute(  # type: ignore[attr-defined]
+            f"INSERT INTO {_STAGE}.{table_name} BY NAME SELECT * FROM _stage_frame"
+        )
     finally:
         con.unregister("_stage_frame")  # type: ignore[attr-defined]
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import polars as pl
 
-from prism_trace.errors import DuplicateRunError, PrismError
+from prism_trace.errors import PrismError
 from replay.kernels import (
     Program,
     build_program,
@@ -38,6 +38,7 @@ from replay.kernels import (
     select_units,
 )
 from replay.peers import PeerSchedule, _schedule
+from replay.run import _check_out_run as _check_run_name
 from replay.run import _delete_run, _insert
 
 if TYPE_CHECKING:
@@ -793,19 +794,7 @@ def _frames(
 
 
 def _check_out_run(store: Store, out_run: str, *, replace: bool) -> int | None:
-    old = store.run_id(out_run)
-    if old is not None and not replace:
-        msg = f"{store.path}: run {out_run!r} already exists; pass --replace to overwrite it"
-        raise DuplicateRunError(msg)
-    if old is not None:
-        ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [old]).fetchall()
-        if kind != "replayed":
-            msg = (
-                f"{store.path}: run {out_run!r} is a {kind} run; --replace only overwrites"
-                " replayed runs"
-            )
-            raise PrismError(msg)
-    return old
+    return _check_run_name(store, out_run, replace=replace, kind_written="replayed")
 
 
 def _write(

@@ -1027,17 +1027,20 @@ def _delete_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
     con.execute("DELETE FROM run WHERE run_id = ?", [run_id])
 
 
-def _check_out_run(store: Store, out_run: str, *, replace: bool) -> int | None:
+def _check_out_run(
+    store: Store, out_run: str, *, replace: bool, kind_written: str = "emulated"
+) -> int | None:
+    """The id of ``out_run`` to replace (None: a new name); refuses to overwrite another kind."""
     old = store.run_id(out_run)
     if old is not None and not replace:
         msg = f"{store.path}: run {out_run!r} already exists; pass --replace to overwrite it"
         raise DuplicateRunError(msg)
     if old is not None:
         ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [old]).fetchall()
-        if kind != "emulated":
+        if kind != kind_written:
             msg = (
                 f"{store.path}: run {out_run!r} is a {kind} run; --replace only overwrites"
-                " emulated runs"
+                f" {kind_written} runs"
             )
             raise PrismError(msg)
     return old

@@ -41,7 +41,7 @@ from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.base import TraceTables
 from prism_trace.nesting import innermost_enclosing, nest_events
 
-__all__ = ["rank_from_file_name", "read_kineto"]
+__all__ = ["rank_from_file_name", "read_kineto", "stage_kineto"]
 
 _RANK_NAME_RES = (
     re.compile(r"(?:^|[^a-z])(?:rank|worker)[_-]?(\d{1,6})(?!\d)", re.IGNORECASE),
@@ -126,6 +126,40 @@ def read_kineto(path: Path, *, rank: int | None = None, tmp_dir: Path | None = N
             return _Reader(path, the_rank, tef, con).read()
         finally:
             con.close()
+
+
+def stage_kineto(
+    path: Path,
+    *,
+    con: duckdb.DuckDBPyConnection,
+    events_table: str,
+    rank: int | None = None,
+    tmp_dir: Path | None = None,
+) -> TraceTables:
+    """Read one rank's Kineto trace on ``con``, appending its events to ``events_table`` in SQL.
+
+    Ingest's path: the events (the one table as large as the trace) go from DuckDB's tables
+    straight into the staging table, never through Arrow/polars, so they are neither copied nor
+    held in Python memory. ``con``'s default database is where the reader makes its work tables;
+    the caller gives a fresh one per file and drops it afterwards.
+
+    Args:
+        path: the trace file.
+        con: the connection to run the reader's SQL on.
+        events_table: the (qualified) table the events are inserted into, by column name.
+        rank: as for ``read_kineto``.
+        tmp_dir: as for ``read_kineto``.
+
+    Returns:
+        The other frames of the file, conformed; ``events`` is empty.
+
+    Raises:
+        The errors of ``read_kineto``.
+    """
+    path = Path(path)
+    with split_trace_events(path, tmp_dir=tmp_dir) as tef:
+        the_rank = _resolve_rank(path, tef.meta, rank)
+        return _Reader(path, the_rank, tef, con).read(events_into=events_table)
 
 
 def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> int:
@@ -324,7 +358,8 @@ class _Reader:
             return pl.DataFrame(pl.from_arrow(reader.schema.empty_table()))
         return pl.concat(parts, rechunk=False) if len(parts) > 1 else pl.DataFrame(parts[0])
 
-    def read(self) -> TraceTables:
+    def read(self, events_into: str | None = None) -> TraceTables:
+        """All frames; with ``events_into``, the events are inserted there instead of returned."""
         self.load()
         self.build_tracks_events()
         self.keep_side_records()
@@ -332,6 +367,7 @@ class _Reader:
         for column in self.rows(
             "SELECT column_name FROM duckdb_columns()"
             " WHERE table_name = 'raw' AND column_name NOT IN ('ord', 'args')"
+            " AND database_name = current_database() AND schema_name = current_schema()"
         ):
             self.sql(f'ALTER TABLE raw DROP COLUMN "{column[0]}"')
         self.nest()
@@ -353,14 +389,16 @@ class _Reader:
         # Last, with the other tables gone: the one frame as large as the trace.
         for name in ("comm_raw", "flow_point", "mem_record", "_bound", "track", "step"):
             self.sql(f"DROP TABLE IF EXISTS {name}")
-        tables.events = self.frame(
-            f"""SELECT {self.rank} AS rank, e.event_id, e.track_id, e.category, e.name, e.ts, e.dur,
-                       e.correlation, e.external_id, e.rf_id, n.parent_id, n.depth,
-                       i.iteration::INTEGER AS iteration, r.args
+        events = f"""SELECT {self.rank}::INTEGER AS rank, e.event_id, e.track_id, e.category,
+                       e.name, e.ts, e.dur, e.correlation, e.external_id, e.rf_id, n.parent_id,
+                       n.depth, i.iteration::INTEGER AS iteration, r.args
                 FROM ev e JOIN raw r USING (ord)
                 LEFT JOIN nest n USING (event_id) LEFT JOIN ev_it i USING (event_id)
                 ORDER BY e.event_id"""
-        )
+        if events_into is None:
+            tables.events = self.frame(events)
+        else:
+            self.sql(f"INSERT INTO {events_into} BY NAME {events}")
         return tables.conform()
 
     # -- loading -------------------------------------------------------------------------------

@@ -29,9 +29,24 @@ hta_trace_analysis = pytest.importorskip("hta.trace_analysis")
 
 
 def _hta(trace_dir: Path):  # type: ignore[no-untyped-def]
+    """HTA's analysis of ``trace_dir``, parsed in this process.
+
+    HTA parses ranks in a *fork* pool by default; forking this process, which holds DuckDB and
+    torch threads, can crash or hang the children (seen as a segfault in a worker while the pool
+    waits forever), so the parse runs without multiprocessing. The results are the same.
+    """
+    from hta.common import trace as hta_trace
+
+    load = hta_trace.Trace.load_traces
+
+    def load_in_process(self, include_last_profiler_step=False, *_args, **_kw):  # type: ignore[no-untyped-def]
+        return load(self, include_last_profiler_step, use_multiprocessing=False)
+
     logging.disable(logging.WARNING)
     try:
-        return hta_trace_analysis.TraceAnalysis(trace_dir=str(trace_dir))
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(hta_trace.Trace, "load_traces", load_in_process)
+            return hta_trace_analysis.TraceAnalysis(trace_dir=str(trace_dir))
     finally:
         logging.disable(logging.NOTSET)
 
