@@ -553,28 +553,21 @@ class _Planner:
         return slot
 
 
+_ENUMS = {"ScalarType": _SCALAR_TYPES, "Layout": _LAYOUTS, "MemoryFormat": _MEMORY_FORMATS}
+"""Schema argument types recorded as an enum code, with their code → torch attribute tables."""
+
+
 def _const(arg: ArgSpec, v: Any, device: Any) -> tuple[str, Any]:
     import torch
 
     base = arg.base
     if v == _NONE or v is None:
         return ("c", None)
-    if base in ("ScalarType",):
-        name = _SCALAR_TYPES.get(int(v))
+    enum = _ENUMS.get(base)
+    if enum is not None:  # ScalarType / Layout / MemoryFormat: recorded as their int code
+        name = enum.get(int(v))
         if name is None or not hasattr(torch, name):
-            msg = f"ScalarType {v} unknown"
-            raise _Unsupported(msg)
-        return ("c", getattr(torch, name))
-    if base == "Layout":
-        name = _LAYOUTS.get(int(v))
-        if name is None:
-            msg = f"layout {v} unknown"
-            raise _Unsupported(msg)
-        return ("c", getattr(torch, name))
-    if base == "MemoryFormat":
-        name = _MEMORY_FORMATS.get(int(v))
-        if name is None:
-            msg = f"memory format {v} unknown"
+            msg = f"{base} {v} unknown"
             raise _Unsupported(msg)
         return ("c", getattr(torch, name))
     if base == "Device":

@@ -435,22 +435,29 @@ def _recorded_transfers(store: Store, inputs: _Inputs) -> pl.DataFrame:
     n_inst = nc + npp + lone.size
     transfer, skew = recorded_completion(inst, start, dur, n_inst)
     # The recorded shape of each node's instance (group size, member range), for the transfer
-    # model's ratio at a changed scale.
+    # model's ratio at a changed scale; a send/recv is a group of its two ranks.
     src_id = inputs.run_id if inputs.kind == "recorded" else inputs.source_run_id
-    gids = sorted({int(g) for g in group[group >= 0]})
-    groups = _groups(store, src_id, gids)
-    g_size = dict(zip(groups["group_id"].to_list(), groups["size"].to_list(), strict=True))
-    g_lo, g_hi = {}, {}
-    for g, m in zip(groups["group_id"].to_list(), groups["ranks"].to_list(), strict=True):
-        if m:
-            g_lo[g], g_hi[g] = min(m), max(m)
-    rec_size = np.array([g_size.get(int(g)) or 2 for g in group], dtype=np.int64)
-    rec_lo = np.array([g_lo.get(int(g), r) for g, r in zip(group, rank, strict=True)])
-    rec_hi = np.array([g_hi.get(int(g), r) for g, r in zip(group, rank, strict=True)])
-    pp = ~is_coll
-    rec_size[pp] = 2
-    rec_lo[pp] = np.minimum(rank[pp], np.where(peer[pp] >= 0, peer[pp], rank[pp]))
-    rec_hi[pp] = np.maximum(rank[pp], peer[pp])
+    groups = _groups(store, src_id, sorted({int(g) for g in group[group >= 0]})).select(
+        pl.col("group_id").cast(pl.Int64),
+        pl.col("size").cast(pl.Int64).alias("g_size"),
+        pl.col("ranks").list.min().cast(pl.Int64).alias("g_lo"),
+        pl.col("ranks").list.max().cast(pl.Int64).alias("g_hi"),
+    )
+    peer_or_self = np.where(peer >= 0, peer, rank)
+    shape = (
+        pl.DataFrame({"group_id": group, "is_coll": is_coll})
+        .join(groups, on="group_id", how="left", maintain_order="left")
+        .select(
+            pl.when(pl.col("is_coll")).then(pl.col("g_size").fill_null(2)).otherwise(2),
+            pl.when(pl.col("is_coll"))
+            .then(pl.col("g_lo"))
+            .fill_null(pl.Series(np.minimum(rank, peer_or_self))),
+            pl.when(pl.col("is_coll"))
+            .then(pl.col("g_hi"))
+            .fill_null(pl.Series(np.maximum(rank, peer_or_self))),
+        )
+    )
+    rec_size, rec_lo, rec_hi = (shape.to_series(i).to_numpy() for i in range(3))
     return pl.DataFrame(
         {
             "source_rank": rank,
@@ -811,16 +818,9 @@ def _dp_sizes(store: Store, inputs: _Inputs) -> tuple[int, int]:
     """(recorded, emulated) data-parallel size: equal unless a sliced run changed it."""
     if inputs.kind != "sliced":
         return 1, 1
-    rows = store.con.execute(
-        "SELECT config_json FROM run WHERE run_id = ?", [inputs.run_id]
-    ).fetchall()
-    try:
-        cfg = json.loads(rows[0][0] or "{}")
-        from prism_trace.parallel import ParallelLayout
-
-        rec = ParallelLayout.parse(cfg["recorded_layout"], cfg.get("recorded_order"))
-        tgt = ParallelLayout.parse(cfg["layout"], cfg.get("order"))
-    except (KeyError, ValueError, TypeError, PrismError):
+    rec = _run_layout(store, inputs.run_id, key="recorded_layout")
+    tgt = _run_layout(store, inputs.run_id)
+    if rec is None or tgt is None:
         return 1, 1
     return int(rec.dp), int(tgt.dp)
 
@@ -1159,14 +1159,16 @@ def _prepare(store: Store, run: str) -> _Inputs:
     return _load(store, run_id, name=run)
 
 
-def _run_layout(store: Store, run_id: int) -> ParallelLayout | None:
-    """The target layout a sliced run was made for (from its ``config_json``)."""
+def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLayout | None:
+    """A layout a sliced run's ``config_json`` records: ``layout`` (the target) or
+    ``recorded_layout`` (the recording's), with its order; None when absent."""
     from prism_trace.parallel import ParallelLayout
 
     rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
+    order_key = "order" if key == "layout" else key.replace("layout", "order")
     try:
         cfg = json.loads(rows[0][0] or "{}")
-        return ParallelLayout.parse(cfg["layout"], cfg.get("order"))
+        return ParallelLayout.parse(cfg[key], cfg.get(order_key))
     except (KeyError, ValueError, TypeError, IndexError, PrismError):
         return None
 
@@ -1219,12 +1221,12 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
         msg = f"what-if rank {bad[0]} is outside the world of {world} ranks of run {inputs.run!r}"
         raise WhatIfError(msg)
     coords = _coords(store, inputs.run_id)
+    dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].fill_null(0).to_list(), strict=True))
     if inputs.kind == "sliced" and (targets or w.variance):
         layout = _run_layout(store, inputs.run_id)
         if layout is None:
             msg = f"run {inputs.run!r}: sliced run without a layout in its config"
             raise WhatIfError(msg)
-        dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].to_list(), strict=True))
         replicas = set(range(layout.dp)) if w.variance else {int(dp_of[r]) for r in targets}
         groups = _fetch(
             store.con,
@@ -1253,7 +1255,6 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
         if inputs.kind == "sliced":
             # The representative replica (dp 0, the class exemplars) keeps its recorded timing:
             # it *is* the recording; every other replica is a virtual peer and draws.
-            dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].to_list(), strict=True))
             draw = np.array([dp_of.get(int(r), 0) != 0 for r in unit_rank], dtype=bool)
         dur = resample_durations(nodes, draw, seed=config.seed, mode=w.variance_mode)
         inputs.notes.append(
@@ -1377,7 +1378,6 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     from dataclasses import replace
 
     from prism_trace.parallel import infer_layout
-    from prism_trace.slicing import slice_run
 
     run_id = store.require_run(run)
     ((kind, parent),) = store.con.execute(
@@ -1403,21 +1403,42 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     if layout is None:
         msg = f"{store.path}: run {run!r} has no layout to change dp in"
         raise WhatIfError(msg)
-    target = replace(layout, dp=dp)
-    tmp = f"_what_if_dp{dp}_{run}"
-    slice_run(
+    with temporary_slice(
         store,
         run=source,
-        layout=target,
-        world=target.world_size,
+        layout=replace(layout, dp=dp),
         from_ranks=from_ranks,
-        out_run=tmp,
-        replace=True,
-    )
-    try:
+        name=f"_what_if_dp{dp}_{run}",
+    ) as tmp:
         yield tmp
+
+
+@contextlib.contextmanager
+def temporary_slice(
+    store: Store,
+    *,
+    run: str,
+    layout: ParallelLayout,
+    from_ranks: list[int] | None,
+    name: str,
+) -> Iterator[str]:
+    """Slice ``run`` to ``layout`` as run ``name`` for the duration of the block, then delete it
+    (also on error): the dp what-if and the validation's slice check leave nothing behind."""
+    from prism_trace.slicing import slice_run
+
+    try:
+        slice_run(
+            store,
+            run=run,
+            layout=layout,
+            world=layout.world_size,
+            from_ranks=from_ranks,
+            out_run=name,
+            replace=True,
+        )
+        yield name
     finally:
-        tmp_id = store.run_id(tmp)
+        tmp_id = store.run_id(name)
         if tmp_id is not None:
             with store.transaction() as con:
                 _delete_run(con, tmp_id)

@@ -18,7 +18,7 @@ import polars as pl
 
 from prism_trace.errors import PrismError
 from prism_trace.parallel import ParallelAxis, infer_layout
-from replay.run import EmulationConfig, _delete_run, emulate_in_memory, rank_peaks
+from replay.run import EmulationConfig, emulate_in_memory, rank_peaks, temporary_slice
 from replay.whatif import WhatIfConfig
 
 if TYPE_CHECKING:
@@ -387,40 +387,26 @@ def validate_run(
     if layout is not None and store.read_only:
         notes.append("slice check skipped: the store is read-only")
     elif layout is not None:
-        from prism_trace.slicing import slice_run
-
-        tmp = f"_validate_{run}_slice"
         try:
-            slice_run(
-                store,
-                run=run,
-                layout=layout,
-                world=layout.world_size,
-                from_ranks=slice_ranks,
-                out_run=tmp,
-                replace=True,
-            )
-            res_s, emulated_s = emulate_in_memory(store, run=tmp, config=config)
-            sliced = _compare(emulated_s, recorded)
-            slice_memory = _compare_memory(rank_peaks(res_s), rec_peaks)
-            if variance is not None:
-                draws = []
-                for seed in range(seeds):
-                    cfg = dataclasses.replace(
-                        config,
-                        what_if=WhatIfConfig(variance=True, variance_mode=variance),
-                        seed=seed,
-                    )
-                    draws.append(emulate_in_memory(store, run=tmp, config=cfg)[1])
-                mean = pl.concat(draws).group_by("rank", "iteration").agg(pl.col("dur").mean())
-                variance_errors = _compare(mean, recorded)
+            with temporary_slice(
+                store, run=run, layout=layout, from_ranks=slice_ranks, name=f"_validate_{run}_slice"
+            ) as tmp:
+                res_s, emulated_s = emulate_in_memory(store, run=tmp, config=config)
+                sliced = _compare(emulated_s, recorded)
+                slice_memory = _compare_memory(rank_peaks(res_s), rec_peaks)
+                if variance is not None:
+                    draws = []
+                    for seed in range(seeds):
+                        cfg = dataclasses.replace(
+                            config,
+                            what_if=WhatIfConfig(variance=True, variance_mode=variance),
+                            seed=seed,
+                        )
+                        draws.append(emulate_in_memory(store, run=tmp, config=cfg)[1])
+                    mean = pl.concat(draws).group_by("rank", "iteration").agg(pl.col("dur").mean())
+                    variance_errors = _compare(mean, recorded)
         except PrismError as exc:
             notes.append(f"slice check failed: {exc}")
-        finally:
-            tmp_id = store.run_id(tmp)
-            if tmp_id is not None:
-                with store.transaction() as con:
-                    _delete_run(con, tmp_id)
     return ValidationReport(
         run=run,
         world_size=world,

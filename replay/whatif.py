@@ -283,11 +283,10 @@ def resample_durations(
     draw = np.asarray(draw, dtype=bool)
     if not draw.any():
         return dur
-    keys = _op_keys(nodes.unique(subset=["source_rank", "node_id"], keep="first"))
+    recorded = nodes.unique(subset=["source_rank", "node_id"], keep="first")
+    keys = _op_keys(recorded)
     table = keys.join(
-        nodes.unique(subset=["source_rank", "node_id"], keep="first").select(
-            "source_rank", "node_id", pl.col("dur").alias("drawn")
-        ),
+        recorded.select("source_rank", "node_id", pl.col("dur").alias("drawn")),
         on=["source_rank", "node_id"],
     ).drop("node_id", "ts")
     # Recorded iterations of each representative, to draw from.
@@ -354,6 +353,12 @@ def spans_dp(axis: str | None) -> bool:
     if axis is None:
         return True  # unknown: keep it shared, the conservative choice
     return axis == "world" or "dp" in axis.split("-")
+
+
+def _spans_dp_expr(col: str = "axis") -> pl.Expr:
+    """``spans_dp`` as a polars expression."""
+    c = pl.col(col)
+    return c.is_null() | (c == "world") | c.str.split("-").list.contains("dp")
 
 
 @dataclass
@@ -441,7 +446,7 @@ def expand_replicas(
     )
     g_axis = groups.select(pl.col("group_id").cast(pl.Int64), "axis")
     members = (
-        groups.filter(~pl.col("axis").map_elements(spans_dp, return_dtype=pl.Boolean))
+        groups.filter(~_spans_dp_expr())
         .select(pl.col("group_id").cast(pl.Int64).alias("new_group"), "axis", "ranks")
         .explode("ranks")
         .select("new_group", "axis", pl.col("ranks").cast(pl.Int64).alias("new_rank"))
@@ -458,7 +463,7 @@ def expand_replicas(
         copies.join(g_axis, on="group_id", how="left", maintain_order="left")
         .join(members, on=["axis", "new_rank"], how="left", maintain_order="left")
         .with_columns(
-            pl.when(pl.col("axis").map_elements(spans_dp, return_dtype=pl.Boolean))
+            pl.when(_spans_dp_expr())
             .then(pl.col("group_id"))
             .otherwise(pl.coalesce(pl.col("new_group").cast(pl.Int64), pl.col("group_id")))
             .alias("group_id")
@@ -468,17 +473,15 @@ def expand_replicas(
     # p2p peers: the exemplar's peer shifted by (new rank - exemplar) coordinate-wise.
     has_peer = copies["peer"].is_not_null().to_numpy()
     if has_peer.any():
-        peer = copies["peer"].fill_null(0).to_numpy().astype(np.int64)
         ex = copies["rank"].to_numpy().astype(np.int64)
+        peer = np.where(has_peer, copies["peer"].fill_null(0).to_numpy(), ex).astype(np.int64)
         new = copies["new_rank"].to_numpy().astype(np.int64)
         cp, ce, cn = layout.coords(peer), layout.coords(ex), layout.coords(new)
-        moved = layout.rank_of({a: (cn[a] + cp[a] - ce[a]) % layout.size(a) for a in AXES}).astype(
-            np.int64
-        )
+        moved = layout.rank_of({a: (cn[a] + cp[a] - ce[a]) % layout.size(a) for a in AXES})
         copies = copies.with_columns(
-            pl.Series("peer", np.where(has_peer, moved, 0)).cast(copies.schema["peer"])
-        ).with_columns(
-            pl.when(pl.Series(has_peer)).then(pl.col("peer")).otherwise(None).alias("peer")
+            pl.Series("peer", moved, dtype=pl.Int64)
+            .cast(copies.schema["peer"])
+            .scatter(np.flatnonzero(~has_peer), None)
         )
     copies = (
         copies.with_columns(pl.col("new_rank").cast(nodes.schema["rank"]).alias("rank"))
