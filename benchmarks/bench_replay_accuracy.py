@@ -11,6 +11,10 @@
 4. ``validate_replayed``: iteration-time error per iteration and of the mean, and peak-memory
    error, against the recording. Target on CPU: <= 5 %.
 
+``--ranks 0,1`` replays both ranks for real instead, together (one process each, their
+communication through gloo, ``replay.real_comm``): no virtual peer is left, so this measures the
+kernel replay and the real communication alone.
+
 Prints a table and writes ``results/replay-accuracy_<host>_<date>.md`` unless ``--no-note``.
 
 Usage::
@@ -50,6 +54,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=3, help="measured replay passes")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--instrument", default="none,profiler")
+    ap.add_argument("--ranks", default="0", help="ranks replayed for real: 0 or 0,1 (together)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the recording and store here")
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
@@ -85,6 +90,7 @@ def main() -> None:
         ("recording", f"{args.layout}, {args.steps} profiled steps, generated in {t_gen:.1f} s"),
     ]
     results = {}
+    ranks = [int(r) for r in args.ranks.split(",")]
     for inst in [s for s in args.instrument.split(",") if s]:
         opts = ReplayOptions(
             iterations=args.iterations,
@@ -93,7 +99,7 @@ def main() -> None:
             instrument=inst,  # type: ignore[arg-type]
         )
         rep = replay_run(
-            store, run="rec", ranks=[0], out_run=f"rep-{inst}", options=opts, replace=True
+            store, run="rec", ranks=ranks, out_run=f"rep-{inst}", options=opts, replace=True
         )
         v = validate_replayed(store, replayed=f"rep-{inst}")
         r = rep.ranks[0]
@@ -115,9 +121,11 @@ def main() -> None:
                 f"[{inst}] peak memory error",
                 "n/a"
                 if v.peak_memory_error_pct is None
-                else f"{v.memory[0].emulated} / {v.memory[0].recorded} B"  # type: ignore[index]
-                f" ({v.memory[0].error_pct:+.2f} %)",
-            ),  # type: ignore[index]
+                else ", ".join(
+                    f"rank {m.rank} {m.emulated} / {m.recorded} B ({m.error_pct:+.2f} %)"
+                    for m in v.memory  # type: ignore[union-attr]
+                ),
+            ),
             (
                 f"[{inst}] op / comm / gap time",
                 f"{r.op_ns / 1e6:.1f} / {r.comm_ns / 1e6:.1f} /"
@@ -135,12 +143,17 @@ def main() -> None:
                 ("layout", args.layout),
                 ("steps", args.steps),
                 ("iterations", args.iterations),
+                ("ranks", args.ranks),
             )
         )
+        together = len(ranks) > 1
         note = write_note(
-            "replay-accuracy-" + args.layout.replace("=", "").replace(",", "-"),
+            "replay-accuracy-"
+            + args.layout.replace("=", "").replace(",", "-")
+            + ("-together" if together else ""),
             host_kind(args.host_kind),
-            title="Replay accuracy: 2-rank gloo run, rank 0 replayed, rank 1 virtual",
+            title="Replay accuracy: 2-rank gloo run, "
+            + ("both ranks replayed together" if together else "rank 0 replayed, rank 1 virtual"),
             command=cmd,
             body="```\n" + body + "\n```",
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -38,6 +39,7 @@ from replay.kernels import (
     select_units,
 )
 from replay.peers import PeerSchedule, _schedule
+from replay.real_comm import RealComm, agree, specs_for_rank
 from replay.run import _check_out_run as _check_run_name
 from replay.run import _delete_run, _insert
 
@@ -72,6 +74,10 @@ class ReplayOptions:
         seed: seed of the random tensor data.
         threads: intra-op CPU threads (``torch.set_num_threads``) during the replay; None
             keeps torch's setting. Use the recording's (the bundled generator runs 1 per rank).
+        together: several selected ranks run together, one process each, and communicate with
+            each other through ``torch.distributed`` (gloo on CPU, NCCL on CUDA;
+            ``replay.real_comm``); False: one after the other in this process, each seeing the
+            others as virtual peers.
     """
 
     device: Literal["cpu", "cuda"] = "cpu"
@@ -83,6 +89,7 @@ class ReplayOptions:
     memory: bool = True
     seed: int = 0
     threads: int | None = None
+    together: bool = True
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -107,6 +114,7 @@ class RankReplay:
     gap_ns: int = 0
     overhead_ns: int = 0
     peak_memory: int | None = None
+    real_calls: int = 0
     frames: dict[str, pl.DataFrame] = field(default_factory=dict, repr=False)
 
     @property
@@ -142,6 +150,7 @@ class RankReplay:
             "overhead_pct": round(self.overhead_pct, 4),
             "overhead_pct_passes": [round(x, 4) for x in self.overhead_pct_passes],
             "peak_memory": self.peak_memory,
+            "real_calls": self.real_calls,
         }
 
 
@@ -352,6 +361,7 @@ class _Driver:
         tail: dict[int | None, int],
         rec_dur: np.ndarray,
         sync: Any,
+        real: RealComm | None = None,
     ) -> None:
         self.program = program
         self.units = program.units
@@ -360,6 +370,7 @@ class _Driver:
         self.tail = tail
         self.rec_dur = rec_dur.tolist()
         self.sync = sync
+        self.real = real
         self.pc = time.perf_counter_ns
         self.buffers: list[Any] = []
         self.pristine: list[Any] | None = None
@@ -383,6 +394,8 @@ class _Driver:
         self.wait_ns = 0
 
     def B(self, k: int) -> None:
+        if self.real is not None:
+            self.real.wait_pending()
         if self.cur is not None:
             if self.gap is not None and self.cur in self.tail:
                 _wait_until(self.pc() + self.tail[self.cur], self.pc)
@@ -414,7 +427,15 @@ class _Driver:
             self.sync()  # the device work before the call has to be done to "arrive"
         start = self.it_start[self.cur]
         now = self.pc()
-        done = start + self.schedule.completion_ns(call, now - start)
+        real = self.real
+        if real is not None and real.has(k):
+            real.run(k)  # the other real ranks: synchronise and transfer for real
+            if self.sync is not None:
+                self.sync()
+            if not real.mixed(k):
+                return
+        done = start + self.schedule.completion_ns(call, now - start)  # the virtual peers
+        now = self.pc()
         if done > now:
             _wait_until(done, self.pc)
             self.wait_ns += done - now
@@ -435,6 +456,8 @@ class _Driver:
         def es(shape: Any, strides: Any, dtype: Any, dev: Any) -> Any:
             return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
 
+        if self.real is not None:  # the real ranks start each pass together
+            self.real.barrier()
         fn(externals, self.T, self.pc, self.B, self.S, self.W, self.SUB, torch.as_strided, es)
         return _Pass(list(self.T), dict(self.it_start), dict(self.it_end), self.wait_ns)
 
@@ -499,7 +522,11 @@ def _memory_events(prof: Any, trace_dir: Path, device: str) -> pl.DataFrame:
     ).sort("ts")
 
 
-def _replay_rank(inputs: _RankInputs, options: ReplayOptions) -> RankReplay:
+def _replay_rank(
+    inputs: _RankInputs, options: ReplayOptions, real: list[int] | None = None
+) -> RankReplay:
+    """Replay one rank; ``real``: every rank of a multi-process replay (``torch.distributed``
+    initialised, this process being ``real.index(inputs.rank)``), None when it runs alone."""
     import torch
 
     if options.device == "cuda" and not torch.cuda.is_available():
@@ -538,6 +565,8 @@ def _replay_rank(inputs: _RankInputs, options: ReplayOptions) -> RankReplay:
     fn = compile_pass(program, gaps=use_gaps, device=dev)
     sync = torch.cuda.synchronize if options.device == "cuda" else None
     driver = _Driver(program, inputs.schedule, gap if use_gaps else None, tail, rec_dur, sync)
+    if real is not None:
+        driver.real = _real_comm(inputs.rank, real, driver.calls, options.device)
     driver.buffers = external_buffers(program, externals)
     driver.pristine = [b.clone() for b in driver.buffers]
 
@@ -576,7 +605,7 @@ def _replay_rank(inputs: _RankInputs, options: ReplayOptions) -> RankReplay:
                 gc.enable()
             if flush:
                 torch.set_flush_denormal(False)
-        rep = _representative(passes, program)
+        rep = _representative(passes, program, together=real is not None)
         if options.instrument == "profiler":
             mem_rows, peak = (
                 _memory_in_pass(mem, rep, offset) if mem is not None else (mem_rows, None)
@@ -585,7 +614,14 @@ def _replay_rank(inputs: _RankInputs, options: ReplayOptions) -> RankReplay:
             mem_rows, peak = _memory_mapped(mem, mem_pass, rep, offset)
         elif options.device == "cuda" and options.memory:
             peak = int(torch.cuda.max_memory_allocated())
-    return _result(
+    origin = None
+    if real is not None:  # one clock for all: the earliest replayed start on the earliest recorded
+        import torch.distributed as dist
+
+        starts: list[Any] = [None] * len(real)
+        dist.all_gather_object(starts, _first_starts(inputs, program, rep))
+        origin = min(r for r, _ in starts) - min(p for _, p in starts)
+    result = _result(
         inputs,
         program,
         passes,
@@ -595,11 +631,22 @@ def _replay_rank(inputs: _RankInputs, options: ReplayOptions) -> RankReplay:
         mem_rows,
         peak,
         options.device,
+        origin,
     )
+    result.real_calls = len(driver.real.ops) if driver.real is not None else 0
+    return result
 
 
-def _representative(passes: list[_Pass], program: Program) -> _Pass:
+def _representative(passes: list[_Pass], program: Program, *, together: bool = False) -> _Pass:
+    """The median pass by total time; ranks replayed together pick the same pass (the median by
+    the slowest rank's total), so the stored ranks come from one pass."""
     totals = [sum(p.it_end[i] - p.it_start[i] for i in p.it_start) for p in passes]
+    if together:
+        import torch.distributed as dist
+
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, totals)
+        totals = [max(t) for t in zip(*every, strict=True)]
     order = sorted(range(len(passes)), key=lambda i: totals[i])
     return passes[order[len(order) // 2]]
 
@@ -672,6 +719,7 @@ def _result(
     mem_rows: pl.DataFrame,
     peak: int | None,
     device: str,
+    origin: int | None = None,
 ) -> RankReplay:
     units = program.units
     is_comm = np.array([u.kind == "comm" for u in units])
@@ -702,18 +750,32 @@ def _result(
         overhead_ns=overhead,
         peak_memory=peak,
     )
-    r.frames = _frames(inputs, program, rep, mem_rows, device)
+    r.frames = _frames(inputs, program, rep, mem_rows, device, origin)
     return r
 
 
-def _frames(
-    inputs: _RankInputs, program: Program, rep: _Pass, mem_rows: pl.DataFrame, device: str
-) -> dict[str, pl.DataFrame]:
-    """The rank's rows, on the replay clock laid over the recording (first iteration start)."""
-    units = program.units
+def _first_starts(inputs: _RankInputs, program: Program, rep: _Pass) -> tuple[int, int]:
+    """(recorded, replayed) start of the rank's first replayed iteration."""
     rec_its = dict(zip(inputs.iterations["iteration"], inputs.iterations["ts"], strict=True))
-    first_it = units[0].iteration
-    origin = int(rec_its.get(first_it, 0)) - int(rep.it_start[first_it])
+    first_it = program.units[0].iteration
+    return int(rec_its.get(first_it, 0)), int(rep.it_start[first_it])
+
+
+def _frames(
+    inputs: _RankInputs,
+    program: Program,
+    rep: _Pass,
+    mem_rows: pl.DataFrame,
+    device: str,
+    origin: int | None = None,
+) -> dict[str, pl.DataFrame]:
+    """The rank's rows, on the replay clock laid over the recording: ``origin`` (ns) is added to
+    replay clock readings; by default the rank's first replayed iteration starts where the
+    recorded one did. Ranks replayed together share one origin (one clock for all)."""
+    units = program.units
+    if origin is None:
+        rec_first, rep_first = _first_starts(inputs, program, rep)
+        origin = rec_first - rep_first
     T = np.asarray(rep.T, dtype=np.int64)
     ev = inputs.events.select("event_id", "category", "track_id")
     unit_df = pl.DataFrame(
@@ -769,11 +831,34 @@ def _frames(
         },
         orient="row",
     )
-    comm = unit_df.filter(pl.col("kind") == "comm").select(
-        pl.col("src_event").alias("src_event_id"),
-        pl.col("event_id").alias("new_event_id"),
-        pl.col("ts").alias("host_ts"),
-        pl.col("dur").alias("host_dur"),
+    # The run's own (group, seq, peer, size) of each call: a sliced run's communicators and
+    # rescaled sizes, not those of the recorded rank whose rows are copied.
+    calls = [
+        inputs.schedule.by_event(u.event_id)
+        if u.kind == "comm" and u.event_id is not None
+        else None
+        for u in units
+    ]
+    comm = (
+        unit_df.with_columns(
+            pl.Series("call_group_id", [c and c.group_id for c in calls], pl.Int32),
+            pl.Series("call_seq", [c and c.seq for c in calls], pl.Int64),
+            pl.Series("call_peer", [c and c.peer for c in calls], pl.Int32),
+            pl.Series("call_bytes", [c and c.msg_bytes for c in calls], pl.Int64),
+            pl.Series("call_size", [c and len(c.group_ranks) for c in calls], pl.Int32),
+        )
+        .filter(pl.col("kind") == "comm")
+        .select(
+            pl.col("src_event").alias("src_event_id"),
+            pl.col("event_id").alias("new_event_id"),
+            pl.col("ts").alias("host_ts"),
+            pl.col("dur").alias("host_dur"),
+            "call_group_id",
+            "call_seq",
+            "call_peer",
+            "call_bytes",
+            "call_size",
+        )
     )
     memory = pl.DataFrame()
     if not mem_rows.is_empty():
@@ -795,6 +880,18 @@ def _frames(
 
 def _check_out_run(store: Store, out_run: str, *, replace: bool) -> int | None:
     return _check_run_name(store, out_run, replace=replace, kind_written="replayed")
+
+
+_COMM_FROM_CALL = {
+    "group_id": "coalesce(f.call_group_id, c.group_id)",
+    "seq": "coalesce(f.call_seq, c.seq)",
+    "msg_bytes": "coalesce(f.call_bytes, c.msg_bytes)",
+    "group_size": "coalesce(f.call_size, c.group_size)",
+    "peer": "coalesce(f.call_peer, c.peer)",
+    "bytes": "coalesce(f.call_bytes, c.bytes)",
+}
+"""Columns of a replayed call taken from the run's emulated call (``PeerCall``) where it has
+them: a sliced run's groups, sequence numbers, peers and rescaled sizes."""
 
 
 def _write(
@@ -862,7 +959,10 @@ def _write(
                             "group_id, seq, direction, peer, bytes, tag, dtype, iteration",
                         ),
                     ):
-                        sel = ", ".join(f"c.{c.strip()}" for c in cols.split(","))
+                        sel = ", ".join(
+                            _COMM_FROM_CALL.get(c.strip(), f"c.{c.strip()}")
+                            for c in cols.split(",")
+                        )
                         con.execute(
                             f"INSERT INTO {table} (run_id, rank, event_id, host_ts, host_dur,"
                             f" {cols}) SELECT $1, $2, f.new_event_id, f.host_ts, f.host_dur, {sel}"
@@ -873,6 +973,87 @@ def _write(
                 finally:
                     con.unregister("_replay_comm")
     return run_id
+
+
+# -- several ranks together -----------------------------------------------------
+
+_TOGETHER_TIMEOUT_S = 300
+"""How long a real rank waits for the others in one ``torch.distributed`` call before the replay
+fails (their calls are checked against each other first, so this only catches a dead process)."""
+
+
+def _real_comm(rank: int, real: list[int], calls: list[Any], device: str) -> RealComm:
+    """This process's real communication, agreed with the other real ranks' processes."""
+    import torch.distributed as dist
+
+    specs = specs_for_rank([(k, c) for k, c in enumerate(calls) if c is not None], rank, real)
+    every: list[Any] = [None] * len(real)
+    dist.all_gather_object(every, specs)
+    ops, subgroups = agree(dict(zip(real, every, strict=True)))
+    return RealComm(rank, real, ops[rank], subgroups, device)
+
+
+def _together_worker(index: int, tmp: str) -> None:
+    """One real rank of a multi-process replay (``torch.multiprocessing.spawn`` target)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    d = Path(tmp)
+    inputs, options, real = pickle.loads((d / f"inputs-{index}.pkl").read_bytes())
+    try:
+        if options.threads is not None:
+            torch.set_num_threads(options.threads)
+        torch.manual_seed(options.seed)
+        backend = "gloo"
+        if options.device == "cuda":
+            if torch.cuda.device_count() < len(real):
+                msg = (
+                    f"--device cuda with {len(real)} ranks together needs {len(real)} GPUs,"
+                    f" {torch.cuda.device_count()} visible; replay them one by one instead"
+                )
+                raise PrismError(msg)
+            torch.cuda.set_device(index)
+            backend = "nccl"
+        dist.init_process_group(
+            backend,
+            init_method=(d / "rendezvous").as_uri(),
+            rank=index,
+            world_size=len(real),
+            timeout=timedelta(seconds=_TOGETHER_TIMEOUT_S),
+        )
+        try:
+            result = _replay_rank(inputs, options, real=real)
+        finally:
+            dist.destroy_process_group()
+        (d / f"result-{index}.pkl").write_bytes(pickle.dumps(result))
+    except PrismError as e:
+        (d / f"error-{index}.txt").write_text(str(e))
+        raise SystemExit(1) from None
+    except Exception as e:  # a crash of one rank: its one line, then the others are stopped
+        (d / f"error-{index}.txt").write_text(f"rank {inputs.rank}: {type(e).__name__}: {e}")
+        raise SystemExit(1) from None
+
+
+def _replay_together(inputs: list[_RankInputs], options: ReplayOptions) -> list[RankReplay]:
+    """Replay the ranks as processes that run together (one each) and talk for real."""
+    import torch.multiprocessing as mp
+
+    real = [i.rank for i in inputs]
+    with tempfile.TemporaryDirectory(prefix="prism-replay-together-") as tmp:
+        d = Path(tmp)
+        for k, i in enumerate(inputs):
+            (d / f"inputs-{k}.pkl").write_bytes(pickle.dumps((i, options, real)))
+        try:
+            mp.spawn(_together_worker, args=(tmp,), nprocs=len(inputs), join=True)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            # The process that failed first has the cause; the others saw their peer vanish.
+            first = d / f"error-{e.error_index}.txt"
+            errors = [first] if first.exists() else sorted(d.glob("error-*.txt"))
+            msg = errors[0].read_text() if errors else f"a replay process failed: {e}"
+            raise PrismError(msg) from None
+        return [pickle.loads((d / f"result-{k}.pkl").read_bytes()) for k in range(len(inputs))]
 
 
 # -- the entry point ----------------------------------------------------------------
@@ -890,9 +1071,11 @@ def replay_run(
 ) -> ReplayReport:
     """Replay ``ranks`` of ``run`` with real kernels and virtual peers; store a ``replayed`` run.
 
-    Each selected rank is replayed in this process, one after the other; every other rank,
-    selected or not, is a virtual peer whose timing comes from the emulation of ``run``
-    (docs/replay.md says what a multi-process replay of several real ranks would add).
+    Several selected ranks run together by default, one process each: their communication with
+    each other goes through ``torch.distributed`` (``replay.real_comm``), and every other rank is
+    a virtual peer whose timing comes from the emulation of ``run``. With
+    ``options.together=False`` (or one rank) they run in this process one after the other, each
+    seeing the others as virtual peers too.
 
     Args:
         store: an open, writable store.
@@ -930,7 +1113,11 @@ def replay_run(
     from replay.run import emulate_in_memory
 
     res, iters = emulate_in_memory(store, run=run, config=config)
-    schedules = {r: _schedule(store, res, iters, run=run, rank=r, real=[r]) for r in ranks}
+    together = options.together and len(ranks) > 1
+    schedules = {
+        r: _schedule(store, res, iters, run=run, rank=r, real=list(ranks) if together else [r])
+        for r in ranks
+    }
     inputs = [_load_rank(store, run_id, source_run, r, schedules[r]) for r in ranks]
     t_load = time.perf_counter() - t0
     torch.manual_seed(options.seed)
@@ -938,7 +1125,10 @@ def replay_run(
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     try:
-        results = [_replay_rank(i, options) for i in inputs]
+        if together:
+            results = _replay_together(inputs, options)
+        else:
+            results = [_replay_rank(i, options) for i in inputs]
     finally:
         torch.set_num_threads(threads)
     t_replay = time.perf_counter() - t0 - t_load
@@ -962,7 +1152,14 @@ def replay_run(
         device_name=device_name,
     )
     notes = []
-    if len(ranks) > 1:
+    if together:
+        n_real = sum(r.real_calls for r in results)
+        backend = "nccl" if options.device == "cuda" else "gloo"
+        notes.append(
+            f"ranks ran together, one process each; {n_real} of their communication calls"
+            f" (counted per rank) went through torch.distributed ({backend})"
+        )
+    elif len(ranks) > 1:
         notes.append(
             "ranks were replayed one after the other in one process; each sees the others as"
             " virtual peers"

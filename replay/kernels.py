@@ -531,6 +531,10 @@ class _Planner:
             return hit[0]
         base = hit or self.live_storage.get(meta.storage)
         same = base is not None and base[1].dtype == meta.dtype
+        if same and base[0][0] == "s" and meta.extent > base[1].extent:  # type: ignore[index]
+            # Reaches past the earlier result's storage: the recording recycled the storage id
+            # (an address) for a new, larger allocation, so this is not a view of that result.
+            same = False
         if base is not None and same:
             self._use(base[0], at)
             alias = self.n_alias
@@ -840,8 +844,9 @@ def external_buffers(program: Program, externals: list[Any]) -> list[Any]:
     import torch
 
     out: dict[int, Any] = {}
-    for t, b, (_, n, _) in zip(externals, program.ext_buffer, program.buffers, strict=True):
+    for t, b in zip(externals, program.ext_buffer, strict=True):
         if b not in out:
+            _, n, _ = program.buffers[b]
             out[b] = torch.as_strided(t, (max(n, 1),), (1,), 0)
     return [out[b] for b in sorted(out)]
 

@@ -171,3 +171,35 @@ def test_check_catches_shape_mismatch(rank0: tuple) -> None:
     found = check_program(program, make_externals(program, _cpu), _cpu)
     assert len(found) == 1
     assert "differs from recorded" in next(iter(found.values()))
+
+
+def test_last_stage_with_recycled_storage_ids_is_rebuilt(
+    sample_store: object, rank0: tuple
+) -> None:
+    """Rank 4 (last pipeline stage, with the loss) records a new, larger tensor under the storage
+    id of a freed result: it must become a tensor of its own, not an out-of-bounds view of that
+    result, and externals sharing a storage share one buffer."""
+    con = sample_store.con  # type: ignore[attr-defined]
+    ops = con.sql(
+        "SELECT o.*, e.iteration FROM et_op o LEFT JOIN event e USING (run_id, rank, event_id)"
+        " WHERE o.rank = 4"
+    ).pl()
+    comm = {
+        e
+        for (e,) in con.execute(
+            "SELECT event_id FROM graph_node WHERE rank = 4 AND kind IN"
+            " ('collective', 'send', 'recv')"
+        ).fetchall()
+    }
+    units, skipped = select_units(ops, comm)
+    program = build_program(units, ops, device=_cpu, skipped=skipped)
+    externals = make_externals(program, _cpu)
+    with torch.no_grad():
+        bad = check_program(program, externals, _cpu)
+    assert bad == {}
+    summary = program.support_summary()
+    assert summary["supported"] == summary["compute_units"] == 1346
+    assert len(program.buffers) < len(program.externals)  # some externals share a storage
+    from replay.kernels import external_buffers
+
+    assert len(external_buffers(program, externals)) == len(program.buffers)
