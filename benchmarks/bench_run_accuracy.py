@@ -12,8 +12,9 @@
 4. Compares rank 0's step times measured by the script itself (profiled steps 1..steps) with the
    recorded ones: per step ``(replayed - recorded) / recorded``; the table gives the mean
    |error| over steps and the error of the mean step time, and the backend's own step times
-   (``step_ms``, between profiler steps) against the trace's ``ProfilerStep#`` spans (the
-   store's ``iteration`` table, what ``prism validate`` compares). Target: <= 5 % on CPU.
+   (``step_ms``, between profiler steps) stored as a replayed run (``prism run --out-run``,
+   ``replay.launched_run``) and compared with the trace's ``ProfilerStep#`` spans by
+   ``prism validate --replayed``. Target: <= 5 % on CPU.
 
 Everything runs on CPU: on a shared machine the load during the recording and during the replay
 differ, and rank 0's own compute time (which is real) moves with it; compare with the noise floor.
@@ -120,13 +121,8 @@ def main() -> None:
         recorded = _steps(rec / "run.json", 0)
         rerecorded = _steps(work / "rec2" / "run.json", 0)
         from prism_trace.store import open_store
-
-        with open_store(db, read_only=True) as store:
-            rows = store.con.sql(
-                "SELECT iteration, dur FROM iteration JOIN run USING (run_id) "
-                "WHERE run.name = 'rec' AND rank = 0 ORDER BY iteration"
-            ).fetchall()
-        rec_iter = {int(i): int(d) for i, d in rows}  # ProfilerStep#i spans in the trace
+        from replay.launched_run import write_launched_run
+        from replay.validate import validate_replayed
 
         results: dict[str, list[tuple[float, float, list[float], list[int], float]]] = {}
         backend_err: list[float] = []
@@ -143,14 +139,18 @@ def main() -> None:
                 replayed = _steps(out / "rank0.steps.json", 0)
                 rep = res.ranks[0].report or {}
                 waited = float(rep.get("waited_ms", 0.0))
-                if mode == "schedule":  # the backend's step times against the trace's steps
-                    seen = rep.get("step_ms") or {}
-                    its = [i for i in sorted(rec_iter) if str(i) in seen]
-                    backend_err.append(
-                        _errors(
-                            [round(seen[str(i)] * 1e6) for i in its], [rec_iter[i] for i in its]
-                        )[0]
-                    )
+                if mode == "schedule":  # stored as a replayed run: what `prism validate` says
+                    with open_store(db) as store:
+                        write_launched_run(
+                            store,
+                            run="rec",
+                            out_run=f"live-{i}",
+                            result=res,
+                            command=cmd,
+                            replace=True,
+                        )
+                        v = validate_replayed(store, replayed=f"live-{i}")
+                    backend_err.append(float(v.iteration_time_error_pct or 0.0))
                 results.setdefault(mode, []).append(
                     (*_errors(replayed, recorded), replayed, waited)
                 )
@@ -200,7 +200,7 @@ def main() -> None:
         )
         rows.append(
             (
-                "backend step_ms vs trace ProfilerStep (schedule)",
+                "prism run --out-run + prism validate --replayed (schedule)",
                 " / ".join(f"{e:.2f} %" for e in backend_err) + " mean |step error|",
             )
         )

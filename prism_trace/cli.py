@@ -386,6 +386,13 @@ def emulate_cmd(
 @click.option("--gaps", type=click.Choice(["recorded", "none"]), default="recorded")
 @click.option("--instrument", type=click.Choice(["none", "profiler"]), default="none")
 @click.option("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads).")
+@click.option(
+    "--together/--one-by-one",
+    default=True,
+    show_default=True,
+    help="Several ranks: one process each, talking through torch.distributed; or one after the"
+    " other in this process, each seeing the others as virtual peers.",
+)
 @click.option("--replace", is_flag=True, help="Overwrite an existing replayed run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
@@ -401,6 +408,7 @@ def replay_cmd(
     gaps: str,
     instrument: str,
     threads: int | None,
+    together: bool,
     replace: bool,
     as_json: bool,
 ) -> None:
@@ -416,6 +424,7 @@ def replay_cmd(
         gaps=gaps,  # type: ignore[arg-type]
         instrument=instrument,  # type: ignore[arg-type]
         threads=threads,
+        together=together,
     )
     rank_list = [int(r) for r in ranks.split(",") if r.strip()]
     with open_store(db) as store:
@@ -482,6 +491,8 @@ def validate_cmd(
 @click.option("--db", type=click.Path(path_type=Path), default=None, help="Store with --run.")
 @click.option("--run", "run_name", default=None, help="Run whose timing the virtual peers follow.")
 @click.option("--timeout-s", type=float, default=None, help="Stop every rank after this long.")
+@click.option("--out-run", default=None, help="Store the step times as this replayed run.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing replayed run (--out-run).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @_one_line_errors
@@ -491,12 +502,17 @@ def run_cmd(
     db: Path | None,
     run_name: str | None,
     timeout_s: float | None,
+    out_run: str | None,
+    replace: bool,
     as_json: bool,
     command: tuple[str, ...],
 ) -> None:
     """Run an unmodified training COMMAND as --ranks of a --world job; the rest are virtual."""
     from replay.launch import launch
 
+    if out_run is not None and (db is None or run_name is None):
+        msg = "--out-run needs --db and --run (the replayed run's parent)"
+        raise PrismError(msg)
     res = launch(
         list(command),
         world_size=world_size,
@@ -506,6 +522,18 @@ def run_cmd(
         timeout_s=timeout_s,
     )
     click.echo(json.dumps(res.as_dict(), indent=2) if as_json else res.summary(), err=not as_json)
+    if out_run is not None and res.returncode == 0:
+        from prism_trace.store import open_store
+        from replay.launched_run import write_launched_run
+
+        with open_store(db) as store:  # type: ignore[arg-type]
+            write_launched_run(
+                store, run=run_name, out_run=out_run, result=res, command=command, replace=replace
+            )  # type: ignore[arg-type]
+        click.echo(
+            f"wrote replayed run {out_run!r}; compare: prism validate {db} --replayed {out_run}",
+            err=True,
+        )
     sys.exit(res.returncode)
 
 

@@ -340,6 +340,13 @@ class _Timeline:
                 for a, b in itertools.pairwise(marks)
                 if b == a + 1
             },
+            # The same steps as [start, end] on time.perf_counter_ns (one clock for every
+            # process of the machine): what `prism run --out-run` stores as iterations.
+            "step_ns": {
+                str(a): [st.step_open[a], st.step_close.get(a, st.step_open[b])]
+                for a, b in itertools.pairwise(marks)
+                if b == a + 1
+            },
             "anchored_by": self.anchored_by or None,
             "scheduled_calls": st.scheduled,
             "unscheduled_calls": dict(st.unscheduled),

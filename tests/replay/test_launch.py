@@ -153,3 +153,39 @@ def test_datasets_rank_under_recorded_peers(tmp_path: Path) -> None:
     for s in steps:
         assert rep["step_ms"][str(s["step"])] == pytest.approx(s["dur_ns"] / 1e6, rel=0.1, abs=5)
     assert (out / "rank0.kineto.json.gz").exists()
+
+    # Stored as a replayed run, `prism validate --replayed` compares it with the recording.
+    from replay.launched_run import write_launched_run
+    from replay.validate import validate_replayed
+
+    with open_store(db) as store:
+        write_launched_run(store, run="sample", out_run="launched", result=res, command=cmd)
+        v = validate_replayed(store, replayed="launched")
+        rows = store.con.sql(
+            "SELECT i.iteration, i.dur, r.ts AS rec_ts, i.ts FROM iteration i"
+            " JOIN iteration r ON r.rank = i.rank AND r.iteration = i.iteration"
+            " AND r.run_id = (SELECT run_id FROM run WHERE name = 'sample')"
+            " WHERE i.run_id = (SELECT run_id FROM run WHERE name = 'launched') ORDER BY 1"
+        ).fetchall()
+        with pytest.raises(PrismError, match="already exists"):
+            write_launched_run(store, run="sample", out_run="launched", result=res, command=cmd)
+    assert v.ranks == [0]
+    # Recorded steps 1 and 2 (step 0 is the generator's unprofiled warm-up, not in the trace).
+    assert [e.iteration for e in v.iterations] == [1, 2]
+    for e in v.iterations:
+        assert e.emulated_ns == pytest.approx(rep["step_ms"][str(e.iteration)] * 1e6, rel=1e-6)
+    assert [r[0] for r in rows] == [1, 2]
+    assert rows[0][3] == rows[0][2]  # step 1 laid on its recorded start
+    assert abs(rows[1][3] - rows[0][3] - rows[0][1]) < 1_000_000  # step 2 starts as step 1 ends
+
+
+def test_out_run_needs_the_run_it_replays() -> None:
+    from click.testing import CliRunner
+
+    from prism_trace.cli import main
+
+    out = CliRunner().invoke(
+        main, ["run", "--world", "2", "--out-run", "x", "--", sys.executable, "-c", "pass"]
+    )
+    assert out.exit_code == 1
+    assert "--out-run needs --db and --run" in out.output
