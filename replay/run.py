@@ -837,6 +837,14 @@ def _memory(store: Store, res: _Result, config: EmulationConfig) -> pl.DataFrame
         " WHERE run_id = $1 AND list_contains($2, rank)",
         [inputs.source_run_id, inputs.unit_source.tolist()],
     )
+    # A rank recorded without [memory] events gets a timeline derived from its host ET.
+    from replay.et_memory import et_memory
+
+    derived = et_memory(
+        store.con, inputs.source_run_id, sorted(set(inputs.unit_source.tolist()) - set(mem["rank"]))
+    )
+    if not derived.is_empty():
+        mem = pl.concat([mem, derived.cast(mem.schema)])
     if mem.is_empty():
         return pl.DataFrame(
             schema={"unit": pl.Int64, **{c: t for c, t in mem.schema.items() if c != "rank"}}
