@@ -30,15 +30,22 @@ def rank0(sample_store: object) -> tuple[pl.DataFrame, set[int]]:
     con = sample_store.con  # type: ignore[attr-defined]
     if not con.execute("SELECT count(*) FROM graph_node").fetchall()[0][0]:
         build_graph(sample_store, "sample")  # type: ignore[arg-type]
-    ops = con.sql(
+    return _rank_inputs(con, 0)
+
+
+def _rank_inputs(con: object, rank: int) -> tuple[pl.DataFrame, set[int]]:
+    """A sample rank's ET ops (with iterations) and its communication events."""
+    ops = con.sql(  # type: ignore[attr-defined]
         "SELECT o.*, e.iteration FROM et_op o LEFT JOIN event e USING (run_id, rank, event_id)"
-        " WHERE o.rank = 0"
+        " WHERE o.rank = $1",
+        params=[rank],
     ).pl()
     comm = {
         e
-        for (e,) in con.execute(
-            "SELECT event_id FROM graph_node WHERE rank = 0 AND kind IN"
-            " ('collective', 'send', 'recv')"
+        for (e,) in con.execute(  # type: ignore[attr-defined]
+            "SELECT event_id FROM graph_node WHERE rank = ? AND kind IN"
+            " ('collective', 'send', 'recv')",
+            [rank],
         ).fetchall()
     }
     return ops, comm
@@ -179,18 +186,7 @@ def test_last_stage_with_recycled_storage_ids_is_rebuilt(
     """Rank 4 (last pipeline stage, with the loss) records a new, larger tensor under the storage
     id of a freed result: it must become a tensor of its own, not an out-of-bounds view of that
     result, and externals sharing a storage share one buffer."""
-    con = sample_store.con  # type: ignore[attr-defined]
-    ops = con.sql(
-        "SELECT o.*, e.iteration FROM et_op o LEFT JOIN event e USING (run_id, rank, event_id)"
-        " WHERE o.rank = 4"
-    ).pl()
-    comm = {
-        e
-        for (e,) in con.execute(
-            "SELECT event_id FROM graph_node WHERE rank = 4 AND kind IN"
-            " ('collective', 'send', 'recv')"
-        ).fetchall()
-    }
+    ops, comm = _rank_inputs(sample_store.con, 4)  # type: ignore[attr-defined]
     units, skipped = select_units(ops, comm)
     program = build_program(units, ops, device=_cpu, skipped=skipped)
     externals = make_externals(program, _cpu)
