@@ -7,8 +7,9 @@ slices it to ``dp=2048,pp=4``; ``--source sample`` takes the bundled generated g
 run name, so every repetition writes everything), with the ``--what-if`` words given (e.g.
 ``variance``: every replica its own units, the worst case for speed). Targets: at most 30 s and
 8 GB (peak RSS of this process). Prints a table (with events/s: nodes of the whole world, i.e.
-class nodes x class members, per second of the DES core and of the whole call) and writes
-``results/emulate_<host>_<date>.md`` unless ``--no-note``.
+class nodes x class members, per second of the DES core and of the whole call; "write+memory" is
+the write, during which the memory and iterations are worked out while the events go in) and
+writes ``results/emulate_<host>_<date>.md`` unless ``--no-note``.
 
 Usage::
 
@@ -81,7 +82,7 @@ def main() -> None:
         (f"emulate_run (best of {args.repeat})", f"{best:.2f} s"),
         ("emulate_run, all repetitions", ", ".join(f"{x:.2f}" for x in times) + " s"),
         (
-            "  of which load / DES core / write (last run)",
+            "  of which load / DES core / write+memory (last run)",
             f"{report.seconds['load']:.2f} / {core:.3f} / {report.seconds['write']:.2f} s",
         ),
         (

@@ -188,18 +188,33 @@ def emulate(
     sync_node, inst = _i64(comm.node), _i64(comm.instance)
     transfer = _i64(comm.transfer)
 
-    dur = _i64(graph.dur).copy()
-    dur[sync_node] = 0  # a sync node lasts at least 0; its end comes from its instance
-    # Point-space edges: graph edges; S->E (dur); S->A (0) and A->E (transfer) for sync nodes.
-    p_src = np.concatenate(
-        [np.where(from_end, src + n, src), np.arange(n), sync_node, 2 * n + inst]
-    )
-    p_dst = np.concatenate(
-        [np.where(holds_end, dst + n, dst), np.arange(n) + n, 2 * n + inst, sync_node + n]
-    )
-    p_w = np.concatenate(
-        [_i64(graph.delay), dur, np.zeros(sync_node.size, dtype=np.int64), transfer]
-    )
+    # Point-space edges, built in place: graph edges; S->E (dur); S->A (0) and A->E (transfer)
+    # for sync nodes. Point indices of a big graph are int32 where they fit (half the memory to
+    # fill); a small one keeps int64 (no index casts in the rounds).
+    m, s = src.size, sync_node.size
+    e0, e1, e2 = m, m + n, m + n + s
+    idx_t = np.int32 if 1 << 22 <= n_points < 2**31 - 1 else np.int64
+    p_src = np.empty(e2 + s, dtype=idx_t)
+    p_dst = np.empty(e2 + s, dtype=idx_t)
+    p_w = np.empty(e2 + s, dtype=np.int64)
+    p_src[:e0] = src
+    np.add(p_src[:e0], n, out=p_src[:e0], where=from_end)
+    p_src[e0:e1] = np.arange(n, dtype=idx_t)
+    p_src[e1:e2] = sync_node
+    p_src[e2:] = inst
+    p_src[e2:] += 2 * n
+    p_dst[:e0] = dst
+    np.add(p_dst[:e0], n, out=p_dst[:e0], where=holds_end)
+    p_dst[e0:e1] = np.arange(n, 2 * n, dtype=idx_t)
+    p_dst[e1:e2] = inst
+    p_dst[e1:e2] += 2 * n
+    p_dst[e2:] = sync_node
+    p_dst[e2:] += n
+    p_w[:e0] = _i64(graph.delay)
+    p_w[e0:e1] = _i64(graph.dur)
+    p_w[e0 + sync_node] = 0  # a sync node lasts at least 0; its end comes from its instance
+    p_w[e1:e2] = 0
+    p_w[e2:] = transfer
 
     val = np.full(n_points, _NEG, dtype=np.int64)
     has_start_pred = np.zeros(n, dtype=bool)
@@ -207,12 +222,18 @@ def emulate(
     roots = np.flatnonzero(~has_start_pred)
     val[roots] = _i64(graph.release)[roots]
 
+    # Out-edges of each point, contiguous (CSR): the edges of point p are indptr[p]:indptr[p + 1].
     order = np.argsort(p_src, kind="stable")
-    s_src, s_dst, s_w = p_src[order], p_dst[order], p_w[order]
+    s_dst, s_w = p_dst[order], p_w[order]
+    del order, p_dst, p_w
     indptr = np.zeros(n_points + 1, dtype=np.int64)
     np.cumsum(np.bincount(p_src, minlength=n_points), out=indptr[1:])
-    indeg = np.bincount(p_dst, minlength=n_points).astype(np.int64)
+    del p_src
+    indeg = np.bincount(s_dst, minlength=n_points).astype(np.int64, copy=False)
 
+    # `seen` dedupes a round's newly ready points without sorting them (their order does not
+    # matter: every update is a max or a count).
+    seen = np.zeros(n_points, dtype=idx_t)
     frontier = np.flatnonzero(indeg == 0)
     done_points = 0
     rounds = 0
@@ -227,14 +248,17 @@ def emulate(
         offsets = np.cumsum(counts) - counts
         idx = np.repeat(first - offsets, counts) + np.arange(total, dtype=np.int64)
         d = s_dst[idx]
-        np.maximum.at(val, d, val[s_src[idx]] + s_w[idx])
+        np.maximum.at(val, d, np.repeat(val[frontier], counts) + s_w[idx])
         np.subtract.at(indeg, d, 1)
-        frontier = np.unique(d[indeg[d] == 0])
+        ready = d[indeg[d] == 0]
+        pos = np.arange(ready.size, dtype=idx_t)
+        seen[ready] = pos  # one of a point's positions wins: keep that one
+        frontier = ready[seen[ready] == pos]
 
     if done_points < n_points:
         _raise_deadlock(graph, comm, indeg, n, label)
 
-    return Timeline(val[:n].copy(), val[n : 2 * n].copy(), val[2 * n :].copy(), rounds)
+    return Timeline(val[:n], val[n : 2 * n], val[2 * n :], rounds)
 
 
 def _raise_deadlock(
@@ -280,6 +304,26 @@ def _key(*cols: np.ndarray) -> np.ndarray:
     return out
 
 
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique`` over the rows of integer columns, as ``(keys, inverse, counts)``.
+
+    ``keys`` are the distinct rows (structured, like ``_key``) in lexicographic order. Sorts one
+    int64 per row when the columns' ranges fit (a structured sort is many times slower).
+    """
+    lo = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - low + 1 for c, low in zip(cols, lo, strict=True)]
+    if np.prod(np.array(spans, dtype=np.float64)) >= 2.0**62:
+        keys, inv, counts = np.unique(_key(*cols), return_inverse=True, return_counts=True)
+        return keys, inv.ravel(), counts
+    packed = cols[0] - lo[0]
+    for c, low, span in zip(cols[1:], lo[1:], spans[1:], strict=True):
+        packed = packed * span + (c - low)
+    _, first, inv, counts = np.unique(
+        packed, return_index=True, return_inverse=True, return_counts=True
+    )
+    return _key(*(c[first] for c in cols)), inv.ravel(), counts
+
+
 def collective_instances(
     node: np.ndarray,
     unit: np.ndarray,
@@ -314,10 +358,8 @@ def collective_instances(
     node, unit, group, seq = _i64(node), _i64(unit), _i64(group), _i64(seq)
     if node.size == 0:
         return np.zeros(0, dtype=np.int64), 0
-    keys, inst = np.unique(_key(group, seq), return_inverse=True)
-    inst = inst.ravel()
-    pairs = _key(inst, unit)
-    uniq, counts = np.unique(pairs, return_counts=True)
+    keys, inst, _ = _unique_rows(group, seq)
+    uniq, _, counts = _unique_rows(inst, unit)
     if (counts > 1).any():
         bad = uniq[np.argmax(counts > 1)]
         i, u = int(bad["f0"]), int(bad["f1"])
@@ -329,7 +371,9 @@ def collective_instances(
     if allow_partial:
         return inst, int(keys.size)
     present = np.bincount(inst, minlength=keys.size)
-    need = np.array([np.unique(expected[int(g)]).size for g in keys["f0"]], dtype=np.int64)
+    groups, g_of = np.unique(keys["f0"], return_inverse=True)  # per group, not per instance
+    per_group = [np.unique(expected[int(g)]).size for g in groups]
+    need = np.asarray(per_group, dtype=np.int64)[g_of.ravel()]
     short = np.flatnonzero(present < need)
     if short.size:
         i = int(short[0])
@@ -388,8 +432,7 @@ def p2p_instances(
         return np.zeros(0, dtype=np.int64), 0
     sender = np.where(is_send, unit, peer_unit)
     receiver = np.where(is_send, peer_unit, unit)
-    keys, inst = np.unique(_key(group, sender, receiver, seq), return_inverse=True)
-    inst = inst.ravel()
+    keys, inst, _ = _unique_rows(group, sender, receiver, seq)
     sends = np.bincount(inst, weights=is_send, minlength=keys.size).astype(np.int64)
     recvs = np.bincount(inst, weights=~is_send, minlength=keys.size).astype(np.int64)
     if ((sends > 1) | (recvs > 1)).any():

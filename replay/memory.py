@@ -24,6 +24,7 @@ optimizer), so for them the rule is a no-op.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 __all__ = ["MEMORY_COLUMNS", "memory_peaks", "optimizer_shard_delta", "retime_memory"]
@@ -66,6 +67,9 @@ def retime_memory(
 ) -> pl.DataFrame:
     """Move each unit's memory events with the nodes that enclose them; recompute the totals.
 
+    Works unit by unit on numpy slices (a unit's events and nodes fit in cache, and nothing the
+    size of the whole run is made but the results); frames with nulls take a join-based path.
+
     Args:
         memory: ``unit`` + ``MEMORY_COLUMNS`` less ``rank`` (recorded ``ts``, ``bytes``,
             ``total_allocated``, ...), ``ts`` on the run clock.
@@ -80,8 +84,119 @@ def retime_memory(
     cols = [c for c in MEMORY_COLUMNS if c != "rank"]
     if memory.is_empty():
         return memory.select("unit", *cols)
+    every = nodes["host"].null_count() == 0 and nodes["host"].all()
+    host = nodes if every else nodes.filter(pl.col("host"))
+    times = ["unit", "rec_ts", "rec_end", "emu_ts", "emu_end"]
+    if memory.select("unit", "ts").null_count().sum_horizontal().item() or (
+        host.select(times).null_count().sum_horizontal().item()
+    ):
+        return _retime_frames(memory, host, delta=delta).select("unit", *cols)
+    order, ts, total = _retime_units(memory, host)
+    if delta is not None and not delta.is_empty():
+        add = memory.select("unit").join(
+            delta.select("unit", "delta"), on="unit", how="left", maintain_order="left"
+        )["delta"]
+        d = _i64(add.fill_null(0))
+        total += d if order is None else d[order]
+    moved = memory if order is None else memory[order]
+    return moved.with_columns(
+        pl.Series("ts", ts, dtype=pl.Int64), pl.Series("total_allocated", total, dtype=pl.Int64)
+    ).select("unit", *cols)
+
+
+def _i64(s: pl.Series) -> np.ndarray:
+    return s.to_numpy().astype(np.int64, copy=False)
+
+
+def _groups(values: np.ndarray) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """Rows grouped by value, stably: ``(order, starts, stops)``; ``order`` None when the rows
+    are grouped (sorted) already, ``starts``/``stops`` the groups' bounds in that order."""
+    order = None if (np.diff(values) >= 0).all() else np.argsort(values, kind="stable")
+    v = values if order is None else values[order]
+    starts = np.flatnonzero(np.diff(v, prepend=v[0] - 1)) if v.size else v
+    return order, starts, np.append(starts[1:], v.size)
+
+
+def _retime_units(
+    memory: pl.DataFrame, host: pl.DataFrame
+) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """``retime_memory`` unit by unit: the rows in emulated order (None: as they are), and in that
+    order their emulated ``ts`` and ``total_allocated``."""
+    m_unit, m_ts = _i64(memory["unit"]), _i64(memory["ts"])
+    n = m_ts.size
+    by_unit, m_start, m_stop = _groups(m_unit)
+    h_unit = _i64(host["unit"])
+    h_order, h_start, h_stop = _groups(h_unit)
+    h = [_i64(host[c]) for c in ("rec_ts", "rec_end", "emu_ts", "emu_end")]
+    if h_order is not None:
+        h = [c[h_order] for c in h]
+        h_unit = h_unit[h_order]
+    h_ts, h_end, e_ts, e_end = h
+    h_first = h_unit[h_start]
+    device = _device_groups(memory)  # None: one device
+    level = _i64((memory["total_allocated"] - memory["bytes"]).fill_null(0))
+    nbytes = _i64(memory["bytes"].fill_null(0))
+    order = np.empty(n, dtype=np.int64)
+    ts = np.empty(n, dtype=np.int64)
+    total = np.empty(n, dtype=np.int64)
+    for a, b in zip(m_start.tolist(), m_stop.tolist(), strict=True):
+        rows = np.arange(a, b) if by_unit is None else by_unit[a:b]  # recorded order
+        t = m_ts[rows]
+        shift = np.zeros(t.size, dtype=np.int64)
+        k = int(np.searchsorted(h_first, m_unit[rows[0]]))
+        if k < h_first.size and h_first[k] == m_unit[rows[0]]:
+            lo, hi = h_start[k], h_stop[k]
+            starts, ends = h_ts[lo:hi], h_end[lo:hi]
+            by_start = np.argsort(starts, kind="stable")
+            by_end = np.argsort(ends, kind="stable")
+            # Before every node: the unit's first node's shift; between nodes: the change of
+            # the end of the one that ended last; inside a node (the one that started last,
+            # of several at one time the last in node order): the change of its start.
+            f = by_start[0]
+            shift[:] = e_ts[lo + f] - starts[f]
+            j = np.searchsorted(ends[by_end], t, side="right") - 1
+            hit = j >= 0
+            j = by_end[j[hit]]
+            shift[hit] = e_end[lo + j] - ends[j]
+            j = np.searchsorted(starts[by_start], t, side="right") - 1
+            j = by_start[np.maximum(j, 0)]
+            inside = (starts[j] <= t) & (ends[j] >= t)
+            shift[inside] = e_ts[lo + j[inside]] - starts[j[inside]]
+        t += shift
+        # Emulated order (ties keep the recorded order), then the running sum per device from
+        # the level before the device's first recorded event.
+        o = None if (np.diff(t) >= 0).all() else np.argsort(t, kind="stable")
+        r = rows if o is None else rows[o]
+        order[a:b] = r
+        ts[a:b] = t if o is None else t[o]
+        if device is None:
+            total[a:b] = level[rows[0]] + np.cumsum(nbytes[r])
+            continue
+        for d in np.unique(device[rows]):
+            at = np.flatnonzero(device[r] == d)
+            first = rows[np.argmax(device[rows] == d)]
+            total[a + at] = level[first] + np.cumsum(nbytes[r[at]])
+    if (order[1:] > order[:-1]).all():
+        return None, ts, total
+    return order, ts, total
+
+
+def _device_groups(memory: pl.DataFrame) -> np.ndarray | None:
+    """A code per row for its ``(device_type, device_id)``; None when all rows share one."""
+    code = None
+    for col in ("device_type", "device_id"):
+        s = memory[col]
+        if s.n_unique() > 1:
+            c = _i64(s.rank("dense").fill_null(0))
+            code = c if code is None else code * (int(c.max()) + 1) + c
+    return code
+
+
+def _retime_frames(
+    memory: pl.DataFrame, host: pl.DataFrame, *, delta: pl.DataFrame | None
+) -> pl.DataFrame:
+    """``retime_memory`` with frame joins (as-of joins by unit): for frames with nulls."""
     mem = memory.with_row_index("_i").with_columns(pl.col("ts").alias("_mts"))
-    host = nodes.filter(pl.col("host"))
     by_start = host.select(
         "unit",
         pl.col("rec_ts").alias("_mts"),
@@ -126,7 +241,7 @@ def retime_memory(
         mem = mem.join(delta.select("unit", "delta"), on="unit", how="left").with_columns(
             pl.col("total_allocated") + pl.col("delta").fill_null(0)
         )
-    return mem.select("unit", *cols)
+    return mem
 
 
 def memory_peaks(memory: pl.DataFrame, by: str = "rank") -> pl.DataFrame:

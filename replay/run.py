@@ -16,6 +16,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
@@ -612,10 +613,18 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     )
     lo = np.minimum(per["lo"].to_numpy(), per["plo"].fill_null(1 << 40).to_numpy())
     hi = np.maximum(per["hi"].to_numpy(), per["phi"].fill_null(-1).to_numpy())
-    for i, g in enumerate(per["group_id"].to_list()):
-        m = g_members.get(g) if g is not None else None
-        if per["kind"][i] == "collective" and m is not None and m.size:
-            lo[i], hi[i] = m.min(), m.max()
+    # A collective spans its communicator's member range.
+    spanned = sorted((g, int(m.min()), int(m.max())) for g, m in g_members.items() if m.size)
+    if spanned:
+        g_ids, g_lo, g_hi = (np.array(c, dtype=np.int64) for c in zip(*spanned, strict=True))
+        per_g = per["group_id"].fill_null(-1).to_numpy().astype(np.int64)
+        pos = np.minimum(np.searchsorted(g_ids, per_g), g_ids.size - 1)
+        hit = np.flatnonzero(
+            (per["kind"] == "collective").to_numpy()
+            & per["group_id"].is_not_null().to_numpy()
+            & (g_ids[pos] == per_g)
+        )
+        lo[hit], hi[hit] = g_lo[pos[hit]], g_hi[pos[hit]]
     topology = config.topology
     if config.what_if.bandwidth_scale is not None:
         topology = dataclasses.replace(
@@ -677,13 +686,9 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     if n_inst == 0:
         comm = CommInstances.empty()
 
-    n_rank = nodes["rank"].to_numpy()
-    n_id = nodes["node_id"].to_numpy()
-    n_kind = nodes["kind"].to_list()
-    n_name = nodes["name"].to_list()
-
-    def label(v: int) -> str:
-        return f"rank {int(n_rank[v])} node {int(n_id[v])} ({n_kind[v]} {n_name[v]!r})"
+    def label(v: int) -> str:  # only for error messages: look the node up when asked
+        r = nodes.row(int(v), named=True)
+        return f"rank {r['rank']} node {r['node_id']} ({r['kind']} {r['name']!r})"
 
     t = time.perf_counter()
     timeline = emulate(graph, comm, label=label)
@@ -1054,15 +1059,60 @@ def _check_out_run(
     return old
 
 
-def _write(
+@dataclass
+class _Writing:
+    """An emulated run being written (see ``_writing``)."""
+
+    con: duckdb.DuckDBPyConnection
+    reader: Store  # the store on a second connection: for reads while the events go in
+    res: _Result
+    run_id: int
+    g_size: dict[int, int]
+    pending: list[Future[int]]  # inserts on the worker thread, in order (events first)
+    worker: ThreadPoolExecutor
+    n_events: int = 0
+
+    def memory(self) -> None:
+        """Queue the memory rows (``res.memory``, once worked out) behind the events."""
+        rows = _memory_rows(self.res, self.run_id)
+        self.pending.append(self.worker.submit(_insert, self.con, "memory", rows))
+
+    def finish(self, iters: pl.DataFrame) -> int:
+        """Wait for the queued inserts, write the iterations and the communication rows.
+
+        Returns:
+            The number of iteration rows.
+        """
+        self.n_events = self.pending[0].result()
+        for f in self.pending[1:]:
+            f.result()
+        n_iter = _insert(
+            self.con, "iteration", iters.with_columns(run_id=pl.lit(self.run_id, pl.Int32))
+        )
+        coll, p2p = _comm_frames(self.res, self.run_id, self.g_size)
+        _insert(self.con, "collective", coll)
+        _insert(self.con, "p2p", p2p)
+        return n_iter
+
+
+@contextlib.contextmanager
+def _writing(
     store: Store,
     res: _Result,
-    iters: pl.DataFrame,
     *,
     out_run: str,
     old_id: int | None,
     config: EmulationConfig,
-) -> tuple[int, int, int]:
+) -> Iterator[_Writing]:
+    """Write the emulated run in one transaction, the events while the caller works on.
+
+    Opens the transaction, writes the run, its ranks, groups and tracks, and starts inserting the
+    events (every node of every unit: the bulk of the write) on a worker thread. DuckDB inserts
+    them on one core without the GIL, so the caller's work meanwhile (the memory and iterations,
+    reading through ``reader``, a second connection) overlaps. The caller queues the memory rows
+    (``_Writing.memory``) and ends with ``_Writing.finish``; the block commits on exit, or rolls
+    everything back (after stopping the worker's insert) on an error.
+    """
     inputs = res.inputs
     sizes = _fetch(
         store.con,
@@ -1070,81 +1120,108 @@ def _write(
         [inputs.run_id, sorted({int(g) for g in res.sync["group_id"].drop_nulls().to_list()})],
     )
     g_size = dict(zip(sizes["group_id"].to_list(), sizes["size"].to_list(), strict=True))
-    with store.transaction() as con:
-        if old_id is not None:
-            _delete_run(con, old_id)
-        ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
-        run_id = int(run_id)
-        cfg = {"input_run": inputs.run, "input_kind": inputs.kind, **config.as_dict()}
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
-        con.execute(
-            "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
-            " created_at, config_json) VALUES (?, ?, 'emulated', ?, ?, ?, ?, ?)",
-            [
-                run_id,
-                out_run,
-                inputs.parent_run_id or inputs.run_id,
-                inputs.world_size,
-                inputs.source_format,
-                now,
-                json.dumps(cfg),
-            ],
-        )
-        # class_id: the rank whose events a rank shares (what-ifs may have expanded replicas);
-        # args.what_if: why a rank is left out of the results (a removed GPU and its slot).
-        ru = inputs.rank_unit.filter(pl.col("unit") >= 0)
-        owner = pl.DataFrame(
-            {
-                "rank": ru["rank"].to_numpy().astype(np.int32),
-                "owner": inputs.unit_rank[ru["unit"].to_numpy()].astype(np.int32),
-            }
-        ).join(
-            pl.DataFrame(
-                {"rank": list(inputs.left_out), "why": list(inputs.left_out.values())},
-                schema={"rank": pl.Int32, "why": pl.Utf8},
-            ),
-            on="rank",
-            how="left",
-        )
-        con.register("_emu_owner", owner.to_arrow())
-        try:
-            con.execute(
-                "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
-                " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
-                " SELECT $1, r.rank, backend, hostname, pid, device,"
-                " CASE WHEN r.class_id IS NULL THEN NULL ELSE coalesce(o.owner, r.class_id) END,"
-                " coalesce(represented_by, r.rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked,"
-                " CASE WHEN o.why IS NULL THEN args ELSE json_merge_patch(coalesce(args, '{}'),"
-                " json_object('what_if', o.why)) END"
-                " FROM rank r LEFT JOIN _emu_owner o ON o.rank = r.rank WHERE r.run_id = $2",
-                [run_id, inputs.run_id],
+    cursor = store.con.cursor()
+    try:
+        with ThreadPoolExecutor(max_workers=1) as worker, store.transaction() as con:
+            run_id = _write_header(con, res, out_run=out_run, old_id=old_id, config=config)
+            events = worker.submit(_insert, con, "event", _event_frame(res, run_id))
+            w = _Writing(
+                con=con,
+                reader=dataclasses.replace(store, con=cursor),
+                res=res,
+                run_id=run_id,
+                g_size=g_size,
+                pending=[events],
+                worker=worker,
             )
-        finally:
-            con.unregister("_emu_owner")
+            try:
+                yield w
+            except BaseException:
+                con.interrupt()  # stop the worker's insert; the transaction rolls back
+                wait(w.pending)
+                raise
+    finally:
+        cursor.close()
+
+
+def _write_header(
+    con: duckdb.DuckDBPyConnection,
+    res: _Result,
+    *,
+    out_run: str,
+    old_id: int | None,
+    config: EmulationConfig,
+) -> int:
+    """In the open transaction: the run row, ranks, groups and tracks; returns the run id."""
+    inputs = res.inputs
+    if old_id is not None:
+        _delete_run(con, old_id)
+    ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+    run_id = int(run_id)
+    cfg = {"input_run": inputs.run, "input_kind": inputs.kind, **config.as_dict()}
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    con.execute(
+        "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
+        " created_at, config_json) VALUES (?, ?, 'emulated', ?, ?, ?, ?, ?)",
+        [
+            run_id,
+            out_run,
+            inputs.parent_run_id or inputs.run_id,
+            inputs.world_size,
+            inputs.source_format,
+            now,
+            json.dumps(cfg),
+        ],
+    )
+    # class_id: the rank whose events a rank shares (what-ifs may have expanded replicas);
+    # args.what_if: why a rank is left out of the results (a removed GPU and its slot).
+    ru = inputs.rank_unit.filter(pl.col("unit") >= 0)
+    owner = pl.DataFrame(
+        {
+            "rank": ru["rank"].to_numpy().astype(np.int32),
+            "owner": inputs.unit_rank[ru["unit"].to_numpy()].astype(np.int32),
+        }
+    ).join(
+        pl.DataFrame(
+            {"rank": list(inputs.left_out), "why": list(inputs.left_out.values())},
+            schema={"rank": pl.Int32, "why": pl.Utf8},
+        ),
+        on="rank",
+        how="left",
+    )
+    con.register("_emu_owner", owner.to_arrow())
+    try:
         con.execute(
-            "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
-            " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
-            " FROM comm_group WHERE run_id = $2",
+            "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
+            " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
+            " SELECT $1, r.rank, backend, hostname, pid, device,"
+            " CASE WHEN r.class_id IS NULL THEN NULL ELSE coalesce(o.owner, r.class_id) END,"
+            " coalesce(represented_by, r.rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked,"
+            " CASE WHEN o.why IS NULL THEN args ELSE json_merge_patch(coalesce(args, '{}'),"
+            " json_object('what_if', o.why)) END"
+            " FROM rank r LEFT JOIN _emu_owner o ON o.rank = r.rank WHERE r.run_id = $2",
             [run_id, inputs.run_id],
         )
-        units = pl.DataFrame({"rank": inputs.unit_rank, "source_rank": inputs.unit_source})
-        con.register("_emu_units", units.to_arrow())
-        try:
-            con.execute(
-                "INSERT INTO track (run_id, rank, track_id, kind, pid, tid, name)"
-                " SELECT $1, u.rank, t.track_id, t.kind, t.pid, t.tid, t.name"
-                " FROM track t JOIN _emu_units u ON t.rank = u.source_rank WHERE t.run_id = $2",
-                [run_id, inputs.source_run_id],
-            )
-        finally:
-            con.unregister("_emu_units")
-        n_events = _insert(con, "event", _event_frame(res, run_id))
-        n_iter = _insert(con, "iteration", iters.with_columns(run_id=pl.lit(run_id, pl.Int32)))
-        coll, p2p = _comm_frames(res, run_id, g_size)
-        _insert(con, "collective", coll)
-        _insert(con, "p2p", p2p)
-        _insert(con, "memory", _memory_rows(res, run_id))
-    return run_id, n_events, n_iter
+    finally:
+        con.unregister("_emu_owner")
+    con.execute(
+        "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
+        " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
+        " FROM comm_group WHERE run_id = $2",
+        [run_id, inputs.run_id],
+    )
+    units = pl.DataFrame({"rank": inputs.unit_rank, "source_rank": inputs.unit_source})
+    con.register("_emu_units", units.to_arrow())
+    try:
+        con.execute(
+            "INSERT INTO track (run_id, rank, track_id, kind, pid, tid, name)"
+            " SELECT $1, u.rank, t.track_id, t.kind, t.pid, t.tid, t.name"
+            " FROM track t JOIN _emu_units u ON t.rank = u.source_rank WHERE t.run_id = $2",
+            [run_id, inputs.source_run_id],
+        )
+    finally:
+        con.unregister("_emu_units")
+    return run_id
 
 
 # -- the entry point -----------------------------------------------------------------------------
@@ -1181,24 +1258,44 @@ def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLa
         return None
 
 
-def _reindex(inputs: _Inputs, nodes: pl.DataFrame, edges: pl.DataFrame, follow: np.ndarray) -> None:
-    """Recompute units, node indices and edge endpoints after the units changed (in place)."""
-    nodes = nodes.sort("rank", "node_id")
-    unit_rank = np.unique(nodes["rank"].to_numpy()).astype(np.int64)
-    src_of = nodes.group_by("rank").agg(pl.col("source_rank").first()).sort("rank")
-    keys, unit = _node_index(nodes, unit_rank)
+def _reindex(
+    inputs: _Inputs,
+    nodes: pl.DataFrame,
+    edges: pl.DataFrame,
+    follow: np.ndarray,
+    edge_rows: tuple[np.ndarray, np.ndarray] | None = None,
+) -> None:
+    """Recompute units, node indices and edge endpoints after the units changed (in place).
+
+    ``edge_rows``: the edges' ends as rows of ``nodes`` when known (``Expansion.edge_rows``);
+    used when ``nodes`` is sorted by ``(rank, node_id)`` already, else looked up.
+    """
+    rank = nodes["rank"].to_numpy().astype(np.int64)
+    n_id = nodes["node_id"].to_numpy().astype(np.int64)
+    step = np.diff(rank)
+    if not ((step > 0) | ((step == 0) & (np.diff(n_id) > 0))).all():  # expand_replicas sorts
+        nodes = nodes.sort("rank", "node_id")
+        rank = nodes["rank"].to_numpy().astype(np.int64)
+        edge_rows = None
+    first = np.flatnonzero(np.diff(rank, prepend=rank[:1] - 1) != 0)
+    unit_rank = rank[first]
+    unit = np.repeat(np.arange(first.size, dtype=np.int64), np.diff(np.append(first, rank.size)))
     nodes = nodes.with_columns(
         pl.Series("unit", unit), pl.Series("idx", np.arange(nodes.height, dtype=np.int64))
     )
-    e_unit = np.searchsorted(unit_rank, edges["rank"].to_numpy()).astype(np.int64)
-    s = _lookup(keys, e_unit, edges["src"].to_numpy(), "source")
-    d = _lookup(keys, e_unit, edges["dst"].to_numpy(), "destination")
+    if edge_rows is not None:
+        s, d = edge_rows
+    else:
+        keys, _ = _node_index(nodes, unit_rank)
+        e_unit = np.searchsorted(unit_rank, edges["rank"].to_numpy()).astype(np.int64)
+        s = _lookup(keys, e_unit, edges["src"].to_numpy(), "source")
+        d = _lookup(keys, e_unit, edges["dst"].to_numpy(), "destination")
     pos = np.minimum(np.searchsorted(unit_rank, follow), unit_rank.size - 1)
     r_unit = np.where(unit_rank[pos] == follow, pos, -1)
     inputs.nodes = nodes
     inputs.edges = edges.with_columns(pl.Series("s", s), pl.Series("d", d))
     inputs.unit_rank = unit_rank
-    inputs.unit_source = src_of["source_rank"].to_numpy().astype(np.int64)
+    inputs.unit_source = nodes["source_rank"].to_numpy()[first].astype(np.int64)
     inputs.rank_unit = pl.DataFrame(
         {"rank": np.arange(follow.size, dtype=np.int64), "unit": r_unit.astype(np.int64)}
     )
@@ -1249,7 +1346,7 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
             layout=layout,
             replicas=replicas,
         )
-        _reindex(inputs, exp.nodes, exp.edges, exp.rank_unit_rank)
+        _reindex(inputs, exp.nodes, exp.edges, exp.rank_unit_rank, exp.edge_rows)
         inputs.notes += exp.notes
 
     nodes = inputs.nodes
@@ -1494,13 +1591,15 @@ def emulate_run(
         inputs = _prepare_what_if(store, target, config, input_run=run)
         t_load = time.perf_counter() - t0
         res = _emulate(store, inputs, config)
-        res.memory = _memory(store, res, config)
-        per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
-        iters = _rank_iterations(res, per_unit)
         t1 = time.perf_counter()
-        run_id, n_events, n_iter = _write(
-            store, res, iters, out_run=out_run, old_id=old_id, config=config
-        )
+        # The events are written while the memory and iterations are worked out (`_writing`).
+        with _writing(store, res, out_run=out_run, old_id=old_id, config=config) as w:
+            res.memory = _memory(w.reader, res, config)
+            w.memory()
+            per_unit = _iteration_frame(res, _recorded_iterations(w.reader, inputs))
+            iters = _rank_iterations(res, per_unit)
+            n_iter = w.finish(iters)
+        run_id, n_events = w.run_id, w.n_events
         t_write = time.perf_counter() - t1
     members = inputs.rank_unit.filter(pl.col("unit") >= 0).group_by("unit").len()
     per_unit_nodes = inputs.nodes.group_by("unit").len().rename({"len": "nodes"})
@@ -1530,7 +1629,7 @@ def emulate_run(
             "load": t_load,
             "emulate": res.seconds,
             "prepare_and_emulate": t1 - t0 - t_load,
-            "write": t_write,
+            "write": t_write,  # with the memory and iterations, worked out while events go in
             "total": total,
         },
         iterations=_iteration_summary(iters),

@@ -253,6 +253,58 @@ def _op_keys(nodes: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _first_rows(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first row of each distinct ``(a, b)`` pair, and each row's pair.
+
+    Returns ``(first, pair)``: ``first[k]`` is the row where the ``k``-th pair (numbered by
+    first appearance) occurs first, ascending; ``pair[i]`` is the number of row ``i``'s pair.
+    Without sorting the rows when the pairs fit a dense table (a class graph copied to many
+    units: few distinct pairs).
+    """
+    n = a.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    a = a - int(a.min())
+    b = b - int(b.min())
+    b_span = int(b.max()) + 1
+    cells = (int(a.max()) + 1) * b_span
+    if cells <= max(4 * n, 1 << 20):
+        key = a * b_span + b
+        first = np.full(cells, n, dtype=np.int64)
+        np.minimum.at(first, key, np.arange(n, dtype=np.int64))
+        rows = np.sort(first[first < n])
+        number = np.empty(cells, dtype=np.int64)
+        number[key[rows]] = np.arange(rows.size, dtype=np.int64)
+        return rows, number[key]
+    _, idx, inv = np.unique(
+        np.stack([a, b], axis=1), axis=0, return_index=True, return_inverse=True
+    )
+    order = np.argsort(idx, kind="stable")
+    number = np.empty(order.size, dtype=np.int64)
+    number[order] = np.arange(order.size, dtype=np.int64)
+    return idx[order].astype(np.int64), number[inv.ravel()]
+
+
+def _dense_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each row's pair ``(a, b)`` numbered in sorted pair order, and the number of pairs.
+
+    The numbering of ``np.unique(pairs, return_inverse=True)`` for non-negative ``a`` and
+    ``b``; without sorting the rows when the pairs fit a dense table.
+    """
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    b_span = int(b.max()) + 1
+    cells = (int(a.max()) + 1) * b_span
+    key = a * b_span + b
+    if cells <= max(4 * a.size, 1 << 20):
+        seen = np.zeros(cells, dtype=bool)
+        seen[key] = True
+        number = np.cumsum(seen) - 1
+        return number[key], int(number[-1]) + 1
+    uniq, inv = np.unique(key, return_inverse=True)
+    return inv.ravel(), int(uniq.size)
+
+
 def resample_durations(
     nodes: pl.DataFrame,
     draw: np.ndarray,
@@ -269,6 +321,10 @@ def resample_durations(
     emulator recomputes), and so do nodes without an iteration or without a counterpart in the
     drawn iteration.
 
+    The nodes of one ``(source_rank, node_id)`` (a class's graph copied to many units) share
+    their op and their distribution: those are worked out once per recorded node, and only the
+    draws and the lookups run per node (numpy, no joins or sorts of the expanded graph).
+
     Args:
         nodes: ``unit, source_rank, node_id, kind, iteration, track_id, name, ts, dur``.
         draw: per unit, whether it draws (False: keeps the recorded durations).
@@ -279,70 +335,74 @@ def resample_durations(
         int64 durations per node.
     """
     dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
-    unit = nodes["unit"].to_numpy()
+    unit = nodes["unit"].to_numpy().astype(np.int64, copy=False)
     draw = np.asarray(draw, dtype=bool)
     if not draw.any():
         return dur
-    recorded = nodes.unique(subset=["source_rank", "node_id"], keep="first")
-    keys = _op_keys(recorded)
-    table = keys.join(
-        recorded.select("source_rank", "node_id", pl.col("dur").alias("drawn")),
-        on=["source_rank", "node_id"],
-    ).drop("node_id", "ts")
-    # Recorded iterations of each representative, to draw from.
-    its = (
-        table.filter(pl.col("iteration").is_not_null())
-        .select("source_rank", "iteration")
-        .unique()
-        .sort("source_rank", "iteration")
-    )
-    per_src = its.group_by("source_rank", maintain_order=True).agg(pl.col("iteration"))
-    pool = {
-        int(s): np.asarray(v, dtype=np.int64)
-        for s, v in zip(
-            per_src["source_rank"].to_list(), per_src["iteration"].to_list(), strict=True
-        )
-    }
+    src_all = nodes["source_rank"].to_numpy().astype(np.int64)
+    # The recorded nodes (first row of each (source_rank, node_id)) and each node's one.
+    rows, node_rec = _first_rows(src_all, nodes["node_id"].to_numpy().astype(np.int64))
+    keys = _op_keys(nodes[rows])
+    none = -(2**31)
+    r_src = keys["source_rank"].to_numpy().astype(np.int64)
+    r_it = keys["iteration"].fill_null(none).to_numpy().astype(np.int64)
+    r_dur = nodes["dur"][rows]
+    # The op of each recorded node, (source_rank, track_id, name, ord) numbered; -1 with a gap.
+    gap = keys.select(pl.any_horizontal(pl.col("track_id", "name", "ord").is_null()))
+    gap = gap.to_series().to_numpy()
+    op_cols = keys.select(
+        "source_rank", "track_id", pl.col("name").rank("dense").alias("name"), "ord"
+    ).fill_null(-1)
+    _, op = np.unique(op_cols.to_numpy().astype(np.int64), axis=0, return_inverse=True)
+    op = np.where(gap, -1, op.ravel())
+    n_ops = int(op.max()) + 1 if op.size else 0
+    # The recorded iterations (codes into `its`); each representative's, to draw from.
+    its = np.unique(r_it[r_it != none])
+    n_its = max(its.size, 1)
+    sources = np.unique(r_src)
+    pools = [np.searchsorted(its, np.unique(r_it[(r_src == s) & (r_it != none)])) for s in sources]
+    pool_len = np.array([p.size for p in pools], dtype=np.int64)
+    pool_off = np.cumsum(pool_len) - pool_len
+    pool = np.concatenate([*pools, np.zeros(1, dtype=np.int64)]).astype(np.int64)
+    # The recorded duration of every (op, iteration) present.
+    has = (op >= 0) & (r_it != none) & r_dur.is_not_null().to_numpy()
+    cell_of = op[has] * n_its + np.searchsorted(its, r_it[has])
+    present = np.zeros(max(n_ops, 1) * n_its, dtype=bool)
+    present[cell_of] = True
+    recorded = np.zeros(present.size, dtype=np.int64)
+    recorded[cell_of] = r_dur.fill_null(0).to_numpy().astype(np.int64)[has]
+
+    # Per recorded node: its representative's pool of iterations, its op's first table cell.
+    r_pool = np.searchsorted(sources, r_src)
+    r_len, r_off = pool_len[r_pool], pool_off[r_pool]
+    r_cell = np.maximum(op, 0) * n_its
+    r_draws = (op >= 0) & (r_it != none) & (r_len > 0)
+
     rng = np.random.default_rng(seed)
-    node_keys = nodes.select("source_rank", "node_id").join(
-        keys.select("source_rank", "node_id", "iteration", "track_id", "name", "ord"),
-        on=["source_rank", "node_id"],
-        how="left",
-        maintain_order="left",
-    )
-    src = node_keys["source_rank"].to_numpy().astype(np.int64)
-    it = node_keys["iteration"].fill_null(-(2**31)).to_numpy().astype(np.int64)
     if mode == "iteration":
-        # One draw per (unit, iteration): index the pairs, draw a uniform per pair.
-        pair = unit.astype(np.int64) * (1 << 32) + (it - it.min())
-        uniq, inv = np.unique(pair, return_inverse=True)
-        u = rng.random(uniq.size)[inv]
+        # One draw per (unit, iteration), numbered in (unit, iteration) order: a uniform each.
+        r_code = np.searchsorted(its, r_it) + (r_it != none)
+        pair, n_pairs = _dense_pairs(unit, r_code[node_rec])
+        u = rng.random(n_pairs)[pair]
+        del pair
     else:
         u = rng.random(nodes.height)
-    chosen = np.full(nodes.height, -(2**31), dtype=np.int64)
-    for s, iters in pool.items():
-        m = src == s
-        chosen[m] = iters[np.minimum((u[m] * iters.size).astype(np.int64), iters.size - 1)]
-    drawn = (
-        node_keys.select("source_rank", "track_id", "name", "ord")
-        .with_columns(pl.Series("iteration", chosen))
-        .join(
-            table.cast({"iteration": pl.Int64}),
-            on=["source_rank", "iteration", "track_id", "name", "ord"],
-            how="left",
-            maintain_order="left",
-        )["drawn"]
-        .to_numpy()
-    )
-    ok = (
-        draw[unit]
-        & (it != -(2**31))
-        & ~np.isnan(drawn.astype(np.float64))
-        & ~nodes["kind"].is_in(_COMM).to_numpy()
-    )
-    out = dur.copy()
-    out[ok] = drawn[ok].astype(np.int64)
-    return out
+    # The drawn iteration: pool[offset + min(floor(u * len), len - 1)] (in place: 8 M nodes).
+    size = r_len[node_rec]
+    u *= size
+    pick = u.astype(np.int64)
+    del u
+    size -= 1
+    np.minimum(pick, size, out=pick)
+    pick += r_off[node_rec]
+    cell = pool[pick]
+    cell += r_cell[node_rec]
+    ok = present[cell]
+    ok &= r_draws[node_rec]
+    ok &= draw[unit]
+    ok &= ~nodes["kind"].is_in(_COMM).to_numpy()
+    dur[ok] = recorded[cell[ok]]
+    return dur
 
 
 # -- expanding replicas --------------------------------------------------------------------------
@@ -374,6 +434,8 @@ class Expansion:
         replicas: the replicas that got units of their own (the representative one included).
         representative_replica: the replica that stands for all unexpanded ones (None when every
             replica is expanded).
+        edge_rows: each edge's ``src`` and ``dst`` as rows of ``nodes`` (sorted by
+            ``(rank, node_id)``), so they need not be looked up again.
     """
 
     nodes: pl.DataFrame
@@ -382,6 +444,34 @@ class Expansion:
     replicas: list[int]
     representative_replica: int | None
     notes: list[str] = field(default_factory=list)
+    edge_rows: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _replicate(
+    rank: np.ndarray, cls: np.ndarray, *, within: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a per-class frame to gather so that every target gets its class's rows.
+
+    Args:
+        rank: class (exemplar rank) of each row of the frame.
+        cls: class of each target, targets in the order wanted.
+        within: order of the rows within a class (default: frame order).
+
+    Returns:
+        ``(rows, target)``: the rows to gather, target by target, and the target of each.
+    """
+    rank = rank.astype(np.int64)
+    order = (
+        np.argsort(rank, kind="stable") if within is None else np.lexsort((within, rank))
+    ).astype(np.int64)
+    blocks, start, count = np.unique(rank[order], return_index=True, return_counts=True)
+    if blocks.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(blocks, cls), blocks.size - 1)
+    t = np.flatnonzero(blocks[pos] == cls)  # targets whose class has rows (an inner join)
+    n = count[pos[t]].astype(np.int64)
+    first = np.repeat(start[pos[t]] - (np.cumsum(n) - n), n)
+    return order[first + np.arange(first.size, dtype=np.int64)], np.repeat(t, n)
 
 
 def expand_replicas(
@@ -402,6 +492,9 @@ def expand_replicas(
     p2p peer moves by the same coordinate offset as in slicing. The smallest unexpanded replica
     is expanded too and stands for every other unexpanded one, so no two units ever share a
     communicator copy.
+
+    The copies are one gather of the class graphs (numpy row indices, no joins or sorts of the
+    expanded graph): nodes come out sorted by ``(rank, node_id)``, edges by rank.
 
     Args:
         nodes: the sliced run's graph nodes (exemplar ranks), with ``source_rank``.
@@ -437,19 +530,22 @@ def expand_replicas(
         c[ParallelAxis.DP] = np.full(int(other.sum()), rep_replica, dtype=np.int64)
         follow[other] = layout.rank_of(c)
 
-    cls = ranks.select(pl.col("rank").cast(pl.Int64), pl.col("class_id").cast(pl.Int64))
-    targets = cls.filter(pl.col("rank").is_in(world[np.isin(dp, chosen)].tolist())).rename(
-        {"rank": "new_rank"}
-    )
-    copies = nodes.with_columns(pl.col("rank").cast(pl.Int64)).join(
-        targets, left_on="rank", right_on="class_id", how="inner"
-    )
-    g_axis = groups.select(pl.col("group_id").cast(pl.Int64), "axis")
+    # The ranks that get a copy (ascending), with their class.
+    r_all = ranks["rank"].cast(pl.Int64).to_numpy()
+    c_all = ranks["class_id"].cast(pl.Int64).to_numpy()
+    pick = np.isin(r_all, world[np.isin(dp, chosen)])
+    t_rank, t_cls = r_all[pick], c_all[pick]
+    order = np.argsort(t_rank, kind="stable")
+    t_rank, t_cls = t_rank[order], t_cls[order]
+
+    # Communicators: per axis that does not span dp, the group holding each rank.
+    spans = groups.select(_spans_dp_expr().alias("s"))["s"].to_numpy()
     members = (
-        groups.filter(~_spans_dp_expr())
+        groups.filter(~pl.Series(spans))
         .select(pl.col("group_id").cast(pl.Int64).alias("new_group"), "axis", "ranks")
         .explode("ranks")
         .select("new_group", "axis", pl.col("ranks").cast(pl.Int64).alias("new_rank"))
+        .drop_nulls("new_rank")
     )
     dup = members.group_by("axis", "new_rank").len().filter(pl.col("len") > 1)
     if not dup.is_empty():
@@ -459,39 +555,71 @@ def expand_replicas(
             " expanded when each axis's groups partition the world"
         )
         raise WhatIfError(msg)
-    copies = (
-        copies.join(g_axis, on="group_id", how="left", maintain_order="left")
-        .join(members, on=["axis", "new_rank"], how="left", maintain_order="left")
-        .with_columns(
-            pl.when(_spans_dp_expr())
-            .then(pl.col("group_id"))
-            .otherwise(pl.coalesce(pl.col("new_group").cast(pl.Int64), pl.col("group_id")))
-            .alias("group_id")
+    axes = sorted(set(members["axis"].to_list()))
+    a_code = members["axis"].replace_strict(axes, list(range(len(axes))), return_dtype=pl.Int64)
+    m_rank = members["new_rank"].to_numpy()
+    span = max(
+        int(m_rank.max()) + 1 if m_rank.size else 0, int(t_rank.max()) + 1 if t_rank.size else 0
+    )
+    holder = np.full((max(len(axes), 1), max(span, 1)), -1, dtype=np.int64)
+    holder[a_code.to_numpy(), m_rank] = members["new_group"].to_numpy()
+    # Per exemplar node: the axis of its group when that group is per replica (-1: keep it).
+    g_id = groups["group_id"].cast(pl.Int64).to_numpy()
+    g_code = np.full(g_id.size, -1, dtype=np.int64)
+    own = np.flatnonzero(~spans)
+    axis_of, code_of = groups["axis"].to_list(), {a: i for i, a in enumerate(axes)}
+    g_code[own] = [code_of.get(axis_of[i], -1) for i in own]  # no members: keep the group
+    g_sort = np.argsort(g_id, kind="stable")
+    node_g = nodes["group_id"].cast(pl.Int64)
+    gid = node_g.fill_null(-1).to_numpy()
+    node_code = np.full(nodes.height, -1, dtype=np.int64)
+    if g_id.size:
+        pos = np.minimum(np.searchsorted(g_id[g_sort], gid), g_id.size - 1)
+        hit = node_g.is_not_null().to_numpy() & (g_id[g_sort][pos] == gid)
+        node_code[hit] = g_code[g_sort][pos[hit]]
+
+    ex = nodes["rank"].cast(pl.Int64).to_numpy()
+    rows, tgt = _replicate(ex, t_cls, within=nodes["node_id"].to_numpy())
+    new_rank = t_rank[tgt]
+    copies = nodes[rows]
+    cols: list[pl.Series] = [pl.Series("rank", new_rank).cast(nodes.schema["rank"])]
+    # Groups: the copy's own communicator of the same axis, where it has one.
+    code = node_code[rows]
+    remap = np.flatnonzero(code >= 0)
+    group = gid[rows]
+    new_g = holder[code[remap], new_rank[remap]]
+    group[remap] = np.where(new_g >= 0, new_g, group[remap])
+    cols.append(
+        pl.Series("group_id", group, dtype=pl.Int64).scatter(
+            np.flatnonzero(node_g.is_null().to_numpy()[rows]), None
         )
-        .drop("axis", "new_group")
     )
     # p2p peers: the exemplar's peer shifted by (new rank - exemplar) coordinate-wise.
-    has_peer = copies["peer"].is_not_null().to_numpy()
+    has_peer = nodes["peer"].is_not_null().to_numpy()[rows]
     if has_peer.any():
-        ex = copies["rank"].to_numpy().astype(np.int64)
-        peer = np.where(has_peer, copies["peer"].fill_null(0).to_numpy(), ex).astype(np.int64)
-        new = copies["new_rank"].to_numpy().astype(np.int64)
-        cp, ce, cn = layout.coords(peer), layout.coords(ex), layout.coords(new)
+        at = np.flatnonzero(has_peer)
+        peer = nodes["peer"].fill_null(0).to_numpy().astype(np.int64)[rows[at]]
+        cp, ce, cn = layout.coords(peer), layout.coords(ex[rows[at]]), layout.coords(new_rank[at])
         moved = layout.rank_of({a: (cn[a] + cp[a] - ce[a]) % layout.size(a) for a in AXES})
-        copies = copies.with_columns(
-            pl.Series("peer", moved, dtype=pl.Int64)
-            .cast(copies.schema["peer"])
+        out = np.zeros(rows.size, dtype=np.int64)
+        out[at] = moved
+        cols.append(
+            pl.Series("peer", out, dtype=pl.Int64)
+            .cast(nodes.schema["peer"])
             .scatter(np.flatnonzero(~has_peer), None)
         )
-    copies = (
-        copies.with_columns(pl.col("new_rank").cast(nodes.schema["rank"]).alias("rank"))
-        .drop("new_rank", "class_id", strict=False)
-        .sort("rank", "node_id")
-    )
-    e = edges.with_columns(pl.col("rank").cast(pl.Int64)).join(
-        targets, left_on="rank", right_on="class_id", how="inner"
-    )
-    e = e.with_columns(pl.col("new_rank").cast(edges.schema["rank"]).alias("rank")).drop("new_rank")
+    copies = copies.with_columns(cols)
+    e_rank = edges["rank"].cast(pl.Int64).to_numpy()
+    e_rows, e_tgt = _replicate(e_rank, t_cls)
+    e = edges[e_rows].with_columns(pl.Series("rank", t_rank[e_tgt]).cast(edges.schema["rank"]))
+    # Edge endpoints as rows of the copies: where the target's copy starts + the node's place in
+    # its class's graph (node_id order); None when an edge names a node that does not exist.
+    n_of = np.bincount(tgt, minlength=t_rank.size)
+    copy_start = np.cumsum(n_of) - n_of
+    places = _places(ex, nodes["node_id"].to_numpy(), e_rank, edges, ("src", "dst"))
+    edge_rows = None
+    if all((p >= 0).all() for p in places):
+        edge_rows = (copy_start[e_tgt] + places[0][e_rows], copy_start[e_tgt] + places[1][e_rows])
     notes = [
         f"{len(replicas)} of {n_dp} data-parallel replicas expanded into units of their own"
         + (
@@ -507,4 +635,25 @@ def expand_replicas(
         replicas=chosen,
         representative_replica=rep_replica,
         notes=notes,
+        edge_rows=edge_rows,
     )
+
+
+def _places(
+    rank: np.ndarray, node_id: np.ndarray, e_rank: np.ndarray, edges: pl.DataFrame, ends: tuple
+) -> list[np.ndarray]:
+    """Per edge of the class graphs, the place of each end (``src``, ``dst``) among its rank's
+    nodes in ``node_id`` order; -1 for a node that does not exist."""
+    if rank.size == 0:
+        return [np.full(edges.height, -1, dtype=np.int64) for _ in ends]
+    key = rank.astype(np.int64) << 32 | node_id.astype(np.int64)
+    key.sort()
+    r = key >> 32
+    first = np.flatnonzero(np.diff(r, prepend=r[0] - 1))
+    place = np.arange(key.size) - np.repeat(first, np.diff(np.append(first, key.size)))
+    out = []
+    for end in ends:
+        want = e_rank << 32 | edges[end].to_numpy().astype(np.int64)
+        pos = np.minimum(np.searchsorted(key, want), key.size - 1)
+        out.append(np.where(key[pos] == want, place[pos], -1))
+    return out

@@ -152,3 +152,27 @@ def test_common_completion_ignores_skew(tmp_path: Path) -> None:
         rid,
     )
     assert ends == [("d", 0, 60), ("recv", 1, 45), ("send", 0, 45)]
+
+
+def test_error_while_writing_rolls_everything_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The events go in on a worker thread while the memory is worked out: an error then stops
+    the insert and rolls the whole run back (the replaced run stays as it was)."""
+    import replay.run as run_module
+
+    store = hand_store(tmp_path)
+    first = emulate_run(store, run="h", out_run="e")
+    before = row_counts(store)
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("memory failed")
+
+    monkeypatch.setattr(run_module, "_memory", fail)
+    with pytest.raises(RuntimeError, match="memory failed"):
+        emulate_run(store, run="h", out_run="e", replace=True)
+    assert row_counts(store) == before
+    assert q(store, "SELECT run_id FROM run WHERE name = 'e'") == [(first.run_id,)]
+    monkeypatch.undo()
+    again = emulate_run(store, run="h", out_run="e", replace=True)
+    assert q(store, "SELECT count(*) FROM event WHERE run_id = ?", again.run_id) == [(7,)]
