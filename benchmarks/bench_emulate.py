@@ -2,11 +2,13 @@
 
 ``--source st`` (default) ingests ``megatron-straggler-st-8rank`` (dp2 x pp4 op timeline) and
 slices it to ``dp=2048,pp=4``; ``--source sample`` takes the bundled generated gloo sample
-(tp2 x dp2 x pp2, real torch run) and slices it to ``tp=2,dp=2048,pp=2``. Either way the world is
-8192 ranks. Then it times ``emulate_run`` on the sliced run ``--repeat`` times (each into a fresh
-run name, so every repetition writes everything), with the ``--what-if`` words given (e.g.
-``variance``: every replica its own units, the worst case for speed). Targets: at most 30 s and
-8 GB (peak RSS of this process). Prints a table (with events/s: nodes of the whole world, i.e.
+(tp2 x dp2 x pp2, real torch run) and slices it to ``tp=2,dp=2048,pp=2``; ``--source generated``
+records a fresh gloo run with the generator (``--tp`` x ``--pp`` ranks, dp 1, 2 steps; default
+TP8 x PP2: 16 processes, about a minute) and slices it to ``dp = 8192 / (tp * pp)``. Either way
+the world is 8192 ranks. Then it times ``emulate_run`` on the sliced run ``--repeat`` times (each
+into a fresh run name, so every repetition writes everything), with the ``--what-if`` words given
+(e.g. ``variance``: every replica its own units, the worst case for speed). Targets: at most 30 s
+and 8 GB (peak RSS of this process). Prints a table (with events/s: nodes of the whole world, i.e.
 class nodes x class members, per second of the DES core and of the whole call; "write+memory" is
 the write, during which the memory and iterations are worked out while the events go in) and
 writes ``results/emulate_<host>_<date>.md`` unless ``--no-note``.
@@ -16,6 +18,7 @@ Usage::
     python benchmarks/bench_emulate.py
     python benchmarks/bench_emulate.py --source sample --what-if variance --repeat 1
     python benchmarks/bench_emulate.py --dp 4096 --repeat 3 --no-note
+    python benchmarks/bench_emulate.py --source generated --tp 8 --pp 2
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ TARGET_S = 30.0
 def main() -> None:
     """Run the benchmark and print (and note) the timings."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dp", type=int, default=2048, help="target data-parallel size")
-    ap.add_argument("--source", choices=["st", "sample"], default="st")
+    ap.add_argument("--dp", type=int, default=None, help="target data-parallel size")
+    ap.add_argument("--source", choices=["st", "sample", "generated"], default="st")
+    ap.add_argument("--tp", type=int, default=8, help="--source generated: recorded tp")
+    ap.add_argument("--pp", type=int, default=2, help="--source generated: recorded pp")
     ap.add_argument("--what-if", action="append", default=[], help="as prism emulate --what-if")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--host-kind", default=None)
@@ -50,14 +55,26 @@ def main() -> None:
     from replay.run import EmulationConfig, emulate_run
     from replay.whatif import parse_what_if
 
-    if args.source == "st":
-        src = dataset("megatron-straggler-st-8rank")
-        layout = ParallelLayout.parse(f"dp={args.dp},pp=4")
-    else:
-        src = Path(__file__).resolve().parents[1] / "datasets" / "sample"
-        layout = ParallelLayout.parse(f"tp=2,dp={args.dp},pp=2")
-    config = EmulationConfig(what_if=parse_what_if(args.what_if))
+    gen_s = None
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "b.duckdb") as store:
+        if args.source == "st":
+            src = dataset("megatron-straggler-st-8rank")
+            layout = ParallelLayout.parse(f"dp={args.dp or 2048},pp=4")
+        elif args.source == "sample":
+            src = Path(__file__).resolve().parents[1] / "datasets" / "sample"
+            layout = ParallelLayout.parse(f"tp=2,dp={args.dp or 2048},pp=2")
+        else:
+            from datasets._model import ModelConfig
+            from datasets.generate import JobConfig, generate
+
+            src = Path(tmp) / "generated"
+            model = ModelConfig(heads=args.tp, layers=args.pp)
+            t = time.perf_counter()
+            generate(src, JobConfig(tp=args.tp, pp=args.pp, dp=1, steps=2, model=model))
+            gen_s = time.perf_counter() - t
+            dp = args.dp or 8192 // (args.tp * args.pp)
+            layout = ParallelLayout.parse(f"tp={args.tp},dp={dp},pp={args.pp}")
+        config = EmulationConfig(what_if=parse_what_if(args.what_if))
         ingest(store, [src], run="src", progress=False)
         build_graph(store, "src")
         t = time.perf_counter()
@@ -78,6 +95,11 @@ def main() -> None:
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     rows = [
         ("source / what-ifs", f"{args.source} / {' '.join(args.what_if) or 'none'}"),
+        *(
+            [(f"recorded tp{args.tp} x pp{args.pp} with the generator", f"{gen_s:.1f} s")]
+            if gen_s is not None
+            else []
+        ),
         (f"slice to {layout.world_size} ranks", f"{slice_s:.2f} s"),
         (f"emulate_run (best of {args.repeat})", f"{best:.2f} s"),
         ("emulate_run, all repetitions", ", ".join(f"{x:.2f}" for x in times) + " s"),
@@ -114,8 +136,10 @@ def main() -> None:
         host_kind(args.host_kind),
         title=f"emulate: {args.source} sliced to {layout.spec} ({layout.world_size} ranks)"
         + (f", what-ifs {' '.join(args.what_if)}" if args.what_if else ""),
-        command=f"python benchmarks/bench_emulate.py --source {args.source} --dp {args.dp}"
-        f" --repeat {args.repeat}" + "".join(f" --what-if {w}" for w in args.what_if),
+        command=f"python benchmarks/bench_emulate.py --source {args.source}"
+        + (f" --tp {args.tp} --pp {args.pp}" if args.source == "generated" else "")
+        + f" --dp {layout.dp} --repeat {args.repeat}"
+        + "".join(f" --what-if {w}" for w in args.what_if),
         body=f"```\n{text}\n```",
     )
     print(f"note: {note}")
