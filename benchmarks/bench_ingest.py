@@ -12,6 +12,11 @@ HTA runs its default path, ``TraceAnalysis(trace_dir=...)``: every rank parsed o
 the default ``ParserConfig`` (JSON backend, multiprocessing pool). prism runs
 ``prism ingest PATH --db DB --run b --quiet``.
 
+With ``--floor``, a third "tool" runs on the synthetic sets: DuckDB's ``read_json`` alone, parsing
+every file's events array (cut in parts the way prism does) into a table with prism's columns and
+nothing else: no ids, nesting, flows or store. It is a lower bound for any ingest that parses JSON
+with DuckDB on this machine, to set against HTA's time / 10.
+
 Peak memory is measured two ways: ``peak tree MB`` is the largest sampled sum of RSS over the
 process and all its descendants (HTA parses ranks in forked workers, so one process does not show
 its footprint; the sum overcounts pages the workers share with their parent), and ``maxrss MB`` is
@@ -23,6 +28,7 @@ Usage::
     python benchmarks/bench_ingest.py            # 8 x 100 MB + one 2 GB file
     python benchmarks/bench_ingest.py --quick    # 8 x 10 MB + one 0.2 GB file, smoke run
     python benchmarks/bench_ingest.py --big-gb 4 --mb-per-rank 200 --repeat 3
+    python benchmarks/bench_ingest.py --mb-per-rank 100 --ranks 8 --big-gb 1 --floor
 """
 
 from __future__ import annotations
@@ -183,6 +189,38 @@ def run_hta(ts: TraceSet, work: Path, timeout_s: float) -> Measurement:
     return m
 
 
+def run_floor(ts: TraceSet, work: Path, timeout_s: float) -> Measurement:
+    """DuckDB ``read_json`` alone on the set's event arrays, in a fresh interpreter."""
+    out = work / f"floor_{ts.name}.json"
+    cmd = [sys.executable, __file__, "--_floor-child", str(ts.path), str(out)]
+    m = measure("floor", cmd, log=work / f"floor_{ts.name}.log", timeout_s=timeout_s)
+    if m.rc == 0 and out.exists():
+        m.extra.update(json.loads(out.read_text()))
+    return m
+
+
+def _floor_child(trace_path: str, out: str) -> None:
+    """Body of the floor subprocess: split each file as prism does, parse it, nothing more."""
+    import duckdb
+
+    from prism_trace.formats._json_array import split_trace_events
+
+    path = Path(trace_path)
+    files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
+    con = duckdb.connect()
+    events = 0
+    for f in files:
+        with split_trace_events(f) as tef:
+            con.execute(
+                "CREATE OR REPLACE TABLE t AS SELECT * FROM read_json(?, format = 'array',"
+                " columns = {ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR',"
+                " tid: 'VARCHAR', ts: 'DOUBLE', dur: 'DOUBLE', id: 'VARCHAR', args: 'JSON'})",
+                [[str(p) for p in tef.parts]],
+            )
+        events += con.execute("SELECT count(*) FROM t").fetchall()[0][0]
+    Path(out).write_text(json.dumps({"events": f"{events} records"}))
+
+
 def _hta_child(trace_dir: str, out: str) -> None:
     """Body of the HTA subprocess: parse every rank the default way, report what it holds."""
     t0 = time.perf_counter()
@@ -276,7 +314,21 @@ def report(results: list[tuple[TraceSet, dict[str, Measurement]]]) -> tuple[str,
                 f"[{'ok' if max(mem_tree, mem_proc) <= TARGET_MEM else 'MISS'}: "
                 f"target <= {TARGET_MEM}]"
             )
-        elif p and p.rc == 0 and "hta" not in ts.tools:
+        fl = by_tool.get("floor")
+        if fl and fl.rc == 0:
+            line = (
+                f"{ts.name}: DuckDB read_json alone (split + parse into a table, nothing else)"
+                f" {fl.wall_s:.2f} s = {fl.wall_s / p.wall_s:.0%} of prism's time"
+                if p and p.rc == 0
+                else f"{ts.name}: DuckDB read_json alone {fl.wall_s:.2f} s"
+            )
+            if h and h.rc == 0:
+                line += (
+                    f"; HTA / {TARGET_SPEEDUP:.0f} = {h.wall_s / TARGET_SPEEDUP:.2f} s"
+                    f" (parsing alone reaches {h.wall_s / fl.wall_s:.1f}x)"
+                )
+            ratios.append(line)
+        if p and p.rc == 0 and "hta" not in ts.tools:
             ratios.append(
                 f"{ts.name}: prism {ts.json_mb / p.wall_s:.1f} MB/s; peak {p.peak_tree_mb:.0f} MB "
                 f"= {p.peak_tree_mb / ts.json_mb:.3f} of the {ts.json_mb:.0f} MB file"
@@ -314,6 +366,14 @@ def write_note(
         "- HTA: `TraceAnalysis(trace_dir=...)`, default ParserConfig (JSON backend, "
         "multiprocessing pool of min(cpu_count, ranks) forked workers).",
         "- prism: `prism ingest PATH --db DB --run b --quiet` into a new DuckDB file.",
+        *(
+            [
+                "- floor: DuckDB `read_json` alone on each file's events array (split as prism"
+                " does) into a table with prism's columns; no other processing, no store."
+            ]
+            if args.floor
+            else []
+        ),
         "- Each run is a fresh process; files are pre-read into the page cache. `peak tree MB`: "
         "largest sampled RSS sum over the process tree (every 20 ms; never below maxrss); "
         "`maxrss MB`: kernel high-water mark of the largest single process.",
@@ -339,6 +399,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--_hta-child"]:
         _hta_child(argv[1], argv[2])
         return 0
+    if argv[:1] == ["--_floor-child"]:
+        _floor_child(argv[1], argv[2])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (8 x 10 MB, 0.2 GB)")
     ap.add_argument("--ranks", type=int, default=8, help="ranks in the synthetic set")
@@ -360,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--repeat", type=int, default=1, help="runs per tool and set; best time kept")
     ap.add_argument("--skip-hta", action="store_true")
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time DuckDB read_json alone on the synthetic multi-rank set (a lower bound)",
+    )
     ap.add_argument("--skip-real", action="store_true", help="skip param-dlrm-8rank")
     ap.add_argument(
         "--workdir",
@@ -400,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
                 syn_dir, ranks=args.ranks, mb_per_rank=args.mb_per_rank, gzip_level=args.gzip
             )
             print(f"  {syn_dir.name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
-            sets.append(_trace_set(syn_dir.name, syn_dir))
+            tools = ("prism", "hta", "floor") if args.floor else ("prism", "hta")
+            sets.append(_trace_set(syn_dir.name, syn_dir, tools=tools))
         if args.big_gb > 0:
             t = time.perf_counter()
             big = make_big_trace.make_set(
@@ -433,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
                     _warm(ts.files)
                     if tool == "prism":
                         runs.append(run_prism(prism, ts, work, args.timeout))
+                    elif tool == "floor":
+                        runs.append(run_floor(ts, work, args.timeout))
                     else:
                         runs.append(run_hta(ts, work, args.timeout))
                     m = runs[-1]

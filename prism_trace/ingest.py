@@ -1,20 +1,26 @@
 """Ingest: discover → read → check → link → derive → write, all or nothing.
 
-Everything that can fail on bad input (reading, rank clashes, run-name clashes) happens before the
-first write, and the write itself is one DuckDB transaction, so a failed ingest leaves the store
-exactly as it was.
+The whole ingest is one DuckDB transaction on the store: each file's rows are appended as soon as
+the file is read (a Kineto file's events stream from its scratch database straight into ``event``),
+and any failure (a bad file, a rank or run-name clash, a full disk) rolls everything back, so a
+failed ingest leaves the store exactly as it was. Rows are written once: there is no staging copy.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
 
+import duckdb
 import polars as pl
 from tqdm import tqdm
 
@@ -185,35 +191,42 @@ class _RankBook:
                 other = None if prev is None else prev[1]
                 self.timeline[r] = (t.format, t.path)
             if other is not None:
-                msg = (
-                    f"{t.path}: rank {r} appears twice in one run (also in {other});"
-                    " ingest each job as its own --run"
-                )
-                raise DuplicateRankError(msg)
+                raise _clash(t.path, r, other)
 
 
-def _link_rank(con: object, rank: int, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
-    """Link one rank's host ET ops to its Kineto events already staged by this ingest."""
+def _clash(path: Path, rank: int, other: Path) -> DuplicateRankError:
+    msg = (
+        f"{path}: rank {rank} appears twice in one run (also in {other});"
+        " ingest each job as its own --run"
+    )
+    return DuplicateRankError(msg)
+
+
+def _link_rank(con: object, run_id: int, rank: int, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Link one rank's host ET ops to its Kineto events already written by this ingest."""
     from prism_trace.link import HOST_CATEGORIES, link_et_to_kineto
 
     cols = ", ".join(FRAME_SCHEMAS["events"])
     cats = ", ".join(f"'{c}'" for c in HOST_CATEGORIES)
     events = con.sql(  # type: ignore[attr-defined]
-        f"SELECT {cols} FROM {_STAGE}.event WHERE rank = $1 AND category IN ({cats})",
-        params=[rank],
+        f"SELECT {cols} FROM event WHERE run_id = $1 AND rank = $2 AND category IN ({cats})",
+        params=[run_id, rank],
     ).pl()
     linked, report = link_et_to_kineto(ops, events)
     return linked, report.linked
 
 
-# The scratch database every file is staged into (committed file by file, so its pages can leave
-# memory), and the in-memory one a Kineto reader works in (dropped after each file).
-_STAGE = "_prism_stage"
+# The database a Kineto reader works in, a fresh one per file (in memory, or a file for a large
+# trace), dropped after the file.
 _WORK = "_prism_work"
-# Tables staged file by file and copied into the store at the end.
-_STAGED = ("track", "event", "flow", "iteration", "memory", "et_op")
 # A Kineto trace of at least this many JSON bytes is worked on in a database file, not in memory.
 _WORK_ON_DISK_BYTES = 256 << 20
+# Rows per Arrow batch when a file's events stream from its work database into the store.
+_EVENT_BATCH_ROWS = 1 << 16
+# Files read at the same time, by default.
+_JOBS = 1
+# DuckDB's memory limit while ingesting (bytes), unless the store's connection has a lower one.
+_MEMORY_LIMIT = 512 << 20
 
 
 def ingest(
@@ -225,14 +238,16 @@ def ingest(
     rank: int | None = None,
     replace: bool = False,
     progress: bool = True,
+    jobs: int | None = None,
 ) -> IngestReport:
     """Ingest the traces under ``paths`` as one recorded run.
 
-    Each file is read and its rows staged into a scratch DuckDB database in a temporary folder,
-    committed file by file, so memory holds one file's work, not the job's (DuckDB may evict the
-    staged pages); a Kineto file's events go there from SQL without a trip through Python. The
-    store is written only at the end, by one transaction copying the staged tables, so any failure
-    leaves it exactly as it was.
+    The whole ingest is one store transaction, so any failure (a bad file, a rank clash, a full
+    disk) rolls back and leaves the store exactly as it was. Inside it, each file is read and its
+    rows appended to the store's tables as the file is done; DuckDB writes large uncommitted
+    appends to the database file as they come (and frees them on rollback), so memory holds one
+    file's work, not the job's. A Kineto file is worked on in a scratch database of its own, and
+    its events stream from there into the store without being made a frame.
 
     Args:
         store: an open, writable store.
@@ -242,6 +257,8 @@ def ingest(
         rank: the rank of a single file whose rank cannot be told otherwise.
         replace: overwrite an existing run of that name (atomically).
         progress: show a progress bar (stderr).
+        jobs: files read at the same time (threads; default ``_JOBS``). More is faster on idle
+            cores, but each file in flight holds its own work tables.
 
     Returns:
         What was written.
@@ -262,32 +279,78 @@ def ingest(
     if rank is not None and len(files) > 1:
         msg = f"{files[0].path}: --rank applies to a single file, but {len(files)} were given"
         raise PrismError(msg)
-    # Timelines first, so a host ET can be linked to its rank's Kineto events already staged.
+    # Timelines first, so a host ET can be linked to its rank's Kineto events already written.
     files.sort(key=lambda f: f.format == "host_et")
     prints = _check_fingerprints(store, files, old_id)
-    with tempfile.TemporaryDirectory(prefix="prism-ingest-") as tmp:
-        store.con.execute(f"ATTACH '{_quote(Path(tmp) / 'stage.duckdb')}' AS {_STAGE}")
-        try:
-            return _ingest_staged(
-                store,
-                tmp=Path(tmp),
-                files=files,
-                skipped=skipped,
-                prints=prints,
-                paths=paths,
-                run=run,
-                format=format,
-                rank=rank,
-                old_id=old_id,
-                progress=progress,
-            )
-        finally:
-            store.con.execute(f"DETACH DATABASE IF EXISTS {_STAGE}")
+    with (
+        tempfile.TemporaryDirectory(prefix="prism-ingest-") as tmp,
+        _ingest_settings(store),
+        store.transaction() as con,
+    ):
+        if old_id is not None:
+            _delete_run(con, old_id)
+        row = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+        return _ingest_files(
+            store,
+            run_id=int(row[0][0]),
+            tmp=Path(tmp),
+            files=files,
+            skipped=skipped,
+            prints=prints,
+            paths=paths,
+            run=run,
+            format=format,
+            rank=rank,
+            progress=progress,
+            jobs=jobs or _JOBS,
+        )
 
 
-def _ingest_staged(
+@contextlib.contextmanager
+def _ingest_settings(store: Store) -> Iterator[None]:
+    """DuckDB settings for the ingest, put back afterwards (they are the whole database's).
+
+    - ``memory_limit`` ``_MEMORY_LIMIT`` when it is DuckDB's default (80% of RAM), which lets one
+      large trace's sorts and joins grow to several times the file; under the limit they spill to
+      the store's temporary directory, and a large trace's work database (a file) is evicted. A
+      limit the caller set is kept. DuckDB shows the limit rounded, so it is put back by RESET.
+    - ``preserve_insertion_order`` on: the Kineto reader numbers the records of a trace by the
+      order a CREATE TABLE AS keeps (``formats.kineto``).
+    """
+    con = store.con
+    limit_sql = "SELECT current_setting('memory_limit')"
+    (limit,) = con.execute(limit_sql).fetchall()[0]
+    with duckdb.connect() as fresh:
+        (default,) = fresh.execute(limit_sql).fetchall()[0]
+    lower = limit == default and _size_bytes(default) > _MEMORY_LIMIT
+    (keep_order,) = con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0]
+    if lower:
+        con.execute(f"SET memory_limit = '{_MEMORY_LIMIT}B'")
+    con.execute("SET preserve_insertion_order = true")
+    try:
+        yield
+    finally:
+        if lower:
+            con.execute("RESET memory_limit")
+        con.execute(f"SET preserve_insertion_order = {'true' if keep_order else 'false'}")
+
+
+_SIZE_RE = re.compile(r"^\s*([\d.]+)\s*(?:([KMGT]?)(i?)B|bytes?)\s*$", re.IGNORECASE)
+
+
+def _size_bytes(text: str) -> float:
+    """Bytes of a DuckDB size setting (``18.8 GiB``, ``512MB``); infinite when not one."""
+    m = _SIZE_RE.match(text)
+    if m is None:
+        return float("inf")
+    power = "KMGT".find(m.group(2).upper()) + 1 if m.group(2) else 0
+    return float(m.group(1)) * (1024 if m.group(3) else 1000) ** power
+
+
+def _ingest_files(
     store: Store,
     *,
+    run_id: int,
     tmp: Path,
     files: list[TraceFile],
     skipped: list[Path],
@@ -296,19 +359,21 @@ def _ingest_staged(
     run: str,
     format: str,
     rank: int | None,
-    old_id: int | None,
     progress: bool,
+    jobs: int,
 ) -> IngestReport:
-    """Stage every file into ``_STAGE``, then copy it all into the store in one transaction."""
-    con = store.con
-    for tbl in _STAGED:
-        con.execute(_stage_ddl(f"{_STAGE}.{tbl}", tbl, group_name=False))
-    con.execute(_stage_ddl(f"{_STAGE}.collective", "collective"))
-    con.execute(_stage_ddl(f"{_STAGE}.p2p", "p2p"))
+    """Append every file's rows to the store under ``run_id`` (inside the caller's transaction).
 
+    Collectives and p2p calls wait in memory (they are few) until every file has named its
+    groups, which mints the group ids they are stored with.
+    """
+    con = store.con
+    shared = _Shared(store=store, run_id=run_id, tmp=tmp, rank=rank)
     book = _RankBook()
     rank_frames: list[pl.DataFrame] = []
     group_frames: list[pl.DataFrame] = []
+    coll_frames: list[pl.DataFrame] = []
+    p2p_frames: list[pl.DataFrame] = []
     comm_names: set[str] = set()
     sizes: list[int] = []
     et_counts: dict[int, tuple[int, int]] = {}
@@ -317,84 +382,91 @@ def _ingest_staged(
     sources: list[list[object]] = []
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     total = sum(f.path.stat().st_size for f in files)
-    with tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest") as bar:
-        for f, fp in zip(files, prints, strict=True):
-            t = _read_staged(store, f, rank, tmp)
-            book.add(t)
-            file_ranks.append(t.rank_ids)
-            formats.add(t.format)
-            if t.world_size:
-                sizes.append(t.world_size)
-            rank_frames.append(t.ranks.with_columns(_prio=pl.lit(_TIMELINE_PRIORITY[t.format])))
-            group_frames.append(t.comm_groups)
-            mine = t.rank_ids
-            if t.format == "host_et":
-                # Timeline frames come from the rank's timeline source when it has one.
-                mine = [r for r in t.rank_ids if r not in book.timeline]
-                for r in t.rank_ids:
-                    ops = t.et_ops.filter(pl.col("rank") == r)
-                    n_linked = 0
-                    if book.timeline.get(r, ("",))[0] == "kineto":
-                        ops, n_linked = _link_rank(con, r, ops)
-                    et_counts[r] = (ops.height, n_linked)
-                    _stage(con, "et_op", ops)
-            else:
-                _stage(con, "et_op", t.et_ops)
-            keep = pl.col("rank").is_in(mine)
-            iterations = t.iterations.filter(keep)
-            colls = _number(t.collectives.filter(keep), ["rank", "group_name"])
-            p2p = _number(t.p2p.filter(keep), ["rank", "group_name", "peer", "direction"])
-            comm_names |= set(colls["group_name"].drop_nulls()) | set(
-                p2p["group_name"].drop_nulls()
-            )
-            _stage(con, "track", t.tracks.filter(keep))
-            _stage(con, "event", t.events.filter(keep))
-            _stage(con, "flow", t.flows.filter(keep))
-            _stage(con, "iteration", iterations)
-            _stage(con, "memory", _assign_iteration(t.memory.filter(keep), "ts", iterations))
-            _stage(con, "collective", _assign_iteration(colls, "host_ts", iterations))
-            _stage(con, "p2p", _assign_iteration(p2p, "host_ts", iterations))
+    bar = tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest")
+    pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(files))))
+    futures = [pool.submit(_read_file, shared, f, i) for i, f in enumerate(files)]
+    try:
+        for f, fp, fut in zip(files, prints, futures, strict=True):
+            t = fut.result()  # in file order, whichever thread read it
+            with shared.lock:
+                book.add(t)
+                file_ranks.append(t.rank_ids)
+                formats.add(t.format)
+                if t.world_size:
+                    sizes.append(t.world_size)
+                rank_frames.append(t.ranks.with_columns(_prio=pl.lit(_TIMELINE_PRIORITY[t.format])))
+                group_frames.append(t.comm_groups)
+                mine = t.rank_ids
+                if t.format == "host_et":
+                    # Timeline frames come from the rank's timeline source when it has one.
+                    mine = [r for r in t.rank_ids if r not in book.timeline]
+                    for r in t.rank_ids:
+                        ops = t.et_ops.filter(pl.col("rank") == r)
+                        n_linked = 0
+                        if book.timeline.get(r, ("",))[0] == "kineto":
+                            ops, n_linked = _link_rank(con, run_id, r, ops)
+                        et_counts[r] = (ops.height, n_linked)
+                        _insert(con, "et_op", run_id, ops)
+                else:
+                    _insert(con, "et_op", run_id, t.et_ops)
+                keep = pl.col("rank").is_in(mine)
+                iterations = t.iterations.filter(keep)
+                colls = _number(t.collectives.filter(keep), ["rank", "group_name"])
+                p2p = _number(t.p2p.filter(keep), ["rank", "group_name", "peer", "direction"])
+                comm_names |= set(colls["group_name"].drop_nulls()) | set(
+                    p2p["group_name"].drop_nulls()
+                )
+                events = t.events.filter(keep)
+                shared.claim(t.path, events["rank"].unique().to_list())
+                _insert(con, "track", run_id, t.tracks.filter(keep))
+                _insert(con, "event", run_id, events)
+                _insert(con, "flow", run_id, t.flows.filter(keep))
+                _insert(con, "iteration", run_id, iterations)
+                _insert(
+                    con,
+                    "memory",
+                    run_id,
+                    _assign_iteration(t.memory.filter(keep), "ts", iterations),
+                )
+            coll_frames.append(_assign_iteration(colls, "host_ts", iterations))
+            p2p_frames.append(_assign_iteration(p2p, "host_ts", iterations))
             size = f.path.stat().st_size
             one = t.rank_ids[0] if len(t.rank_ids) == 1 else None
             sources.append([one, str(f.path.resolve()), t.format, size, fp, now])
             bar.update(size)
-            del t
+            del t, events
+    except BaseException:
+        shared.stop.set()
+        for fut in futures:
+            fut.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True)  # no thread may touch the store once this returns
+        bar.close()
 
     ranks = sorted(set(book.timeline) | set(book.host_et))
     world = max([*sizes, max(ranks) + 1])
     groups = _merge_groups(group_frames, comm_names, world)
     rank_rows = _rank_rows(rank_frames, et_counts)
-    with store.transaction() as con:
-        if old_id is not None:
-            _delete_run(con, old_id)
-        row = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
-        run_id = int(row[0][0])
-        config = {"paths": [str(p) for p in paths], "format": format}
-        source_format = formats.pop() if len(formats) == 1 else "mixed"
-        con.execute(
-            "INSERT INTO run (run_id, name, kind, created_at, config_json, world_size,"
-            " source_format) VALUES (?, ?, 'recorded', ?, ?, ?, ?)",
-            [run_id, run, now, json.dumps(config), world, source_format],
-        )
-        for tbl in _STAGED:
-            cols = ", ".join(c for c in schema.table(tbl).column_names if c != "run_id")
-            con.execute(
-                f"INSERT INTO {tbl} (run_id, {cols}) SELECT {run_id}, {cols} FROM {_STAGE}.{tbl}"
-            )
-        _insert(con, "comm_group", run_id, groups)
-        _insert(con, "rank", run_id, rank_rows)
-        for tbl in ("collective", "p2p"):
-            cols = [c for c in schema.table(tbl).column_names if c not in ("run_id", "group_id")]
-            con.execute(
-                f"INSERT INTO {tbl} (run_id, group_id, {', '.join(cols)})"
-                f" SELECT {run_id}, g.group_id, {', '.join('s.' + c for c in cols)}"
-                f" FROM {_STAGE}.{tbl} s LEFT JOIN comm_group g"
-                f" ON g.run_id = {run_id} AND g.name = s.group_name"
-            )
-        con.executemany(
-            "INSERT INTO source_file VALUES (?, ?, ?, ?, ?, ?, ?)", [[run_id, *s] for s in sources]
-        )
-        counts = {tbl: _count(con, tbl, run_id) for tbl in _RUN_TABLES}
+    config = {"paths": [str(p) for p in paths], "format": format}
+    source_format = formats.pop() if len(formats) == 1 else "mixed"
+    con.execute(
+        "INSERT INTO run (run_id, name, kind, created_at, config_json, world_size,"
+        " source_format) VALUES (?, ?, 'recorded', ?, ?, ?, ?)",
+        [run_id, run, now, json.dumps(config), world, source_format],
+    )
+    _insert(con, "comm_group", run_id, groups)
+    _insert(con, "rank", run_id, rank_rows)
+    group_ids = groups.select(pl.col("name").alias("group_name"), "group_id")
+    for tbl, frames in (("collective", coll_frames), ("p2p", p2p_frames)):
+        calls = _concat(frames)
+        if not calls.is_empty():
+            calls = calls.join(group_ids, on="group_name", how="left", nulls_equal=False)
+        _insert(con, tbl, run_id, calls)
+    con.executemany(
+        "INSERT INTO source_file VALUES (?, ?, ?, ?, ?, ?, ?)", [[run_id, *s] for s in sources]
+    )
+    counts = {tbl: _count(con, tbl, run_id) for tbl in _RUN_TABLES}
     return IngestReport(
         run=run,
         run_id=run_id,
@@ -408,30 +480,83 @@ def _ingest_staged(
     )
 
 
-def _read_staged(store: Store, trace: TraceFile, rank: int | None, tmp: Path) -> TraceTables:
-    """Read one file; a Kineto file's events go straight into the staged ``event`` table.
+@dataclass
+class _Shared:
+    """What the threads reading files share: the store's connection, one statement at a time.
 
-    The Kineto reader's work tables live in a database of their own, dropped after the file. For a
-    large trace it is a file: there its tables are compressed and DuckDB can evict them, which
-    bounds the peak (benchmarks/bench_ingest.py, big file); for a smaller one an in-memory
-    database is faster (no disk write) and its tables are small anyway.
+    ``claims`` holds which file's events each rank got: a Kineto file's events are written by its
+    thread as soon as they are ready, possibly before an earlier file's are, so a rank given by
+    two files is refused here, before its second set of rows is written (``_RankBook`` tells the
+    same clash in file order, for everything else).
+    """
+
+    store: Store
+    run_id: int
+    tmp: Path
+    rank: int | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    claims: dict[int, Path] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)  # set when the ingest failed
+
+    def claim(self, path: Path, ranks: list[int]) -> None:
+        """Record that ``path`` writes the events of ``ranks`` (hold ``lock``)."""
+        for r in ranks:
+            other = self.claims.setdefault(r, path)
+            if other != path:
+                raise _clash(path, r, other)
+
+
+def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
+    """Read one file; a Kineto file's events go straight into the store's ``event`` table.
+
+    The Kineto reader runs on a cursor of its own, in a database of its own dropped after the
+    file: the store's transaction must not touch that database (a transaction keeps every
+    database it read alive until it ends), so the events cross over as a stream of Arrow batches
+    that the store's connection appends. For a large trace the work database is a file: its
+    tables are compressed there and DuckDB can evict them, which bounds the peak
+    (benchmarks/bench_ingest.py, big file); for a smaller one memory is faster (no disk write).
     """
     if trace.format != "kineto":
-        return read_trace(trace, rank=rank)
+        return read_trace(trace, rank=shared.rank)
     from prism_trace.formats.kineto import stage_kineto
 
+    store = shared.store
     on_disk = _json_size_guess(trace.path) >= _WORK_ON_DISK_BYTES
-    work = tmp / "work.duckdb"
-    cur = store.con.cursor()
+    work = shared.tmp / f"work{index}.duckdb"
+    alias = f"{_WORK}{index}"
+    batches = f"_event_batches{index}"
+    cols = ", ".join(FRAME_SCHEMAS["events"])
+
+    def append(the_rank: int, events: duckdb.DuckDBPyRelation) -> None:
+        with shared.lock:
+            if shared.stop.is_set():  # another file failed: the transaction will roll back
+                msg = f"{trace.path}: not written, the ingest failed on another file"
+                raise PrismError(msg)
+            shared.claim(trace.path, [the_rank])
+            store.con.register(batches, events.to_arrow_reader(_EVENT_BATCH_ROWS))
+            try:
+                store.con.execute(
+                    f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
+                    f" FROM {batches}"
+                )
+            finally:
+                # After a failed insert the transaction is aborted and unregistering fails
+                # too; the insert's error is the one to report.
+                with contextlib.suppress(duckdb.Error):
+                    store.con.unregister(batches)
+
+    with shared.lock:
+        (catalog,) = store.con.execute("SELECT current_database()").fetchall()[0]
+        cur = store.con.cursor()
     try:
-        cur.execute(f"ATTACH '{_quote(work) if on_disk else ':memory:'}' AS {_WORK}")
-        cur.execute(f"USE {_WORK}")
+        cur.execute(f"ATTACH '{_quote(work) if on_disk else ':memory:'}' AS {alias}")
+        cur.execute(f"USE {alias}")
         return stage_kineto(
-            trace.path, con=cur, events_table=f"{_STAGE}.event", rank=rank, tmp_dir=tmp
+            trace.path, con=cur, events_into=append, rank=shared.rank, tmp_dir=shared.tmp
         )
     finally:
-        cur.execute(f"USE {_STAGE}")
-        cur.execute(f"DETACH DATABASE IF EXISTS {_WORK}")
+        cur.execute(f'USE "{catalog.replace(chr(34), chr(34) * 2)}"')
+        cur.execute(f"DETACH DATABASE IF EXISTS {alias}")
         cur.close()
         for p in (work, work.with_name(work.name + ".wal")):
             p.unlink(missing_ok=True)
@@ -501,30 +626,6 @@ def _rank_rows(frames: list[pl.DataFrame], et_counts: dict[int, tuple[int, int]]
         schema={"rank": pl.Int32, "et_ops": pl.Int64, "et_ops_linked": pl.Int64},
     )
     return rows.join(et_df, on="rank", how="left")
-
-
-def _stage_ddl(stage: str, table_name: str, *, group_name: bool = True) -> str:
-    """A staging table shaped like ``table_name`` without ``run_id`` (minted at the end), keys
-    or constraints; with ``group_name``, the group's name stands in for the minted group id."""
-    cols = [
-        "group_name VARCHAR" if group_name and c.name == "group_id" else f"{c.name} {c.type}"
-        for c in schema.table(table_name).columns
-        if c.name != "run_id"
-    ]
-    return f"CREATE TABLE {stage} ({', '.join(cols)})"
-
-
-def _stage(con: object, table_name: str, df: pl.DataFrame) -> None:
-    """Append ``df`` to the staged ``table_name``, matching columns by name."""
-    if df.is_empty():
-        return
-    con.register("_stage_frame", df.to_arrow())  # type: ignore[attr-defined]
-    try:
-        con.execute(  # type: ignore[attr-defined]
-            f"INSERT INTO {_STAGE}.{table_name} BY NAME SELECT * FROM _stage_frame"
-        )
-    finally:
-        con.unregister("_stage_frame")  # type: ignore[attr-defined]
 
 
 # Every per-run table: what a --replace deletes and what the report counts.

@@ -1,10 +1,11 @@
-"""Stream the ``traceEvents`` array of a (gzipped) Chrome-trace JSON into a file of its own.
+"""Copy the ``traceEvents`` array of a (gzipped) Chrome-trace JSON into files of its own.
 
 A Kineto trace is one JSON object whose ``traceEvents`` array holds nearly all of its bytes. Parsing
 it with ``json.load`` would build a Python object per event; instead ``split_trace_events`` copies
-the array, decompressing in chunks, into a temporary file that DuckDB's ``read_json`` parses
-natively, and parses only the small keys before the array (the header) and after it (the trailer) in
-Python.
+the array into temporary files that DuckDB's ``read_json`` parses natively, and parses only the
+small keys before the array (the header) and after it (the trailer) in Python. A plain file's array
+is copied by the kernel; a gzipped one is decompressed in chunks. The array is cut into parts of
+about ``_PART_BYTES`` (DuckDB parses one JSON array on one thread, several files in parallel).
 
 The end of the array is found without parsing it: in the last few MB of the stream, the array ends
 at the earliest ``]`` after which ``'{"a":[]' + rest`` is a complete JSON object (a ``]`` inside an
@@ -19,7 +20,7 @@ import os
 import re
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -36,6 +37,10 @@ from prism_trace.errors import (
 __all__ = ["TraceEventsFile", "sniff_kineto", "split_trace_events"]
 
 _CHUNK = 8 << 20
+# The array is cut into files of about this size, so that DuckDB parses them in parallel.
+_PART_BYTES = 16 << 20
+# How far past a cut offset to look for the end of an event line.
+_CUT_SEARCH = 1 << 20
 _HEAD_LIMIT = 64 << 20
 _TAIL_KEEP = 4 << 20
 _KEY_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -47,17 +52,27 @@ _WS = b" \t\r\n"
 
 @dataclass(frozen=True)
 class TraceEventsFile:
-    """The ``traceEvents`` array of a trace as a JSON file, with the rest of the top-level object.
+    """The ``traceEvents`` array of a trace as JSON files, with the rest of the top-level object.
 
     Attributes:
-        events_path: a file holding exactly the JSON array ``[...]`` of ``traceEvents``.
+        parts: the array cut into files of about ``_PART_BYTES`` each, in order, each a JSON array
+            ``[...]`` of whole events if the cuts fell between events (each is made after a
+            ``},`` that ends a line, which in Kineto's one-event-a-line layout is always between
+            two events; any other cut leaves a part that is not valid JSON). DuckDB parses
+            several files in parallel but one JSON array on one thread.
         meta: every other top-level key of the trace (header and trailer), parsed.
         json_bytes: size of the whole uncompressed JSON document.
     """
 
-    events_path: Path
+    parts: tuple[Path, ...]
     meta: dict[str, Any]
     json_bytes: int
+    whole: Callable[[], Path]
+
+    @property
+    def events_path(self) -> Path:
+        """A file holding exactly the JSON array ``[...]`` of ``traceEvents`` (made on demand)."""
+        return self.whole()
 
 
 def sniff_kineto(head: bytes) -> bool:
@@ -151,14 +166,18 @@ def _find_end(tail: bytes, *, at_array_start: bool) -> tuple[int, dict[str, Any]
 
 @contextlib.contextmanager
 def split_trace_events(path: Path, *, tmp_dir: Path | None = None) -> Iterator[TraceEventsFile]:
-    """Copy the ``traceEvents`` array of ``path`` into a temporary file, removed on exit.
+    """Copy the ``traceEvents`` array of ``path`` into temporary files, removed on exit.
+
+    A plain (not gzipped) file is copied by the kernel (``copy_file_range``) between the array's
+    two ends, found from its first and last few MB, so its bytes never pass through Python; a
+    gzipped one is decompressed into one file in chunks, then cut the same way.
 
     Args:
         path: a Chrome-trace JSON file, plain or gzipped, of any size.
-        tmp_dir: where to put the temporary file (default: the system temp dir).
+        tmp_dir: where to put the temporary files (default: the system temp dir).
 
     Yields:
-        The events file and the other top-level keys.
+        The events files and the other top-level keys.
 
     Raises:
         TruncatedTraceError: the gzip stream or the JSON ends early.
@@ -167,10 +186,125 @@ def split_trace_events(path: Path, *, tmp_dir: Path | None = None) -> Iterator[T
         MissingFieldError: the object has no top-level ``traceEvents`` array.
     """
     with tempfile.TemporaryDirectory(prefix="prism-kineto-", dir=tmp_dir) as tmp:
-        out_path = Path(tmp) / "traceEvents.json"
-        with out_path.open("wb") as out:
-            meta, total = _copy_array(path, out)
-        yield TraceEventsFile(events_path=out_path, meta=meta, json_bytes=total)
+        whole = Path(tmp) / "traceEvents.json"
+        located = _locate_plain_array(path)
+        if located is None:  # gzipped (or a header past the first chunk): stream it to one file
+            with whole.open("wb") as out:
+                meta, total = _copy_array(path, out)
+            src, start, end = whole, 1, whole.stat().st_size
+        else:
+            start, end, meta = located
+            src, total = path, path.stat().st_size
+        made: list[Path] = []
+
+        def make_whole() -> Path:
+            if src is not whole and not made:
+                with src.open("rb") as fin, whole.open("wb") as out:
+                    out.write(b"[")
+                    out.flush()
+                    _copy_range(fin, out, start, end - start)
+                made.append(whole)
+            return whole
+
+        cuts = _cut_points(src, start, end)
+        parts = _write_parts(src, start, end, cuts, Path(tmp)) if cuts else (make_whole(),)
+        yield TraceEventsFile(parts=parts, meta=meta, json_bytes=total, whole=make_whole)
+
+
+def _locate_plain_array(path: Path) -> tuple[int, int, dict[str, Any]] | None:
+    """Where the array's body is in a plain file, from its head and tail, and the other keys.
+
+    Returns:
+        ``(start, end, meta)``: the body runs from ``start`` (after the ``[``) to ``end`` (just
+        after the closing ``]``). None when the file is gzipped or its header is not within the
+        first chunk; ``_copy_array`` then streams it.
+    """
+    size = path.stat().st_size
+    with path.open("rb") as src:
+        head = src.read(_CHUNK)
+        if head[:2] == b"\x1f\x8b":
+            return None
+        if head.lstrip(_WS + b"\xef\xbb\xbf")[:1] not in (b"{", b""):
+            msg = f"{path}: not a JSON object (a Kineto trace starts with `{{`)"
+            raise UnknownFormatError(msg)
+        header = None
+        search_from = 0
+        while (m := _KEY_RE.search(head, search_from)) is not None:
+            header = _parse_header(head[: m.start()])
+            if header is not None:
+                break
+            search_from = m.start() + 1
+        if header is None or m is None:
+            return None
+        body = m.end()  # file offset of the first byte after "["
+        # The same tail window ``_copy_array`` would keep: 4 to 8 MB before the end.
+        tail_at = max(body, size - 2 * _TAIL_KEEP)
+        src.seek(tail_at)
+        tail = src.read()
+    found = _find_end(tail, at_array_start=tail_at == body)
+    if found is None:
+        msg = (
+            f"{path}: JSON ends before the `traceEvents` array is closed"
+            " (truncated or corrupt trace)"
+        )
+        raise TruncatedTraceError(msg)
+    p, trailer = found
+    return body, tail_at + p + 1, {**header, **trailer}
+
+
+def _cut_points(src: Path, start: int, end: int) -> list[int]:
+    """Offsets of the ``}`` of a ``},`` + newline about every ``_PART_BYTES`` of the body."""
+    cuts: list[int] = []
+    with src.open("rb") as fh:
+        at = start + _PART_BYTES
+        while at < end - _PART_BYTES // 4:  # no sliver of a last part
+            fh.seek(at)
+            window = fh.read(min(_CUT_SEARCH, end - at))
+            i = window.find(b"},\n")
+            if i >= 0 and at + i + 2 < end - 1:  # the comma is before the closing "]"
+                cuts.append(at + i)
+                at += i + 2 + _PART_BYTES
+            else:
+                at += _CUT_SEARCH
+    return cuts
+
+
+def _write_parts(src: Path, start: int, end: int, cuts: list[int], tmp: Path) -> tuple[Path, ...]:
+    """Write the body of ``src`` between ``start`` and ``end``, cut after each of ``cuts``."""
+    bounds = [start, *(c + 2 for c in cuts)]  # each part starts after a "},"
+    stops = [*(c + 1 for c in cuts), end]  # and ends with its "}" (the last with the "]")
+    parts = []
+    with src.open("rb") as fin:
+        for k, (a, b) in enumerate(zip(bounds, stops, strict=True)):
+            part = tmp / f"traceEvents.{k:05d}.json"
+            with part.open("wb") as out:
+                out.write(b"[")
+                out.flush()
+                _copy_range(fin, out, a, b - a)
+                if b != end:
+                    out.write(b"]")
+            parts.append(part)
+    return tuple(parts)
+
+
+def _copy_range(src: IO[bytes], out: IO[bytes], offset: int, count: int) -> None:
+    """Append ``count`` bytes of ``src`` from ``offset`` to ``out``, in the kernel if it can."""
+    in_fd, out_fd = src.fileno(), out.fileno()
+    try:
+        while count > 0:
+            n = os.copy_file_range(in_fd, out_fd, min(count, 1 << 30), offset)
+            if n == 0:
+                break
+            offset += n
+            count -= n
+    except (AttributeError, OSError):  # no copy_file_range here, or not between these files
+        src.seek(offset)
+        while count > 0 and (chunk := src.read(min(count, _CHUNK))):
+            out.write(chunk)
+            count -= len(chunk)
+    if count > 0:
+        msg = f"{src.name}: file shrank while being read"
+        raise TruncatedTraceError(msg)
 
 
 def _copy_array(path: Path, out: IO[bytes]) -> tuple[dict[str, Any], int]:

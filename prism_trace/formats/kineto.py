@@ -1,7 +1,8 @@
 """Read a Kineto (torch.profiler Chrome-trace JSON) file of one rank into the contract's frames.
 
-The ``traceEvents`` array is streamed into a file of its own (``_json_array``) and parsed by DuckDB;
-every transformation is SQL (plus vectorised nesting), so no Python object is made per event.
+The ``traceEvents`` array is copied into files of its own (``_json_array``; cut in parts DuckDB
+parses in parallel) and parsed by DuckDB; every transformation is SQL (plus vectorised nesting, a
+slice of a track at a time), so no Python object is made per event.
 
 Conventions:
 
@@ -28,20 +29,26 @@ Conventions:
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import orjson
 import polars as pl
 
-from prism_trace.errors import MissingFieldError, RankUnknownError, TraceFormatError
+from prism_trace.errors import MissingFieldError, PrismError, RankUnknownError, TraceFormatError
 from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.base import TraceTables
 from prism_trace.nesting import innermost_enclosing, nest_events
 
-__all__ = ["rank_from_file_name", "read_kineto", "stage_kineto"]
+__all__ = ["EventsSink", "rank_from_file_name", "read_kineto", "stage_kineto"]
+
+EventsSink = Callable[[int, duckdb.DuckDBPyRelation], None]
+"""Takes the rank and the events relation of a file (``stage_kineto``) and consumes it."""
 
 _RANK_NAME_RES = (
     re.compile(r"(?:^|[^a-z])(?:rank|worker)[_-]?(\d{1,6})(?!\d)", re.IGNORECASE),
@@ -75,6 +82,9 @@ _DEVICE_TYPES = [
     "privateuseone",
 ]
 _BATCH_ROWS = 1 << 18
+# Events nested at a time (``_Reader.quiet_slices``): a slice's working arrays take a few hundred
+# bytes an event.
+_NEST_ROWS = 1 << 18
 # read_json buffers scale with the largest object allowed; a Kineto event is a few KB, and a file
 # with a larger one is read again with the large limit (``load``).
 _OBJECT_BYTES = 16 << 20
@@ -120,7 +130,7 @@ def read_kineto(path: Path, *, rank: int | None = None, tmp_dir: Path | None = N
     with split_trace_events(path, tmp_dir=tmp_dir) as tef:
         the_rank = _resolve_rank(path, tef.meta, rank)
         con = duckdb.connect()
-        spill = str(tef.events_path.parent).replace("'", "''")
+        spill = str(tef.parts[0].parent).replace("'", "''")
         con.execute(f"SET temp_directory = '{spill}'")  # spill next to the events copy
         try:
             return _Reader(path, the_rank, tef, con).read()
@@ -132,21 +142,26 @@ def stage_kineto(
     path: Path,
     *,
     con: duckdb.DuckDBPyConnection,
-    events_table: str,
+    events_into: EventsSink,
     rank: int | None = None,
     tmp_dir: Path | None = None,
 ) -> TraceTables:
-    """Read one rank's Kineto trace on ``con``, appending its events to ``events_table`` in SQL.
+    """Read one rank's Kineto trace on ``con``, handing its events to ``events_into`` as SQL.
 
-    Ingest's path: the events (the one table as large as the trace) go from DuckDB's tables
-    straight into the staging table, never through Arrow/polars, so they are neither copied nor
-    held in Python memory. ``con``'s default database is where the reader makes its work tables;
-    the caller gives a fresh one per file and drops it afterwards.
+    Ingest's path: the events (the one table as large as the trace) are never made a frame;
+    ``events_into`` gets a relation on ``con`` (columns of ``FRAME_SCHEMAS["events"]``, sorted
+    by ``event_id``) and consumes it, e.g. streams it in Arrow batches into the store, so at most
+    a few batches of them exist outside DuckDB's tables at a time. ``con``'s default database is
+    where the reader makes its work tables; the caller gives a fresh one per file and drops it
+    afterwards. ``preserve_insertion_order`` must be on (DuckDB's default): records are numbered
+    by the order it keeps.
 
     Args:
         path: the trace file.
         con: the connection to run the reader's SQL on.
-        events_table: the (qualified) table the events are inserted into, by column name.
+        events_into: called once with the file's rank and its events relation, which it must
+            consume before returning; what it raises propagates as is (the data are typed by
+            then, so an error there is the sink's, e.g. the store's, not the trace's).
         rank: as for ``read_kineto``.
         tmp_dir: as for ``read_kineto``.
 
@@ -159,7 +174,7 @@ def stage_kineto(
     path = Path(path)
     with split_trace_events(path, tmp_dir=tmp_dir) as tef:
         the_rank = _resolve_rank(path, tef.meta, rank)
-        return _Reader(path, the_rank, tef, con).read(events_into=events_table)
+        return _Reader(path, the_rank, tef, con).read(events_into=events_into)
 
 
 def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> int:
@@ -210,7 +225,11 @@ def _int_list(value: Any) -> list[int] | None:
 
 
 # The three ids become typed columns and leave ``args`` as the file's rows are stored, so the
-# (large) args text exists once, in ``raw``; ``ev`` joins it back by ``ord`` where needed.
+# (large) args text exists once, in ``raw``; ``ev`` joins it back by ``ord`` where needed. A
+# record's ``ord`` is its position in the array: ``raw``'s rowid, since a CREATE TABLE AS keeps
+# the order of its source (``preserve_insertion_order``, on by default) and several files are
+# read in the order listed. Numbering rows in the query instead (``row_number() OVER ()``) would
+# make DuckDB parse the files on one thread.
 _LOAD = """
 CREATE OR REPLACE TABLE raw AS
 SELECT * EXCLUDE (ids, args),
@@ -226,7 +245,7 @@ FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
 """
 
 _SELECT_FAST = """
-SELECT row_number() OVER () AS ord, ph, cat, name, pid, tid,
+SELECT ph, cat, name, pid, tid,
        CAST(floor(ts) AS BIGINT) * 1000
            + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS ts_us_ns,
        CAST(round(dur * 1000) AS BIGINT) AS dur_ns, id, args, ts AS ts_raw
@@ -237,7 +256,7 @@ FROM read_json(?, format = 'array', maximum_object_size = {object_bytes}, column
 
 # Exact path, for traces whose ts are epoch µs with decimals (DOUBLE would lose the ns).
 _SELECT_EXACT = r"""
-SELECT row_number() OVER () AS ord, j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
+SELECT j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
        j->>'pid' AS pid, j->>'tid' AS tid,
        CAST(TRY_CAST(regexp_extract(j, '"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
             * 1000 AS BIGINT) AS ts_us_ns,
@@ -262,52 +281,57 @@ CASE
 END
 """
 
-_OP_KIND_SQL = """
-CASE regexp_replace(lower(trim({x})), '^_+', '')
-    WHEN 'allreduce' THEN 'all_reduce' WHEN 'all_reduce' THEN 'all_reduce'
-    WHEN 'allreduce_coalesced' THEN 'all_reduce' WHEN 'all_reduce_coalesced' THEN 'all_reduce'
-    WHEN 'allreduce_sparse' THEN 'all_reduce'
-    WHEN 'allgather' THEN 'all_gather' WHEN 'all_gather' THEN 'all_gather'
-    WHEN 'allgather_base' THEN 'all_gather' WHEN 'all_gather_base' THEN 'all_gather'
-    WHEN 'allgather_coalesced' THEN 'all_gather' WHEN 'all_gather_into_tensor' THEN 'all_gather'
-    WHEN 'allgather_into_tensor_coalesced' THEN 'all_gather'
-    WHEN 'all_gather_into_tensor_coalesced' THEN 'all_gather'
-    WHEN 'reduce_scatter' THEN 'reduce_scatter' WHEN 'reducescatter' THEN 'reduce_scatter'
-    WHEN 'reduce_scatter_base' THEN 'reduce_scatter'
-    WHEN 'reduce_scatter_tensor' THEN 'reduce_scatter'
-    WHEN 'reduce_scatter_tensor_coalesced' THEN 'reduce_scatter'
-    WHEN 'alltoall' THEN 'all_to_all' WHEN 'all_to_all' THEN 'all_to_all'
-    WHEN 'alltoall_base' THEN 'all_to_all' WHEN 'all_to_all_single' THEN 'all_to_all'
-    WHEN 'alltoallv' THEN 'all_to_all' WHEN 'all_to_allv' THEN 'all_to_all'
-    WHEN 'broadcast' THEN 'broadcast' WHEN 'broadcast_oop' THEN 'broadcast'
-    WHEN 'reduce' THEN 'reduce' WHEN 'reduce_oop' THEN 'reduce'
-    WHEN 'gather' THEN 'gather' WHEN 'scatter' THEN 'scatter' WHEN 'barrier' THEN 'barrier'
-    WHEN 'send' THEN 'send' WHEN 'isend' THEN 'send'
-    WHEN 'recv' THEN 'recv' WHEN 'irecv' THEN 'recv' WHEN 'recvanysource' THEN 'recv'
-    WHEN 'recv_any_source' THEN 'recv'
-END
+# Lookups by MAP, not ``CASE x WHEN ...``: DuckDB expands a simple CASE into one comparison per
+# branch, each with its own copy of ``x``, and the nested ones (the size of a normalised dtype)
+# multiplied the copies; planning them took longer than running the query.
+_OP_KIND_MAP = """
+MAP {'allreduce': 'all_reduce', 'all_reduce': 'all_reduce',
+     'allreduce_coalesced': 'all_reduce', 'all_reduce_coalesced': 'all_reduce',
+     'allreduce_sparse': 'all_reduce', 'allgather': 'all_gather',
+     'all_gather': 'all_gather', 'allgather_base': 'all_gather',
+     'all_gather_base': 'all_gather', 'allgather_coalesced': 'all_gather',
+     'all_gather_into_tensor': 'all_gather',
+     'allgather_into_tensor_coalesced': 'all_gather',
+     'all_gather_into_tensor_coalesced': 'all_gather', 'reduce_scatter': 'reduce_scatter',
+     'reducescatter': 'reduce_scatter', 'reduce_scatter_base': 'reduce_scatter',
+     'reduce_scatter_tensor': 'reduce_scatter',
+     'reduce_scatter_tensor_coalesced': 'reduce_scatter', 'alltoall': 'all_to_all',
+     'all_to_all': 'all_to_all', 'alltoall_base': 'all_to_all',
+     'all_to_all_single': 'all_to_all', 'alltoallv': 'all_to_all',
+     'all_to_allv': 'all_to_all', 'broadcast': 'broadcast', 'broadcast_oop': 'broadcast',
+     'reduce': 'reduce', 'reduce_oop': 'reduce', 'gather': 'gather', 'scatter': 'scatter',
+     'barrier': 'barrier', 'send': 'send', 'isend': 'send', 'recv': 'recv',
+     'irecv': 'recv', 'recvanysource': 'recv', 'recv_any_source': 'recv'}
 """
 
 # Lower-case element type names as torch prints them, and their sizes in bytes.
-_DTYPE_SQL = """
-CASE regexp_replace(lower(trim({x})), '^(c10::|torch\\.)', '')
-    WHEN 'long int' THEN 'long' WHEN 'int64' THEN 'long' WHEN 'int64_t' THEN 'long'
-    WHEN 'int32' THEN 'int' WHEN 'int' THEN 'int' WHEN 'short int' THEN 'short'
-    WHEN 'int16' THEN 'short' WHEN 'unsigned char' THEN 'byte' WHEN 'uint8' THEN 'byte'
-    WHEN 'signed char' THEN 'char' WHEN 'int8' THEN 'char' WHEN 'float32' THEN 'float'
-    WHEN 'float64' THEN 'double' WHEN 'float16' THEN 'half'
-    ELSE regexp_replace(lower(trim({x})), '^(c10::|torch\\.)', '')
-END
+_DTYPE_MAP = """
+MAP {'long int': 'long', 'int64': 'long', 'int64_t': 'long', 'int32': 'int', 'int': 'int',
+     'short int': 'short', 'int16': 'short', 'unsigned char': 'byte', 'uint8': 'byte',
+     'signed char': 'char', 'int8': 'char', 'float32': 'float', 'float64': 'double',
+     'float16': 'half'}
 """
-_DTYPE_SIZE_SQL = """
-CASE {x}
-    WHEN 'float' THEN 4 WHEN 'double' THEN 8 WHEN 'half' THEN 2 WHEN 'bfloat16' THEN 2
-    WHEN 'int' THEN 4 WHEN 'long' THEN 8 WHEN 'short' THEN 2 WHEN 'byte' THEN 1 WHEN 'char' THEN 1
-    WHEN 'bool' THEN 1 WHEN 'complexfloat' THEN 8 WHEN 'complexdouble' THEN 16
-    WHEN 'complexhalf' THEN 4 WHEN 'uint16' THEN 2 WHEN 'uint32' THEN 4 WHEN 'uint64' THEN 8
-    ELSE CASE WHEN {x} LIKE 'float8%' THEN 1 END
-END
+_DTYPE_SIZE_MAP = """
+MAP {'float': 4, 'double': 8, 'half': 2, 'bfloat16': 2, 'int': 4, 'long': 8, 'short': 2,
+     'byte': 1, 'char': 1, 'bool': 1, 'complexfloat': 8, 'complexdouble': 16,
+     'complexhalf': 4, 'uint16': 2, 'uint32': 4, 'uint64': 8}
 """
+
+
+def _op_kind_sql(x: str) -> str:
+    """SQL for the collective kind (``all_reduce``, ``send``...) of op name ``x``; NULL if none."""
+    return f"({_OP_KIND_MAP.strip()}[regexp_replace(lower(trim({x})), '^_+', '')])"
+
+
+def _dtype_sql(x: str) -> str:
+    """SQL for the normalised element type name of ``x`` (``c10::Half`` -> ``half``)."""
+    d = f"regexp_replace(lower(trim({x})), '^(c10::|torch\\.)', '')"
+    return f"coalesce({_DTYPE_MAP.strip()}[{d}], {d})"
+
+
+def _dtype_size_sql(x: str) -> str:
+    """SQL for the size in bytes of the normalised element type ``x``; NULL if unknown."""
+    return f"coalesce({_DTYPE_SIZE_MAP.strip()}[{x}], CASE WHEN {x} LIKE 'float8%' THEN 1 END)"
 
 
 class _Reader:
@@ -319,7 +343,7 @@ class _Reader:
         self.path = path
         self.rank = rank
         self.meta = tef.meta
-        self.events_path = tef.events_path
+        self.tef = tef
         self.con = con
         info = self.meta.get("distributedInfo")
         self.info: dict[str, Any] = info if isinstance(info, dict) else {}
@@ -327,7 +351,7 @@ class _Reader:
         self.world_size = int(ws) if isinstance(ws, int) else None
         base = self.meta.get("baseTimeNanoseconds")
         self.base_ns = int(base) if isinstance(base, (int, float)) else 0
-        self.spans = pl.DataFrame()  # nested non-instant events, from ``nest`` to ``flows``
+        self.bound = pl.DataFrame()  # fwd-bwd flow points' events, from ``event_ids`` to ``flows``
         self.object_bytes = _OBJECT_BYTES
 
     def _fail(self, exc: duckdb.Error) -> TraceFormatError:
@@ -355,22 +379,23 @@ class _Reader:
         except duckdb.Error as exc:
             raise self._fail(exc) from exc
         if not parts:
-            return pl.DataFrame(pl.from_arrow(reader.schema.empty_table()))
+            # Not ``pl.from_arrow(schema.empty_table())``: that imports pandas (0.2 s a process).
+            return self.con.sql(query).limit(0).pl()
         return pl.concat(parts, rechunk=False) if len(parts) > 1 else pl.DataFrame(parts[0])
 
-    def read(self, events_into: str | None = None) -> TraceTables:
-        """All frames; with ``events_into``, the events are inserted there instead of returned."""
+    def read(self, events_into: EventsSink | None = None) -> TraceTables:
+        """All frames; with ``events_into``, the events go there (as SQL) instead of a frame."""
         self.load()
-        self.build_tracks_events()
+        self.build_tracks()
         self.keep_side_records()
+        self.build_events()
         # raw keeps only the args (ev holds the rest); dropping columns frees their memory
         for column in self.rows(
             "SELECT column_name FROM duckdb_columns()"
-            " WHERE table_name = 'raw' AND column_name NOT IN ('ord', 'args')"
+            " WHERE table_name = 'raw' AND column_name <> 'args'"
             " AND database_name = current_database() AND schema_name = current_schema()"
         ):
             self.sql(f'ALTER TABLE raw DROP COLUMN "{column[0]}"')
-        self.nest()
         self.assign_iterations()
         tables = TraceTables(path=self.path, format="kineto", world_size=self.world_size)
         tables.tracks = self.frame(
@@ -387,43 +412,77 @@ class _Reader:
         tables.comm_groups = self.comm_groups(groups, tables.collectives, tables.p2p)
         tables.ranks = self.ranks_frame()
         # Last, with the other tables gone: the one frame as large as the trace.
-        for name in ("comm_raw", "flow_point", "mem_record", "_bound", "track", "step"):
+        for name in ("comm_raw", "flow_point", "mem_record", "arg_row", "_bound", "track", "step"):
             self.sql(f"DROP TABLE IF EXISTS {name}")
-        events = f"""SELECT {self.rank}::INTEGER AS rank, e.event_id, e.track_id, e.category,
-                       e.name, e.ts, e.dur, e.correlation, e.external_id, e.rf_id, n.parent_id,
-                       n.depth, i.iteration::INTEGER AS iteration, r.args
-                FROM ev e JOIN raw r USING (ord)
-                LEFT JOIN nest n USING (event_id) LEFT JOIN ev_it i USING (event_id)
-                ORDER BY e.event_id"""
+        events = self.events_sql()
         if events_into is None:
             tables.events = self.frame(events)
         else:
-            self.sql(f"INSERT INTO {events_into} BY NAME {events}")
+            events_into(self.rank, self.con.sql(events))
         return tables.conform()
+
+    def events_sql(self) -> str:
+        """The events in ``FRAME_SCHEMAS["events"]`` order, sorted by ``event_id``.
+
+        ``ev`` already holds every column but the iteration and the args; ``raw`` is in file
+        order, so its args are joined by ``ord`` (one hash join) and the rows sorted once.
+        """
+        return f"""SELECT {self.rank}::INTEGER AS rank, e.event_id, e.track_id, e.category,
+                       e.name, e.ts, e.dur, e.correlation, e.external_id, e.rf_id, e.parent_id,
+                       e.depth, i.iteration::INTEGER AS iteration, r.args
+                FROM ev e JOIN raw r ON r.rowid = e.ord LEFT JOIN ev_it i USING (event_id)
+                ORDER BY e.event_id"""
 
     # -- loading -------------------------------------------------------------------------------
 
     def load_sql(self, select: str) -> str:
         return _LOAD.format(select=select.format(object_bytes=self.object_bytes))
 
-    def load(self) -> None:
+    def read_records(self, select: str) -> None:
+        """Make ``raw`` from the array's parts, or from the whole array if they are not JSON.
+
+        A part is not valid JSON when a cut fell inside an event (a layout other than Kineto's
+        one event a line); the whole array then goes to DuckDB as one file, which also gives
+        the message for a trace that is really corrupt.
+        """
+        (keep_order,) = self.rows("SELECT current_setting('preserve_insertion_order')")[0]
+        if not keep_order:
+            msg = "the Kineto reader needs DuckDB's preserve_insertion_order on (its default)"
+            raise PrismError(msg)
+        parts = [str(p) for p in self.tef.parts]
         try:
-            self.con.execute(self.load_sql(_SELECT_FAST), [str(self.events_path)])
+            self.load_files(select, parts)
         except duckdb.Error as exc:
-            if "maximum_object_size" not in str(exc):
+            if len(parts) == 1:
                 raise self._fail(exc) from exc
+            try:
+                self.load_files(select, [str(self.tef.events_path)])
+            except duckdb.Error as exc2:
+                raise self._fail(exc2) from exc2
+
+    def load_files(self, select: str, files: list[str]) -> None:
+        """Run the load on ``files``; again with the large object limit if an event needs it."""
+        try:
+            self.con.execute(self.load_sql(select), [files])
+        except duckdb.Error as exc:
+            if "maximum_object_size" not in str(exc) or self.object_bytes == _OBJECT_BYTES_MAX:
+                raise
             self.object_bytes = _OBJECT_BYTES_MAX
-            self.sql(self.load_sql(_SELECT_FAST), [str(self.events_path)])
+            self.con.execute(self.load_sql(select), [files])
+
+    def load(self) -> None:
+        """``raw``: every record of the array, in order, typed; ``ev0``: its timed events."""
+        self.read_records(_SELECT_FAST)
         (lossy,) = self.rows(
             f"SELECT count(*) FROM raw"
             f" WHERE abs(ts_raw) >= {_TWO_POW_43} AND ts_raw <> floor(ts_raw)"
         )[0]
         if lossy:
-            self.sql(self.load_sql(_SELECT_EXACT), [str(self.events_path)])
+            self.read_records(_SELECT_EXACT)
         bad = self.rows(
-            """SELECT ord - 1, name, CASE WHEN ts_us_ns IS NULL THEN 'ts' ELSE 'pid' END
+            """SELECT rowid, name, CASE WHEN ts_us_ns IS NULL THEN 'ts' ELSE 'pid' END
                FROM raw WHERE ph IN ('X', 'i', 'I') AND (ts_us_ns IS NULL OR pid IS NULL)
-               ORDER BY ord LIMIT 1"""
+               ORDER BY rowid LIMIT 1"""
         )
         if bad:
             index, name, field = bad[0]
@@ -432,7 +491,7 @@ class _Reader:
         base = self.base_ns
         self.sql(
             f"""CREATE VIEW ev0 AS
-                SELECT ord, ph, pid, tid, ts_us_ns + {base} AS ts,
+                SELECT rowid AS ord, ph, pid, tid, ts_us_ns + {base} AS ts,
                        CASE WHEN ph IN ('i', 'I') THEN 0 ELSE greatest(coalesce(dur_ns, 0), 0) END
                            AS dur,
                        coalesce(name, '') AS name, {_CATEGORY_SQL} AS category,
@@ -444,7 +503,8 @@ class _Reader:
                   AND NOT (ph IN ('i', 'I') AND name = '[memory]')"""
         )
 
-    def build_tracks_events(self) -> None:
+    def build_tracks(self) -> None:
+        """One track per (pid, tid): a ``stream`` if it holds device events, else a ``thread``."""
         device = ", ".join(f"'{c}'" for c in _DEVICE_CATEGORIES)
         self.sql(
             f"""CREATE TABLE track AS
@@ -464,17 +524,137 @@ class _Reader:
                            AS name
                 FROM t LEFT JOIN names n ON n.pid = t.pid AND n.tid = t.tid"""
         )
+
+    def build_events(self) -> None:
+        """``ev``: the timed events with their ids, track, nesting and typed columns (no args)."""
         self.sql(
-            """CREATE TABLE ev AS
-               SELECT (row_number() OVER (ORDER BY t.track_id, e.ts, e.dur DESC, e.ord) - 1)::BIGINT
-                          AS event_id,
-                      e.ord, t.track_id, t.kind = 'stream' AS on_device, e.category, e.name, e.ts,
-                      e.dur, e.correlation, e.external_id, e.rf_id
+            """CREATE TABLE ev_base AS
+               SELECT e.ord, t.track_id, t.kind = 'stream' AS on_device, e.category, e.name,
+                      e.ts, e.dur, e.correlation, e.external_id, e.rf_id
                FROM ev0 e JOIN track t ON t.pid = e.pid AND t.tid_text = e.tid"""
         )
-        # The events with their args, for the few queries that read args.
-        self.sql("CREATE VIEW eva AS SELECT ev.*, r.args FROM ev JOIN raw r USING (ord)")
         self.sql("DROP VIEW ev0")
+        self.event_ids()
+        self.sql(
+            """CREATE TABLE ev AS
+               SELECT i.event_id, b.*, i.parent_id, i.depth
+               FROM ev_base b JOIN ev_id i USING (ord)"""
+        )
+        for name in ("ev_base", "ev_id", "ev_order"):
+            self.sql(f"DROP TABLE {name}")
+        self.sql("CREATE VIEW eva AS SELECT ev.*, a.args FROM ev JOIN arg_row a USING (ord)")
+
+    def event_ids(self) -> None:
+        """``ev_id``: each event's ``event_id``, ``parent_id`` and ``depth``, by ``ord``.
+
+        ``event_id`` is the rank in (track, ts, -dur, ord) order: the rowid of ``ev_order``, the
+        events' keys sorted by DuckDB (a CREATE TABLE AS keeps its ORDER BY). Nesting runs in
+        polars on one slice of ``ev_order`` at a time (``slices``): whole tracks up to
+        ``_NEST_ROWS`` events together, or part of a long track between two instants when
+        nothing is open (``quiet_slices``), so its working arrays (a few hundred bytes an event)
+        stay those of a slice, however large the trace. The fwd-bwd flow points of a slice are
+        bound to their enclosing events meanwhile (``flows``), so the nested spans need not
+        outlive their slice.
+        """
+        self.sql(
+            """CREATE TABLE ev_order AS
+               SELECT ord, track_id, ts, dur, category = 'instant' AS instant FROM ev_base
+               ORDER BY track_id, ts, dur DESC, ord"""
+        )
+        self.sql(
+            "CREATE TABLE ev_id (ord BIGINT, event_id BIGINT, parent_id BIGINT, depth INTEGER)"
+        )
+        points = self.frame("SELECT id, ph, track_id, ts FROM flow_point")
+        bound: list[pl.DataFrame] = []
+        for lo, hi, tracks, t_lo, t_hi in self.slices():
+            rows = self.frame(
+                "SELECT rowid AS event_id, ord, track_id, ts, dur, instant FROM ev_order"
+                f" WHERE rowid >= {lo} AND rowid < {hi}"
+            )
+            spans = rows.filter(~pl.col("instant")).select("event_id", "track_id", "ts", "dur")
+            nested = nest_events(spans)
+            ids = rows.select("ord", "event_id").join(
+                nested.select("event_id", "parent_id", "depth"), on="event_id", how="left"
+            )
+            self.con.register("_slice_ids", ids)
+            try:
+                self.sql("INSERT INTO ev_id BY NAME SELECT * FROM _slice_ids")
+            finally:
+                self.con.unregister("_slice_ids")
+            here = points.filter(
+                pl.col("track_id").is_in(tracks),
+                pl.lit(value=True) if t_lo is None else pl.col("ts") >= t_lo,
+                pl.lit(value=True) if t_hi is None else pl.col("ts") < t_hi,
+            )
+            if here.height:
+                bound.append(
+                    here.select("id", "ph", innermost_enclosing(nested, here).alias("event_id"))
+                )
+            del rows, spans, nested, ids
+        self.bound = (
+            pl.concat(bound)
+            if bound
+            else points.select("id", "ph", event_id=pl.lit(None, pl.Int64))
+        )
+
+    def slices(self) -> Iterator[tuple[int, int, list[int], int | None, int | None]]:
+        """Rows of ``ev_order`` to nest at a time: ``(lo, hi, tracks, t_lo, t_hi)``.
+
+        Consecutive short tracks go together up to ``_NEST_ROWS`` events (nesting is per track
+        anyway, and one call per track would cost more than the nesting of a small file); a
+        longer track is cut by ``quiet_slices``. ``t_lo``/``t_hi`` bound the times of the flow
+        points to bind in a slice of one track (None: unbounded).
+        """
+        group: list[int] = []
+        lo = at = 0
+        for track, n in self.rows(
+            "SELECT track_id, count(*) FROM ev_order GROUP BY track_id ORDER BY track_id"
+        ):
+            if group and (n > _NEST_ROWS or at + n - lo > _NEST_ROWS):
+                yield lo, at, group, None, None
+                group, lo = [], at
+            if n > _NEST_ROWS:
+                for a, b, t_lo, t_hi in self.quiet_slices(at, at + n):
+                    yield a, b, [track], t_lo, t_hi
+                lo = at + n
+            else:
+                group.append(track)
+            at += n
+        if group:
+            yield lo, at, group, None, None
+
+    def quiet_slices(self, lo: int, hi: int) -> list[tuple[int, int, int | None, int | None]]:
+        """Cut rows ``[lo, hi)`` of ``ev_order`` (one track) where every earlier span has ended.
+
+        A cut is made before an event that starts after every span before it has ended
+        (strictly: an event ending at a point still encloses it), so nothing before it encloses
+        anything from there on, and nesting each slice alone gives what nesting the whole track
+        does (a parent is open when its child starts). Slices are at least ``_NEST_ROWS`` long
+        where the track allows. Returns ``(lo, hi, t_lo, t_hi)``: the rows, and the times
+        (None: unbounded) a flow point must have to look for its event in the slice.
+        """
+        if hi - lo <= _NEST_ROWS:
+            return [(lo, hi, None, None)]
+        keys = self.con.sql(
+            "SELECT ts, CASE WHEN instant THEN NULL ELSE ts + dur END AS end_ts FROM ev_order"
+            f" WHERE rowid >= {lo} AND rowid < {hi}"
+        ).pl()
+        ts = keys["ts"].to_numpy()
+        ends = keys["end_ts"].fill_null(np.iinfo(np.int64).min).to_numpy()
+        del keys
+        # Row i may start a slice when every span before it has ended before its start.
+        ok = np.flatnonzero(np.maximum.accumulate(ends)[:-1] < ts[1:]) + 1
+        cuts: list[int] = []
+        at = _NEST_ROWS
+        while (k := int(np.searchsorted(ok, at))) < len(ok):
+            cuts.append(int(ok[k]))
+            at = int(ok[k]) + _NEST_ROWS
+        bounds = [0, *cuts, hi - lo]
+        times = [None, *(int(ts[c]) for c in cuts), None]
+        return [
+            (lo + a, lo + b, times[k], times[k + 1])
+            for k, (a, b) in enumerate(itertools.pairwise(bounds))
+        ]
 
     def keep_side_records(self) -> None:
         """Copy what later steps need from ``raw`` besides ``ev``: memory records, flow points."""
@@ -489,20 +669,14 @@ class _Reader:
                 FROM raw r JOIN track t ON t.pid = r.pid AND t.tid_text = r.tid
                 WHERE r.ph IN ('s', 'f') AND r.cat = 'fwdbwd' AND r.ts_us_ns IS NOT NULL"""
         )
-
-    def nest(self) -> None:
-        spans = self.frame(
-            "SELECT event_id, track_id, ts, dur FROM ev WHERE category <> 'instant'"
-            " ORDER BY event_id"
-        )
-        self.spans = nest_events(spans)  # kept for binding flow points (``flows``)
-        self.con.register("_nested", self.spans)
+        # The args of the few events whose args later steps read (comms, stream waits): joining
+        # these to ``ev`` is cheap, where joining ``raw`` would scan every event's args each time.
         self.sql(
-            """CREATE TABLE nest AS
-               SELECT event_id, parent_id::BIGINT AS parent_id, depth::INTEGER AS depth
-               FROM _nested"""
+            """CREATE TABLE arg_row AS
+               SELECT rowid AS ord, args FROM raw
+               WHERE name = 'record_param_comms' OR lower(cat) = 'cuda_sync'
+                  OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')"""
         )
-        self.con.unregister("_nested")
 
     def assign_iterations(self) -> None:
         """Steps from ``ProfilerStep#N``; host events by time, device events by their launch."""
@@ -562,11 +736,8 @@ class _Reader:
         (``innermost_enclosing``: a sorted search and a walk up the parents, not a range join).
         """
         launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
-        points = self.frame("SELECT id, ph, track_id, ts FROM flow_point")
-        bound = points.select(
-            "id", "ph", innermost_enclosing(self.spans, points).alias("event_id")
-        ).filter(pl.col("event_id").is_not_null())
-        self.spans = pl.DataFrame()
+        bound = self.bound.filter(pl.col("event_id").is_not_null())
+        self.bound = pl.DataFrame()
         self.con.register("_bound_points", bound)
         self.sql(
             """CREATE TEMP TABLE _bound AS
@@ -646,9 +817,8 @@ class _Reader:
     def comms(self, groups: dict[str, dict[str, Any]]) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Collective and p2p calls, each linked to the NCCL kernel it launched (if any)."""
         ws = self.world_size if self.world_size is not None else "NULL"
-        op_kind = _OP_KIND_SQL
-        rpc_dtype = _DTYPE_SQL.format(x="e.args->>'dtype'")
-        old_dtype = _DTYPE_SQL.format(x="a.args->'Input type'->>0")
+        rpc_dtype = _dtype_sql("e.args->>'dtype'")
+        old_dtype = _dtype_sql("a.args->'Input type'->>0")
         launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
         self.sql(
             rf"""CREATE TABLE comm_raw AS
@@ -657,13 +827,13 @@ class _Reader:
                            regexp_extract(e.name, '[:;]pg=([^;]*)', 1) AS group_name,
                            nullif(regexp_extract(e.name, '[:;]desc=([^;]*)', 1), '') AS group_desc,
                            NULL::VARCHAR AS group_ranks, NULL::INTEGER AS group_size,
-                           {op_kind.format(x="regexp_extract(e.name, '[:;]op=([^;]*)', 1)")} AS op,
+                           {_op_kind_sql("regexp_extract(e.name, '[:;]op=([^;]*)', 1)")} AS op,
                            TRY_CAST(regexp_extract(e.name, '[:;]seq=(-?\d+)', 1) AS BIGINT) AS seq,
                            TRY_CAST(regexp_extract(e.name, '[:;]in_bytes=(\d+)', 1) AS BIGINT)
                                AS in_bytes,
                            TRY_CAST(regexp_extract(e.name, '[:;]out_bytes=(\d+)', 1) AS BIGINT)
                                AS out_bytes,
-                           {_DTYPE_SQL.format(x="regexp_extract(e.name, '[:;]dtype=([^;]*)', 1)")}
+                           {_dtype_sql("regexp_extract(e.name, '[:;]dtype=([^;]*)', 1)")}
                                AS dtype,
                            TRY_CAST(regexp_extract(e.name, '[:;]peer=(-?\d+)', 1) AS INTEGER)
                                AS peer,
@@ -676,12 +846,12 @@ class _Reader:
                            e.args->>'Process Group Description' AS group_desc,
                            e.args->>'Process Group Ranks' AS group_ranks,
                            TRY_CAST(e.args->>'Group size' AS INTEGER) AS group_size,
-                           {op_kind.format(x="e.args->>'Collective name'")} AS op,
+                           {_op_kind_sql("e.args->>'Collective name'")} AS op,
                            TRY_CAST(e.args->>'Seq' AS BIGINT) - 1 AS seq,
                            TRY_CAST(e.args->>'In msg nelems' AS BIGINT)
-                               * ({_DTYPE_SIZE_SQL.format(x=rpc_dtype)}) AS in_bytes,
+                               * ({_dtype_size_sql(rpc_dtype)}) AS in_bytes,
                            TRY_CAST(e.args->>'Out msg nelems' AS BIGINT)
-                               * ({_DTYPE_SIZE_SQL.format(x=rpc_dtype)}) AS out_bytes,
+                               * ({_dtype_size_sql(rpc_dtype)}) AS out_bytes,
                            {rpc_dtype} AS dtype, NULL::INTEGER AS peer, NULL::INTEGER AS tag,
                            coalesce(TRY_CAST(e.args->>'Dst Rank' AS INTEGER),
                                     TRY_CAST(e.args->>'Src Rank' AS INTEGER)) AS group_peer
@@ -699,11 +869,11 @@ class _Reader:
                     SELECT e.event_id, e.track_id, e.ts, e.dur, 2 AS source,
                            '0' AS group_name, NULL::VARCHAR AS group_desc,
                            NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
-                           {op_kind.format(x="regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
+                           {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
                            NULL::BIGINT AS seq,
                            list_aggregate(
                                TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')::BIGINT
-                               * ({_DTYPE_SIZE_SQL.format(x=old_dtype)}) AS in_bytes,
+                               * ({_dtype_size_sql(old_dtype)}) AS in_bytes,
                            NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
                            NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
                     FROM old_call e ASOF JOIN old_mark a
@@ -736,7 +906,7 @@ class _Reader:
                     -- launched inside the call, else inside its enclosing op
                     SELECT f.event_id, f.kernel_event_id
                     FROM first_launch f JOIN kept c USING (event_id)
-                    LEFT JOIN nest ce ON ce.event_id = c.event_id
+                    LEFT JOIN ev ce ON ce.event_id = c.event_id
                     LEFT JOIN ev p ON p.event_id = ce.parent_id
                     WHERE f.launch_ts <= c.ts + c.dur
                        OR (p.category IN ('cpu_op', 'user_annotation')

@@ -1,19 +1,21 @@
-"""Ingest's staging: the work database kind does not change what is stored, nothing is left over.
+"""Ingest's scratch work: how it is done does not change what is stored, nothing is left over.
 
-Ingest stages every file into a scratch database and copies it into the store in one transaction;
-a large Kineto trace is worked on in a database file instead of in memory. Both paths must store
-exactly the same rows, and neither may leave anything in the store or on disk.
+Ingest writes every file's rows into the store inside one transaction; a Kineto trace is worked on
+in a scratch database of its own (a file for a large trace, else in memory), and files may be read
+by several threads. Every way must store exactly the same rows, and none may leave anything in the
+store or on disk when it fails.
 """
 
 from __future__ import annotations
 
+import gzip
 import tempfile
 from pathlib import Path
 
 import pytest
 
 import prism_trace.ingest as ingest_mod
-from prism_trace.errors import TraceFormatError
+from prism_trace.errors import DuplicateRankError, TraceFormatError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
@@ -91,3 +93,60 @@ def test_bad_file_after_good_ones_leaves_store_and_disk_clean(
         report = ingest(store, [src], run="s", progress=False)
         assert report.rows["event"] > 0
     assert list(scratch.iterdir()) == []
+
+
+def test_files_read_in_parallel_store_the_same_rows(
+    in_memory: dict[str, list[tuple]], tmp_path: Path
+) -> None:
+    with open_store(tmp_path / "p.duckdb") as store:
+        ingest(store, [SAMPLE], run="s", progress=False, jobs=3)
+        assert _dump(store) == in_memory
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_rank_given_twice_is_refused_before_its_rows_are_written(tmp_path: Path, jobs: int) -> None:
+    src = tmp_path / "job"
+    src.mkdir()
+    one = SAMPLE / "rank2.kineto.json.gz"
+    (src / "rank2.kineto.json.gz").write_bytes(one.read_bytes())
+    (src / "rank2_again.kineto.json").write_bytes(gzip.decompress(one.read_bytes()))
+    with open_store(tmp_path / "s.duckdb") as store:
+        with pytest.raises(DuplicateRankError, match="rank 2 appears twice"):
+            ingest(store, [src], run="s", progress=False, jobs=jobs)
+        assert store.con.execute("SELECT count(*) FROM event").fetchall() == [(0,)]
+
+
+def test_settings_are_put_back(tmp_path: Path) -> None:
+    """Ingest bounds DuckDB's memory and keeps insertion order while it runs, then restores both;
+    a memory limit the caller set is left alone."""
+    settings = "SELECT current_setting('memory_limit'), current_setting('preserve_insertion_order')"
+    with open_store(tmp_path / "s.duckdb") as store:
+        seen: list[tuple] = []
+        real = ingest_mod._ingest_files
+
+        def spy(store: Store, **kw: object) -> object:
+            seen.extend(store.con.execute(settings).fetchall())
+            return real(store, **kw)  # type: ignore[arg-type]
+
+        sample = [SAMPLE / "rank0.kineto.json.gz"]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ingest_mod, "_ingest_files", spy)
+            store.con.execute("SET preserve_insertion_order = false")
+            before = store.con.execute(settings).fetchall()
+            ingest(store, sample, run="a", progress=False)
+            assert store.con.execute(settings).fetchall() == before
+            store.con.execute("SET memory_limit = '3GB'")
+            before = store.con.execute(settings).fetchall()
+            ingest(store, sample, run="a", progress=False, replace=True)
+            assert store.con.execute(settings).fetchall() == before
+    (limit, keep_order), (kept_limit, _) = seen
+    assert ingest_mod._size_bytes(limit) <= ingest_mod._MEMORY_LIMIT
+    assert keep_order is True
+    assert kept_limit == before[0][0]
+
+
+def test_size_settings_parse() -> None:
+    assert ingest_mod._size_bytes("512.0 MiB") == 512 << 20
+    assert ingest_mod._size_bytes("3GB") == 3e9
+    assert ingest_mod._size_bytes("100 bytes") == 100
+    assert ingest_mod._size_bytes("no limit") == float("inf")
