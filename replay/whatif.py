@@ -556,7 +556,12 @@ def expand_replicas(
         )
         raise WhatIfError(msg)
     axes = sorted(set(members["axis"].to_list()))
-    a_code = members["axis"].replace_strict(axes, list(range(len(axes))), return_dtype=pl.Int64)
+    # (cast: with no per-replica group at all, replace_strict keeps the input's string dtype)
+    a_code = (
+        members["axis"]
+        .replace_strict(axes, list(range(len(axes))), return_dtype=pl.Int64)
+        .cast(pl.Int64)
+    )
     m_rank = members["new_rank"].to_numpy()
     span = max(
         int(m_rank.max()) + 1 if m_rank.size else 0, int(t_rank.max()) + 1 if t_rank.size else 0
