@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from prism_trace.store import Store
     from replay.run import EmulationConfig
 
-__all__ = ["RankReplay", "ReplayOptions", "ReplayReport", "replay_run"]
+__all__ = ["RankReplay", "ReplayOptions", "ReplayReport", "replay_run", "write_replayed_header"]
 
 _SPIN_SLEEP_NS = 2_000_000
 """Waits longer than this sleep first and spin only the last ``_SPIN_SLEEP_NS``."""
@@ -334,6 +334,14 @@ def _gaps(
     return gap, tail
 
 
+def _unit_calls(program: Program, schedule: PeerSchedule) -> list[Any]:
+    """Per unit of the program, its ``PeerCall`` (None for compute units and unmatched calls)."""
+    return [
+        schedule.by_event(u.event_id) if u.kind == "comm" and u.event_id is not None else None
+        for u in program.units
+    ]
+
+
 def _wait_until(target: int, pc: Any) -> None:
     now = pc()
     if target - now > _SPIN_SLEEP_NS:
@@ -380,10 +388,7 @@ class _Driver:
             if u.iteration != prev:
                 self.first.add(u.index)
                 prev = u.iteration
-        self.calls = [
-            schedule.by_event(u.event_id) if u.kind == "comm" and u.event_id is not None else None
-            for u in program.units
-        ]
+        self.calls = _unit_calls(program, schedule)
         self.reset()
 
     def reset(self) -> None:
@@ -833,12 +838,7 @@ def _frames(
     )
     # The run's own (group, seq, peer, size) of each call: a sliced run's communicators and
     # rescaled sizes, not those of the recorded rank whose rows are copied.
-    calls = [
-        inputs.schedule.by_event(u.event_id)
-        if u.kind == "comm" and u.event_id is not None
-        else None
-        for u in units
-    ]
+    calls = _unit_calls(program, inputs.schedule)
     comm = (
         unit_df.with_columns(
             pl.Series("call_group_id", [c and c.group_id for c in calls], pl.Int32),
@@ -894,6 +894,53 @@ _COMM_FROM_CALL = {
 them: a sliced run's groups, sequence numbers, peers and rescaled sizes."""
 
 
+def write_replayed_header(
+    con: Any,
+    *,
+    old_id: int | None,
+    out_run: str,
+    input_run_id: int,
+    config: dict[str, Any],
+    ranks: list[int],
+    device: str | None = None,
+    backend: str | None = None,
+) -> int:
+    """Inside an open transaction: drop the run being replaced, then write a ``replayed`` run's
+    ``run`` row (parent ``input_run_id``), its ranks (copied, ``represented_by`` kept; ``device``
+    and ``backend`` replaced when given) and the input run's communicators. Shared by
+    ``prism replay`` and ``prism run --out-run`` (``replay.launched_run``).
+
+    Returns:
+        The new run's id.
+    """
+    if old_id is not None:
+        _delete_run(con, old_id)
+    ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+    run_id = int(run_id)
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    con.execute(
+        "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
+        " created_at, config_json) SELECT ?, ?, 'replayed', run_id, world_size,"
+        " source_format, ?, ? FROM run WHERE run_id = ?",
+        [run_id, out_run, now, json.dumps(config), input_run_id],
+    )
+    con.execute(
+        "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
+        " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
+        " SELECT $1, rank, coalesce($5, backend), hostname, pid, coalesce($3, device), class_id,"
+        " coalesce(represented_by, rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked, args"
+        " FROM rank WHERE run_id = $2 AND list_contains($4, rank)",
+        [run_id, input_run_id, device, ranks, backend],
+    )
+    con.execute(
+        "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
+        " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
+        " FROM comm_group WHERE run_id = $2",
+        [run_id, input_run_id],
+    )
+    return run_id
+
+
 def _write(
     store: Store,
     *,
@@ -905,32 +952,15 @@ def _write(
     config: dict[str, Any],
     device_name: str,
 ) -> int:
-    ranks = [r.rank for r in results]
     with store.transaction() as con:
-        if old_id is not None:
-            _delete_run(con, old_id)
-        ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
-        run_id = int(run_id)
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
-        con.execute(
-            "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
-            " created_at, config_json) SELECT ?, ?, 'replayed', run_id, world_size,"
-            " source_format, ?, ? FROM run WHERE run_id = ?",
-            [run_id, out_run, now, json.dumps(config), input_run_id],
-        )
-        con.execute(
-            "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
-            " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
-            " SELECT $1, rank, backend, hostname, pid, $3, class_id,"
-            " coalesce(represented_by, rank), tp, cp, ep, dp, pp, et_ops, et_ops_linked, args"
-            " FROM rank WHERE run_id = $2 AND list_contains($4, rank)",
-            [run_id, input_run_id, device_name, ranks],
-        )
-        con.execute(
-            "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
-            " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
-            " FROM comm_group WHERE run_id = $2",
-            [run_id, input_run_id],
+        run_id = write_replayed_header(
+            con,
+            old_id=old_id,
+            out_run=out_run,
+            input_run_id=input_run_id,
+            config=config,
+            ranks=[r.rank for r in results],
+            device=device_name,
         )
         for r in results:
             con.execute(

@@ -9,8 +9,8 @@ machine, and reports them. This module writes them as a run of kind ``replayed``
 
 - ``run``: ``kind = 'replayed'``, ``config_json = {input_run, source: "prism run", command,
   world_size, ranks, per_rank}``;
-- ``rank``: the ranks that ran, copied from ``RUN`` (``represented_by`` kept, so a sliced run's
-  rank is compared with the recorded rank it stands for);
+- ``rank``: the ranks that ran, copied from ``RUN`` (``backend = 'prism'``, ``represented_by``
+  kept, so a sliced run's rank is compared with the recorded rank it stands for);
 - ``comm_group``: copied from ``RUN``;
 - ``iteration``: one per rank and complete step (a step between two marks), ``ProfilerStep#<n>``.
 
@@ -24,14 +24,13 @@ script's allocator); a script that profiles itself writes its own traces, ingest
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from prism_trace.errors import PrismError
-from replay.run import _check_out_run, _delete_run, _insert
+from replay.hybrid import write_replayed_header
+from replay.run import _check_out_run, _insert
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -118,35 +117,14 @@ def write_launched_run(
         ],
     }
     with store.transaction() as con:
-        if old_id is not None:
-            _delete_run(con, old_id)
-        ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
-        run_id = int(run_id)
-        con.execute(
-            "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
-            " created_at, config_json) SELECT ?, ?, 'replayed', run_id, world_size,"
-            " source_format, ?, ? FROM run WHERE run_id = ?",
-            [
-                run_id,
-                out_run,
-                datetime.now(timezone.utc).replace(tzinfo=None),
-                json.dumps(config),
-                input_id,
-            ],
-        )
-        con.execute(
-            "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
-            " represented_by, tp, cp, ep, dp, pp, et_ops, et_ops_linked, args)"
-            " SELECT $1, rank, 'prism', hostname, pid, device, class_id,"
-            " coalesce(represented_by, rank), tp, cp, ep, dp, pp, NULL, NULL, args"
-            " FROM rank WHERE run_id = $2 AND list_contains($3, rank)",
-            [run_id, input_id, ranks],
-        )
-        con.execute(
-            "INSERT INTO comm_group (run_id, group_id, name, description, backend, size, ranks,"
-            " axis) SELECT $1, group_id, name, description, backend, size, ranks, axis"
-            " FROM comm_group WHERE run_id = $2",
-            [run_id, input_id],
+        run_id = write_replayed_header(
+            con,
+            old_id=old_id,
+            out_run=out_run,
+            input_run_id=input_id,
+            config=config,
+            ranks=ranks,
+            backend="prism",
         )
         _insert(con, "iteration", iters.with_columns(pl.lit(run_id, pl.Int32).alias("run_id")))
     return run_id
