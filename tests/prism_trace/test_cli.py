@@ -66,7 +66,7 @@ def test_query_error_is_one_line(shared_datasets: Path, tmp_path: Path) -> None:
 def test_graph_command_assigns_roles(tmp_path: Path) -> None:
     sample = Path(__file__).resolve().parents[2] / "datasets" / "sample"
     db = tmp_path / "g.duckdb"
-    invoke("ingest", sample, "--db", db, "--run", "sample", "-q")
+    invoke("ingest", sample, "--db", db, "--run", "sample", "--jobs", "2", "-q")
     out = json.loads(invoke("graph", db, "--run", "sample", "--json"))
     assert out["layout"].startswith("layout tp=2,cp=1,ep=1,dp=2,pp=2")
     assert out["comms"]["ok"]
