@@ -15,7 +15,9 @@ the default ``ParserConfig`` (JSON backend, multiprocessing pool). prism runs
 With ``--floor``, a third "tool" runs on the synthetic sets: DuckDB's ``read_json`` alone, parsing
 every file's events array (cut in parts the way prism does) into a table with prism's columns and
 nothing else: no ids, nesting, flows or store. It is a lower bound for any ingest that parses JSON
-with DuckDB on this machine, to set against HTA's time / 10.
+with DuckDB on this machine, to set against HTA's time / 10. A fourth, ``floor+store``, appends
+the same records to one table of a new database file in one transaction: the least an ingest that
+keeps every event and its args in DuckDB can do.
 
 Peak memory is measured two ways: ``peak tree MB`` is the largest sampled sum of RSS over the
 process and all its descendants (HTA parses ranks in forked workers, so one process does not show
@@ -189,35 +191,58 @@ def run_hta(ts: TraceSet, work: Path, timeout_s: float) -> Measurement:
     return m
 
 
-def run_floor(ts: TraceSet, work: Path, timeout_s: float) -> Measurement:
-    """DuckDB ``read_json`` alone on the set's event arrays, in a fresh interpreter."""
-    out = work / f"floor_{ts.name}.json"
+def run_floor(ts: TraceSet, work: Path, timeout_s: float, *, store: bool = False) -> Measurement:
+    """DuckDB ``read_json`` alone on the set's event arrays, in a fresh interpreter; with
+    ``store``, appended to one table of a database file (parse + store, nothing else)."""
+    tool = "floor+store" if store else "floor"
+    out = work / f"{tool}_{ts.name}.json"
     cmd = [sys.executable, __file__, "--_floor-child", str(ts.path), str(out)]
-    m = measure("floor", cmd, log=work / f"floor_{ts.name}.log", timeout_s=timeout_s)
+    if store:
+        cmd.append(str(work / "floor.duckdb"))
+    m = measure(tool, cmd, log=work / f"{tool}_{ts.name}.log", timeout_s=timeout_s)
     if m.rc == 0 and out.exists():
         m.extra.update(json.loads(out.read_text()))
     return m
 
 
-def _floor_child(trace_path: str, out: str) -> None:
-    """Body of the floor subprocess: split each file as prism does, parse it, nothing more."""
+_FLOOR_READ = (
+    "SELECT * FROM read_json(?, format = 'array',"
+    " columns = {ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR',"
+    " tid: 'VARCHAR', ts: 'DOUBLE', dur: 'DOUBLE', id: 'VARCHAR', args: 'JSON'})"
+)
+
+
+def _floor_child(trace_path: str, out: str, db: str | None = None) -> None:
+    """Body of the floor subprocess: split each file as prism does, parse it, nothing more.
+
+    With ``db``, every file's records are appended to one table of that (new) database file in
+    one transaction: the least any ingest that stores each event with its args in DuckDB does.
+    """
     import duckdb
 
     from prism_trace.formats._json_array import split_trace_events
 
     path = Path(trace_path)
     files = sorted(path.glob("*.json*")) if path.is_dir() else [path]
-    con = duckdb.connect()
+    if db is not None:
+        Path(db).unlink(missing_ok=True)
+    con = duckdb.connect(db or ":memory:")
     events = 0
+    if db is not None:
+        con.execute(f"CREATE TABLE t AS {_FLOOR_READ} LIMIT 0", [[str(files[0])]])
+        con.execute("BEGIN")
     for f in files:
         with split_trace_events(f) as tef:
-            con.execute(
-                "CREATE OR REPLACE TABLE t AS SELECT * FROM read_json(?, format = 'array',"
-                " columns = {ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR',"
-                " tid: 'VARCHAR', ts: 'DOUBLE', dur: 'DOUBLE', id: 'VARCHAR', args: 'JSON'})",
-                [[str(p) for p in tef.parts]],
-            )
-        events += con.execute("SELECT count(*) FROM t").fetchall()[0][0]
+            parts = [[str(p) for p in tef.parts]]
+            if db is not None:
+                con.execute(f"INSERT INTO t {_FLOOR_READ}", parts)
+            else:
+                con.execute(f"CREATE OR REPLACE TABLE t AS {_FLOOR_READ}", parts)
+                events += con.execute("SELECT count(*) FROM t").fetchall()[0][0]
+    if db is not None:
+        con.execute("COMMIT")
+        events = con.execute("SELECT count(*) FROM t").fetchall()[0][0]
+    con.close()
     Path(out).write_text(json.dumps({"events": f"{events} records"}))
 
 
@@ -328,6 +353,24 @@ def report(results: list[tuple[TraceSet, dict[str, Measurement]]]) -> tuple[str,
                     f" (parsing alone reaches {h.wall_s / fl.wall_s:.1f}x)"
                 )
             ratios.append(line)
+        fs = by_tool.get("floor+store")
+        if fs and fs.rc == 0:
+            line = (
+                f"{ts.name}: DuckDB read_json appended to one table of a database file (parse +"
+                f" store every record with its args, nothing else) {fs.wall_s:.2f} s"
+            )
+            if h and h.rc == 0:
+                reach = h.wall_s / fs.wall_s
+                line += (
+                    f"; HTA / {TARGET_SPEEDUP:.0f} = {h.wall_s / TARGET_SPEEDUP:.2f} s: parsing"
+                    f" and storing alone reach {reach:.1f}x"
+                    + (
+                        " (the speed target is out of reach of any DuckDB store here)"
+                        if reach < TARGET_SPEEDUP
+                        else ""
+                    )
+                )
+            ratios.append(line)
         if p and p.rc == 0 and "hta" not in ts.tools:
             ratios.append(
                 f"{ts.name}: prism {ts.json_mb / p.wall_s:.1f} MB/s; peak {p.peak_tree_mb:.0f} MB "
@@ -370,6 +413,8 @@ def write_note(
             [
                 "- floor: DuckDB `read_json` alone on each file's events array (split as prism"
                 " does) into a table with prism's columns; no other processing, no store."
+                " floor+store: the same, appended to one table of a new database file in one"
+                " transaction."
             ]
             if args.floor
             else []
@@ -400,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         _hta_child(argv[1], argv[2])
         return 0
     if argv[:1] == ["--_floor-child"]:
-        _floor_child(argv[1], argv[2])
+        _floor_child(argv[1], argv[2], *argv[3:4])
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (8 x 10 MB, 0.2 GB)")
@@ -468,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
                 syn_dir, ranks=args.ranks, mb_per_rank=args.mb_per_rank, gzip_level=args.gzip
             )
             print(f"  {syn_dir.name}: {time.perf_counter() - t:.1f} s", file=sys.stderr)
-            tools = ("prism", "hta", "floor") if args.floor else ("prism", "hta")
+            tools = ("prism", "hta", "floor", "floor+store") if args.floor else ("prism", "hta")
             sets.append(_trace_set(syn_dir.name, syn_dir, tools=tools))
         if args.big_gb > 0:
             t = time.perf_counter()
@@ -502,8 +547,8 @@ def main(argv: list[str] | None = None) -> int:
                     _warm(ts.files)
                     if tool == "prism":
                         runs.append(run_prism(prism, ts, work, args.timeout))
-                    elif tool == "floor":
-                        runs.append(run_floor(ts, work, args.timeout))
+                    elif tool.startswith("floor"):
+                        runs.append(run_floor(ts, work, args.timeout, store=tool != "floor"))
                     else:
                         runs.append(run_hta(ts, work, args.timeout))
                     m = runs[-1]
