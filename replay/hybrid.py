@@ -217,6 +217,8 @@ class _RankInputs:
     events: pl.DataFrame  # event_id, ts, dur, category, track_id, iteration
     iterations: pl.DataFrame  # iteration, ts, dur, name (recorded, of the source rank)
     schedule: PeerSchedule
+    # Recorded CPU allocator level (``total_allocated`` before the first event) per iteration.
+    cpu_levels: dict[int, int] = field(default_factory=dict)
 
 
 def _source_of(store: Store, run_id: int) -> tuple[str, int]:
@@ -261,7 +263,16 @@ def _load_rank(
         " ORDER BY iteration",
         params=[source_run, src],
     ).pl()
-    return _RankInputs(rank, src, ops, events, iters, schedule)
+    levels = store.con.execute(
+        "SELECT i.iteration, arg_min(m.total_allocated - m.bytes, m.ts)"
+        " FROM iteration i JOIN memory m ON m.run_id = i.run_id AND m.rank = i.rank"
+        " AND m.ts >= i.ts AND m.ts < i.ts + i.dur"
+        " WHERE i.run_id = ? AND i.rank = ? AND m.device_type = 'cpu'"
+        " AND m.total_allocated IS NOT NULL GROUP BY i.iteration",
+        [source_run, src],
+    ).fetchall()
+    cpu_levels = {int(i): int(v) for i, v in levels if v is not None}
+    return _RankInputs(rank, src, ops, events, iters, schedule, cpu_levels)
 
 
 # -- one rank ----------------------------------------------------------------
@@ -756,6 +767,9 @@ def _result(
         peak_memory=peak,
     )
     r.frames = _frames(inputs, program, rep, mem_rows, device, origin)
+    mem = r.frames["memory"]
+    if device == "cpu" and not mem.is_empty() and mem["total_allocated"].null_count() < mem.height:
+        r.peak_memory = int(mem["total_allocated"].max())  # type: ignore[arg-type]
     return r
 
 
@@ -872,7 +886,66 @@ def _frames(
             "total_allocated",
             "total_reserved",
         )
+        memory = _memory_iterations(memory, iters)
+        if device == "cpu":
+            memory = _align_cpu_levels(memory, inputs.cpu_levels)
     return {"event": events, "iteration": iters, "comm": comm, "memory": memory}
+
+
+def _memory_iterations(memory: pl.DataFrame, iters: pl.DataFrame) -> pl.DataFrame:
+    """Each allocator row's replayed iteration: the one whose window holds its ``ts``."""
+    if iters.is_empty():
+        return memory.with_columns(pl.lit(None, pl.Int32).alias("iteration"))
+    win = iters.select(
+        pl.col("ts").alias("_it_ts"), (pl.col("ts") + pl.col("dur")).alias("_it_end"), "iteration"
+    ).sort("_it_ts")
+    return (
+        memory.with_row_index("_row")
+        .sort("ts")
+        .join_asof(win, left_on="ts", right_on="_it_ts", strategy="backward")
+        .with_columns(
+            pl.when(pl.col("ts") < pl.col("_it_end")).then(pl.col("iteration")).alias("iteration")
+        )
+        .sort("_row")
+        .drop("_row", "_it_ts", "_it_end")
+    )
+
+
+def _align_cpu_levels(memory: pl.DataFrame, levels: dict[int, int]) -> pl.DataFrame:
+    """Put each replayed iteration's CPU ``total_allocated`` on the recording's level.
+
+    The CPU allocator's count starts when the profiler starts watching, so its level at an
+    iteration's start is an accident of that moment: a recording counts what it allocated since
+    profiling began and is still alive (optimizer state created lazily in its first profiled step
+    stays in every later step's level), the replay counts nothing of the tensors it built before
+    its memory pass. Like the replay clock, which is aligned at iteration start, the level is
+    aligned there: each iteration's rows move by the recorded level minus the replayed one, both
+    read just before the iteration's first allocator event, so what is compared is what the
+    iteration's ops allocate and free on top of it. Iterations without a recorded level (no
+    recorded CPU memory events) are left as replayed.
+    """
+    if not levels or memory.is_empty():
+        return memory
+    rec = pl.DataFrame(
+        {"iteration": list(levels), "_rec_level": list(levels.values())},
+        schema={"iteration": pl.Int32, "_rec_level": pl.Int64},
+    )
+    first = (
+        memory.filter(pl.col("iteration").is_not_null())
+        .sort("ts")
+        .group_by("iteration")
+        .agg((pl.col("total_allocated") - pl.col("bytes")).first().alias("_rep_level"))
+    )
+    shift = first.join(rec, on="iteration", how="inner").select(
+        "iteration", (pl.col("_rec_level") - pl.col("_rep_level")).alias("_shift")
+    )
+    return (
+        memory.join(shift, on="iteration", how="left", maintain_order="left")
+        .with_columns(
+            (pl.col("total_allocated") + pl.col("_shift").fill_null(0)).alias("total_allocated")
+        )
+        .drop("_shift")
+    )
 
 
 # -- writing ----------------------------------------------------------------

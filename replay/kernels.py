@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -445,6 +445,11 @@ class Program:
             the recorded layout when substituted).
         skipped: ET ops left out on purpose, per reason (``select_units``).
         slot_meta: recorded layout of every result slot.
+        frees_after: unit index -> slots whose last use it is.
+        nested_outputs: unit index -> ``(slot, meta)`` of floating-point storages an op nested
+            in the unit made and a later unit reads (saved for backward: ``native_layer_norm``'s
+            mean and rstd inside ``layer_norm``); the replay allocates each, uninitialised, right
+            after the unit, as a flat buffer that later units view.
     """
 
     units: list[Unit]
@@ -458,6 +463,7 @@ class Program:
     skipped: Counter[str]
     slot_meta: dict[int, TensorMeta] = field(default_factory=dict)
     frees_after: dict[int, list[int]] = field(default_factory=dict)
+    nested_outputs: dict[int, list[tuple[int, TensorMeta]]] = field(default_factory=dict)
 
     @property
     def compute_units(self) -> int:
@@ -517,6 +523,10 @@ class _Planner:
         self.n_alias = 0
         self.slot_meta: dict[int, TensorMeta] = {}
         self.last_use: dict[int, int] = {}
+        # storage -> unit whose nested op made it last (floating-point ones become allocations)
+        self.nested: dict[tuple[int, str], int] = {}
+        self.nested_log: list[tuple[int, int, TensorMeta]] = []  # (unit, slot, flat meta)
+        self.nested_taken: list[tuple[tuple[int, str], int]] = []  # popped from nested
 
     def _use(self, ref: tuple[str, Any], at: int) -> None:
         if ref[0] == "s":
@@ -541,6 +551,25 @@ class _Planner:
             self.n_alias += 1
             aliases.append((alias, base[0], meta))
             return ("a", alias)
+        made_at = self.nested.get(meta.storage)
+        if made_at is not None and meta.dtype in _FLOAT_DTYPES:
+            # Made inside an earlier unit's op (saved for backward): allocated after that unit,
+            # so its life, and the memory it holds, is the recording's.
+            self.nested_taken.append((meta.storage, self.nested.pop(meta.storage)))
+            n = max(meta.extent, 1)
+            flat = TensorMeta(
+                key=(-1 - self.n_slots, meta.storage[0], 0, n, meta.elem_bytes, meta.device),
+                shape=(n,),
+                strides=(1,),
+                dtype=meta.dtype,
+            )
+            slot = self.result(flat, made_at)
+            self.nested_log.append((made_at, slot, flat))
+            self._use(("s", slot), at)
+            alias = self.n_alias
+            self.n_alias += 1
+            aliases.append((alias, ("s", slot), meta))
+            return ("a", alias)
         ref = ("x", len(self.externals))
         self.externals.append(meta)
         self.live_key[meta.key] = (ref, meta)
@@ -555,6 +584,44 @@ class _Planner:
         self.live_storage[meta.storage] = (("s", slot), meta)
         self.last_use[slot] = at
         return slot
+
+
+_FLOAT_DTYPES = frozenset({"float32", "float64", "float16", "bfloat16"})
+"""Dtypes of nested-made storages the replay allocates uninitialised; others (indices) stay
+external, with valid data."""
+
+
+def _ref_storages(values: Any) -> Iterator[tuple[int, str]]:
+    """``(storage_id, device)`` of every tensor reference in a recorded value list."""
+    for v in values:
+        if _is_ref(v):
+            yield (int(v[1]), str(v[5]))
+        elif isinstance(v, list):
+            yield from _ref_storages(v)
+
+
+def _nested_storages(units: list[Unit], ops: pl.DataFrame) -> dict[int, set[tuple[int, str]]]:
+    """Per compute unit: storages that ops nested in it output, other than its own refs."""
+    unit_of = {u.node_id: u.index for u in units if u.kind == "compute"}
+    top: dict[int, int] = {}
+    made: dict[int, set[tuple[int, str]]] = {}
+    own: dict[int, set[tuple[int, str]]] = {}
+    rows = ops.select("node_id", "parent_node_id", "inputs", "outputs").sort("node_id")
+    for nid, parent, ins, outs in rows.iter_rows():
+        k = unit_of.get(nid)
+        if k is not None:
+            top[nid] = k
+            own[k] = set(_ref_storages(orjson.loads(ins or "[]"))) | set(
+                _ref_storages(orjson.loads(outs or "[]"))
+            )
+            continue
+        k = top.get(parent) if parent is not None else None
+        if k is None:
+            continue
+        top[nid] = k
+        if outs:
+            made.setdefault(k, set()).update(_ref_storages(orjson.loads(outs)))
+    return {k: v - own.get(k, set()) for k, v in made.items()}
 
 
 _ENUMS = {"ScalarType": _SCALAR_TYPES, "Layout": _LAYOUTS, "MemoryFormat": _MEMORY_FORMATS}
@@ -725,20 +792,31 @@ def build_program(
     planner = _Planner()
     calls: dict[int, OpCall] = {}
     subs: dict[int, list[tuple[int, TensorMeta]]] = {}
+    nested = _nested_storages(units, ops)
     for u in units:
         if u.kind != "compute":
             continue
         row = rows[u.node_id]
         if u.index not in known:
             saved = (dict(planner.live_key), dict(planner.live_storage), len(planner.externals))
+            n_log, n_taken = len(planner.nested_log), len(planner.nested_taken)
             try:
                 calls[u.index] = _plan_op(u, row, planner, device)
-                continue
             except (_Unsupported, ValueError) as exc:
                 known[u.index] = str(exc).splitlines()[0]
                 planner.live_key, planner.live_storage = saved[0], saved[1]
                 del planner.externals[saved[2] :]
-        subs[u.index] = _substitute_outputs(u, row, planner)
+                del planner.nested_log[n_log:]
+                for storage, made_at in planner.nested_taken[n_taken:]:
+                    planner.nested[storage] = made_at
+                del planner.nested_taken[n_taken:]
+        if u.index in known:
+            subs[u.index] = _substitute_outputs(u, row, planner)
+        for storage in nested.get(u.index, ()):
+            # A new storage from this unit's inner ops: the id (an address) may have named an
+            # earlier, dead storage, whose entry must not be viewed from now on.
+            planner.nested[storage] = u.index
+            planner.live_storage.pop(storage, None)
     frees: dict[int, list[int]] = {}
     for slot, at in planner.last_use.items():
         frees.setdefault(at, []).append(slot)
@@ -757,7 +835,15 @@ def build_program(
         skipped=skipped or Counter(),
         slot_meta=planner.slot_meta,
         frees_after=frees,
+        nested_outputs=_by_unit(planner.nested_log),
     )
+
+
+def _by_unit(log: list[tuple[int, int, TensorMeta]]) -> dict[int, list[tuple[int, TensorMeta]]]:
+    out: dict[int, list[tuple[int, TensorMeta]]] = {}
+    for k, slot, meta in log:
+        out.setdefault(k, []).append((slot, meta))
+    return out
 
 
 def _substitute_outputs(
@@ -933,6 +1019,7 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
                     f"    t{slot} = ES({list(m.shape)!r}, {list(m.strides)!r}, {dt}, {dev})"
                 )
             lines.append(f"    T[{2 * k + 1}] = pc()")
+            lines += _nested_allocs(program, k, consts, device)
             lines += [f"    t{s} = None" for s in program.frees_after.get(k, [])]
             continue
         for alias, base, m in call.aliases:
@@ -963,11 +1050,22 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
             f"    T[{2 * k + 1}] = pc()",
             *rest,
         ]
+        lines += _nested_allocs(program, k, consts, device)
         lines += [f"    t{s} = None" for s in call.frees]
         lines += [f"    a{a} = None" for a, _, _ in call.aliases]
     lines.append(f"    B({len(program.units)})")
     glb.update(consts.values)
     return "\n".join(lines) + "\n", glb
+
+
+def _nested_allocs(program: Program, k: int, consts: _Consts, device: Any) -> list[str]:
+    """Lines allocating the storages unit ``k``'s inner ops made for later units."""
+    out = []
+    for slot, m in program.nested_outputs.get(k, []):
+        dt = consts.render(_torch_dtype(m.dtype))
+        dev = consts.render(device(m.device))
+        out.append(f"    t{slot} = ES({list(m.shape)!r}, [1], {dt}, {dev})")
+    return out
 
 
 def _torch_dtype(name: str) -> Any:
@@ -1028,6 +1126,8 @@ def check_program(program: Program, externals: list[Any], device: Any) -> dict[i
             if call is None:
                 for slot, m in program.substituted_outputs.get(u.index, []):
                     slots[slot] = empty(m)
+                for slot, m in program.nested_outputs.get(u.index, []):
+                    slots[slot] = empty(m)
                 continue
             try:
                 for a, base, m in call.aliases:
@@ -1049,6 +1149,8 @@ def check_program(program: Program, externals: list[Any], device: Any) -> dict[i
                 bad[u.index] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
                 for _, _, slot, m in call.outputs:
                     slots[slot] = empty(m)
+            for slot, m in program.nested_outputs.get(u.index, []):
+                slots[slot] = empty(m)
             for s in call.frees:
                 slots.pop(s, None)
             aliases.clear()
