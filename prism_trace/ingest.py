@@ -30,7 +30,7 @@ from prism_trace.errors import DuplicateRankError, DuplicateRunError, PrismError
 from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
 from prism_trace.store import Store
 
-__all__ = ["IngestReport", "ingest", "read_trace"]
+__all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace"]
 
 # Frames concatenated across files into the run's tables, and the table each one fills.
 _TABLE_OF_FRAME = {
@@ -150,8 +150,12 @@ def _number(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     )
 
 
-def _assign_iteration(df: pl.DataFrame, ts_col: str, iterations: pl.DataFrame) -> pl.DataFrame:
-    """Fill a null ``iteration`` from the step window containing ``ts_col`` on the same rank."""
+def assign_iteration(df: pl.DataFrame, ts_col: str, iterations: pl.DataFrame) -> pl.DataFrame:
+    """Fill a null ``iteration`` from the step window containing ``ts_col`` on the same rank.
+
+    ``iterations`` has ``rank, iteration, ts, dur``; rows outside every window stay null. Used for
+    the rows a reader could not place (ingest) and for a replay's allocator rows.
+    """
     if df.is_empty() or iterations.is_empty() or df["iteration"].null_count() == 0:
         return df
     steps = iterations.select(
@@ -426,10 +430,10 @@ def _ingest_files(
                     con,
                     "memory",
                     run_id,
-                    _assign_iteration(t.memory.filter(keep), "ts", iterations),
+                    assign_iteration(t.memory.filter(keep), "ts", iterations),
                 )
-            coll_frames.append(_assign_iteration(colls, "host_ts", iterations))
-            p2p_frames.append(_assign_iteration(p2p, "host_ts", iterations))
+            coll_frames.append(assign_iteration(colls, "host_ts", iterations))
+            p2p_frames.append(assign_iteration(p2p, "host_ts", iterations))
             size = f.path.stat().st_size
             one = t.rank_ids[0] if len(t.rank_ids) == 1 else None
             sources.append([one, str(f.path.resolve()), t.format, size, fp, now])

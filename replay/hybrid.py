@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from prism_trace.errors import PrismError
+from prism_trace.ingest import assign_iteration
 from replay.kernels import (
     Program,
     build_program,
@@ -886,29 +887,12 @@ def _frames(
             "total_allocated",
             "total_reserved",
         )
-        memory = _memory_iterations(memory, iters)
+        memory = assign_iteration(
+            memory.with_columns(pl.lit(None, pl.Int32).alias("iteration")), "ts", iters
+        )
         if device == "cpu":
             memory = _align_cpu_levels(memory, inputs.cpu_levels)
     return {"event": events, "iteration": iters, "comm": comm, "memory": memory}
-
-
-def _memory_iterations(memory: pl.DataFrame, iters: pl.DataFrame) -> pl.DataFrame:
-    """Each allocator row's replayed iteration: the one whose window holds its ``ts``."""
-    if iters.is_empty():
-        return memory.with_columns(pl.lit(None, pl.Int32).alias("iteration"))
-    win = iters.select(
-        pl.col("ts").alias("_it_ts"), (pl.col("ts") + pl.col("dur")).alias("_it_end"), "iteration"
-    ).sort("_it_ts")
-    return (
-        memory.with_row_index("_row")
-        .sort("ts")
-        .join_asof(win, left_on="ts", right_on="_it_ts", strategy="backward")
-        .with_columns(
-            pl.when(pl.col("ts") < pl.col("_it_end")).then(pl.col("iteration")).alias("iteration")
-        )
-        .sort("_row")
-        .drop("_row", "_it_ts", "_it_end")
-    )
 
 
 def _align_cpu_levels(memory: pl.DataFrame, levels: dict[int, int]) -> pl.DataFrame:
