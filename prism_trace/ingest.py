@@ -165,8 +165,15 @@ def assign_iteration(df: pl.DataFrame, ts_col: str, iterations: pl.DataFrame) ->
         (pl.col("ts") + pl.col("dur")).alias("_end"),
     ).sort("_ts")
     known = df.filter(pl.col(ts_col).is_not_null()).with_row_index("_row")
+    # Both sides are sorted on their time column as a whole, so within every rank too: polars
+    # cannot check that itself when ``by`` is given (and warns), so it is told.
     joined = known.sort(ts_col).join_asof(
-        steps, left_on=ts_col, right_on="_ts", by="rank", strategy="backward"
+        steps,
+        left_on=ts_col,
+        right_on="_ts",
+        by="rank",
+        strategy="backward",
+        check_sortedness=False,
     )
     joined = joined.with_columns(
         iteration=pl.coalesce(
