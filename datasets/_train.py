@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
@@ -16,6 +17,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from datasets._comm import Comm, CommGroup, Layout, groups_metadata, new_groups
 from datasets._model import ModelConfig, Stage, TensorParallel
+from prism_trace.scratch import ram_scratch_dir
 
 __all__ = ["JobConfig", "run_rank"]
 
@@ -193,6 +195,9 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
             optimizer = torch.optim.SGD(stage.parameters(), lr=cfg.lr)
         dp, pp = _mine(groups, rank, "dp"), _mine(groups, rank, "pp")
         r = _Rank(cfg, rank, comm, tp, dp, pp, stage, optimizer)
+        # The observer writes its uncompressed trace to a temporary file (gzipped into `out` at
+        # the end): in RAM when it can, as disk writes stall the profiled ops at random.
+        tempfile.tempdir = str(ram_scratch_dir() or tempfile.gettempdir())
         et = torch.profiler.ExecutionTraceObserver().register_callback(str(et_path(out, rank)))
         kineto = str(kineto_path(out, rank))
         prof = torch.profiler.profile(
