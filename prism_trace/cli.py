@@ -394,6 +394,13 @@ def emulate_cmd(
 @click.option("--substitute-recorded", is_flag=True, help="Unsupported ops: recorded duration.")
 @click.option("--gaps", type=click.Choice(["recorded", "none"]), default="recorded")
 @click.option("--instrument", type=click.Choice(["none", "profiler"]), default="none")
+@click.option(
+    "--call-overhead/--no-call-overhead",
+    default=True,
+    show_default=True,
+    help="Under --instrument profiler, spend the recorded gaps less the replay's own cost of"
+    " calling each op outside its profiled span (measured in two calibration passes).",
+)
 @click.option("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads).")
 @click.option(
     "--together/--one-by-one",
@@ -416,6 +423,7 @@ def replay_cmd(
     substitute_recorded: bool,
     gaps: str,
     instrument: str,
+    call_overhead: bool,
     threads: int | None,
     together: bool,
     replace: bool,
@@ -432,6 +440,7 @@ def replay_cmd(
         substitute_recorded=substitute_recorded,
         gaps=gaps,  # type: ignore[arg-type]
         instrument=instrument,  # type: ignore[arg-type]
+        call_overhead=call_overhead,
         threads=threads,
         together=together,
     )

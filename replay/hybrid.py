@@ -30,6 +30,8 @@ import polars as pl
 
 from prism_trace.errors import PrismError
 from prism_trace.ingest import assign_iteration
+from prism_trace.scratch import ram_scratch_dir
+from replay.call_overhead import PASS_MARK, CallOverhead, call_overhead, top_level_spans
 from replay.kernels import (
     Program,
     build_program,
@@ -75,6 +77,12 @@ class ReplayOptions:
         seed: seed of the random tensor data.
         threads: intra-op CPU threads (``torch.set_num_threads``) during the replay; None
             keeps torch's setting. Use the recording's (the bundled generator runs 1 per rank).
+        call_overhead: with recorded gaps under ``instrument="profiler"``, measure the
+            replay's own cost of calling each op outside the op's profiled span (the
+            instrumentation's callbacks: µs per op on CPU) in calibration passes, and
+            spend that much less of the recorded gap before the op, which already holds the
+            recording's own call cost (``replay.call_overhead``). Without instrumentation the
+            call costs about a µs, which no profiler can measure without adding its own.
         together: several selected ranks run together, one process each, and communicate with
             each other through ``torch.distributed`` (gloo on CPU, NCCL on CUDA;
             ``replay.real_comm``); False: one after the other in this process, each seeing the
@@ -90,6 +98,7 @@ class ReplayOptions:
     memory: bool = True
     seed: int = 0
     threads: int | None = None
+    call_overhead: bool = True
     together: bool = True
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,7 +108,7 @@ class ReplayOptions:
 
 @dataclass
 class RankReplay:
-    """What one rank's replay measured (the representative pass is the median one)."""
+    """What one rank's replay measured (the stored pass: ``_representative``)."""
 
     rank: int
     source_rank: int
@@ -114,13 +123,14 @@ class RankReplay:
     comm_ns: int = 0
     gap_ns: int = 0
     overhead_ns: int = 0
+    call_overhead: dict[str, int] = field(default_factory=dict)
     peak_memory: int | None = None
     real_calls: int = 0
     frames: dict[str, pl.DataFrame] = field(default_factory=dict, repr=False)
 
     @property
     def replayed_ns(self) -> dict[int, int]:
-        """Per iteration, the stored duration: that of the median pass (by total time)."""
+        """Per iteration, the stored duration: that of the representative pass."""
         return self.representative_ns
 
     @property
@@ -150,6 +160,7 @@ class RankReplay:
             "overhead_ns": self.overhead_ns,
             "overhead_pct": round(self.overhead_pct, 4),
             "overhead_pct_passes": [round(x, 4) for x in self.overhead_pct_passes],
+            "call_overhead": self.call_overhead,
             "peak_memory": self.peak_memory,
             "real_calls": self.real_calls,
         }
@@ -401,6 +412,7 @@ class _Driver:
                 self.first.add(u.index)
                 prev = u.iteration
         self.calls = _unit_calls(program, schedule)
+        self.quiet_views = False
         self.reset()
 
     def reset(self) -> None:
@@ -462,7 +474,8 @@ class _Driver:
         if d > 0:
             _wait_until(self.pc() + d, self.pc)
 
-    def run(self, fn: Any, externals: list[Any]) -> _Pass:
+    def run(self, fn: Any, externals: list[Any], mark: str | None = None) -> _Pass:
+        """One pass; ``mark``: a ``record_function`` of that name around it (calibration)."""
         import torch
 
         self.reset()
@@ -470,16 +483,57 @@ class _Driver:
             for buf, saved in zip(self.buffers, self.pristine, strict=True):
                 buf.copy_(saved)
 
-        def es(shape: Any, strides: Any, dtype: Any, dev: Any) -> Any:
-            return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
-
+        as_strided, es = _view_makers(quiet=self.quiet_views)
         if self.real is not None:  # the real ranks start each pass together
             self.real.barrier()
-        fn(externals, self.T, self.pc, self.B, self.S, self.W, self.SUB, torch.as_strided, es)
+        args = (externals, self.T, self.pc, self.B, self.S, self.W, self.SUB, as_strided, es)
+        if mark is None:
+            fn(*args)
+        else:
+            with torch.profiler.record_function(mark):
+                fn(*args)
         return _Pass(list(self.T), dict(self.it_start), dict(self.it_end), self.wait_ns)
 
 
-def _profiler(options: ReplayOptions, trace_dir: Path, *, memory_only: bool) -> Any:
+def _view_makers(*, quiet: bool) -> tuple[Any, Any]:
+    """``AS`` and ``ES`` of the generated pass: ``torch.as_strided`` and ``torch.empty_strided``.
+
+    ``quiet``: with ``RecordFunction`` off around them (allocations are still reported to the
+    profiler). These calls are the replay's own (the recorded program got its views from
+    autograd and its nested buffers inside an op); under the recording's instrumentation each
+    would otherwise be a profiled op paying the execution-trace observer's µs.
+    """
+    import torch
+
+    if not quiet:
+
+        def es(shape: Any, strides: Any, dtype: Any, dev: Any) -> Any:
+            return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
+
+        return torch.as_strided, es
+    enable = torch._C._autograd._enable_record_function  # a positional-only binding
+    off, on = (lambda: enable(False)), (lambda: enable(True))  # noqa: FBT003
+
+    def quiet_as(base: Any, size: Any, stride: Any, offset: Any) -> Any:
+        off()
+        try:
+            return torch.as_strided(base, size, stride, offset)
+        finally:
+            on()
+
+    def quiet_es(shape: Any, strides: Any, dtype: Any, dev: Any) -> Any:
+        off()
+        try:
+            return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
+        finally:
+            on()
+
+    return quiet_as, quiet_es
+
+
+def _profiler(
+    options: ReplayOptions, trace_dir: Path, *, memory_only: bool, name: str = "replay"
+) -> Any:
     import torch
     from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
 
@@ -488,7 +542,7 @@ def _profiler(options: ReplayOptions, trace_dir: Path, *, memory_only: bool) -> 
         acts.append(ProfilerActivity.CUDA)
     if memory_only:
         return profile(activities=acts, profile_memory=True)
-    et = ExecutionTraceObserver().register_callback(str(trace_dir / "replay.et.json"))
+    et = ExecutionTraceObserver().register_callback(str(trace_dir / f"{name}.et.json"))
     del torch
     return profile(
         activities=acts,
@@ -496,6 +550,29 @@ def _profiler(options: ReplayOptions, trace_dir: Path, *, memory_only: bool) -> 
         profile_memory=True,
         with_stack=False,
         execution_trace_observer=et,
+    )
+
+
+def _call_overhead(
+    driver: _Driver,
+    fn: Any,
+    externals: list[Any],
+    program: Program,
+    options: ReplayOptions,
+    trace_dir: Path,
+    passes: int = 2,
+) -> CallOverhead:
+    """Per unit, the replay's cost of calling its op outside the op's profiled span, measured in
+    ``passes`` calibration passes under the recording's instrumentation."""
+    prof = _profiler(options, trace_dir, memory_only=False, name="calibration")
+    with prof:
+        cal = [driver.run(fn, externals, mark=PASS_MARK) for _ in range(passes)]
+        if driver.sync is not None:
+            driver.sync()
+    path = trace_dir / "calibration.kineto.json"
+    prof.export_chrome_trace(str(path))
+    return call_overhead(
+        program, [p.T for p in cal], top_level_spans(path), views_profiled=not driver.quiet_views
     )
 
 
@@ -584,6 +661,7 @@ def _replay_rank(
     driver = _Driver(program, inputs.schedule, gap if use_gaps else None, tail, rec_dur, sync)
     if real is not None:
         driver.real = _real_comm(inputs.rank, real, driver.calls, options.device)
+    driver.quiet_views = options.instrument == "profiler"
     driver.buffers = external_buffers(program, externals)
     driver.pristine = [b.clone() for b in driver.buffers]
 
@@ -592,10 +670,18 @@ def _replay_rank(
     peak: int | None = None
     gc_was = gc.isenabled()
     flush = torch.set_flush_denormal(True)  # random data must not take denormal slow paths
-    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="prism-replay-") as tmp:
+    # The instrumentation's trace files go to RAM when it can (prism_trace.scratch: disk writes
+    # of the ET observer stall profiled ops at random).
+    scratch = ram_scratch_dir()
+    with torch.no_grad(), tempfile.TemporaryDirectory(prefix="prism-replay-", dir=scratch) as tmp:
         trace_dir = Path(tmp)
         for _ in range(options.warmup):
             driver.run(fn, externals)
+        calls = None
+        if use_gaps and options.call_overhead and options.instrument == "profiler":
+            calls = _call_overhead(driver, fn, externals, program, options, trace_dir)
+            gap = np.maximum(gap - calls.per_unit, 0)
+            driver.gap = gap.tolist()
         gc.collect()
         gc.disable()
         try:
@@ -651,21 +737,34 @@ def _replay_rank(
         origin,
     )
     result.real_calls = len(driver.real.ops) if driver.real is not None else 0
+    if calls is not None:
+        result.call_overhead = {
+            "ns_per_pass": int(calls.per_unit.sum()),
+            "matched_units": calls.matched,
+            "units": calls.units,
+        }
     return result
 
 
 def _representative(passes: list[_Pass], program: Program, *, together: bool = False) -> _Pass:
-    """The median pass by total time; ranks replayed together pick the same pass (the median by
-    the slowest rank's total), so the stored ranks come from one pass."""
-    totals = [sum(p.it_end[i] - p.it_start[i] for i in p.it_start) for p in passes]
+    """The most typical pass: the one whose iterations are closest to the per-iteration medians
+    over all passes (sum of relative distances). The machine's speed drifts by tens of per cent
+    within seconds on a shared host (``benchmarks/bench_machine_drift.py``), so one pass can be
+    slow in one iteration and fast in the others; the median pass by total time can still carry
+    such a burst, the medoid does not.
+    Ranks replayed together pick the same pass (the smallest sum over ranks), so the stored ranks
+    come from one pass."""
+    its = list(passes[0].it_start)
+    d = np.array([[p.it_end[i] - p.it_start[i] for i in its] for p in passes], dtype=np.float64)
+    med = np.median(d, axis=0)
+    scores = (np.abs(d - med) / np.maximum(med, 1.0)).sum(axis=1).tolist()
     if together:
         import torch.distributed as dist
 
         every: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(every, totals)
-        totals = [max(t) for t in zip(*every, strict=True)]
-    order = sorted(range(len(passes)), key=lambda i: totals[i])
-    return passes[order[len(order) // 2]]
+        dist.all_gather_object(every, scores)
+        scores = [sum(t) for t in zip(*every, strict=True)]
+    return passes[min(range(len(passes)), key=lambda i: (scores[i], i))]
 
 
 def _memory_in_pass(mem: pl.DataFrame, rep: _Pass, offset: int) -> tuple[pl.DataFrame, int | None]:
