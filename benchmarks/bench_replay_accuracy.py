@@ -11,6 +11,10 @@
 4. ``validate_replayed``: iteration-time error per iteration and of the mean, and peak-memory
    error, against the recording. Target on CPU: <= 5 %.
 
+``--repeat N`` makes N fresh recordings and replays each: the machine's speed drifts by tens of
+per cent within seconds on a shared host (``bench_machine_drift.py``), so one recording's figure
+is one draw; the summary gives each recording's errors and their medians.
+
 ``--ranks 0,1`` replays both ranks for real instead, together (one process each, their
 communication through gloo, ``replay.real_comm``): no virtual peer is left, so this measures the
 kernel replay and the real communication alone.
@@ -21,12 +25,14 @@ Usage::
 
     python benchmarks/bench_replay_accuracy.py
     python benchmarks/bench_replay_accuracy.py --layout dp=2 --steps 4 --iterations 5
+    python benchmarks/bench_replay_accuracy.py --layout dp=2 --steps 5 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -44,22 +50,10 @@ def _layout(spec: str) -> dict[str, int]:
     return out
 
 
-def main() -> None:
-    """Record, replay, validate; print (and note) the errors."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layout", default="pp=2", help="2 ranks: pp=2, dp=2 or tp=2")
-    ap.add_argument("--steps", type=int, default=3, help="profiled steps of the recording")
-    ap.add_argument("--microbatches", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--iterations", type=int, default=3, help="measured replay passes")
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--instrument", default="none,profiler")
-    ap.add_argument("--ranks", default="0", help="ranks replayed for real: 0 or 0,1 (together)")
-    ap.add_argument("--keep", type=Path, default=None, help="keep the recording and store here")
-    ap.add_argument("--host-kind", default=None)
-    ap.add_argument("--no-note", action="store_true")
-    args = ap.parse_args()
-
+def _record_and_replay(
+    root: Path, args: argparse.Namespace, lay: dict[str, int], ranks: list[int]
+) -> tuple[list[tuple[str, str]], dict[str, dict]]:
+    """One fresh recording under ``root``, replayed once per ``--instrument``: rows, results."""
     from dataclasses import replace
 
     from datasets._model import ModelConfig
@@ -70,8 +64,6 @@ def main() -> None:
     from replay.hybrid import ReplayOptions, replay_run
     from replay.validate import validate_replayed
 
-    lay = _layout(args.layout)
-    root = args.keep or Path(tempfile.mkdtemp(prefix="prism-replay-acc-"))
     root.mkdir(parents=True, exist_ok=True)
     rec_dir = root / "recording"
     t0 = time.perf_counter()
@@ -90,7 +82,6 @@ def main() -> None:
         ("recording", f"{args.layout}, {args.steps} profiled steps, generated in {t_gen:.1f} s"),
     ]
     results = {}
-    ranks = [int(r) for r in args.ranks.split(",")]
     for inst in [s for s in args.instrument.split(",") if s]:
         opts = ReplayOptions(
             iterations=args.iterations,
@@ -133,9 +124,62 @@ def main() -> None:
             ),
         ]
     store.close()
+    (root / "results.json").write_text(json.dumps(results, indent=1))
+    return rows, results
+
+
+def _summary(runs: list[dict[str, dict]]) -> list[tuple[str, str]]:
+    """Per instrument, each recording's mean |error| and error of the mean, and their medians."""
+    rows = []
+    for inst in runs[0]:
+        vals = [r[inst]["validation"] for r in runs]
+        abs_err = [v["iteration_time_error_pct"] for v in vals]
+        mean_err = [v["mean_iteration_error_pct"] for v in vals]
+        mem = [v["peak_memory_error_pct"] for v in vals if v["peak_memory_error_pct"] is not None]
+        means = ", ".join(f"{x:+.2f}" for x in mean_err)
+        rows.append(
+            (
+                f"[{inst}] over {len(runs)} recordings",
+                f"mean |error| median {statistics.median(abs_err):.2f} %"
+                f" ({', '.join(f'{x:.2f}' for x in abs_err)}); error of the mean median"
+                f" {statistics.median(mean_err):+.2f} % ({means})"
+                + (f"; peak memory |error| median {statistics.median(mem):.3f} %" if mem else ""),
+            )
+        )
+    return rows
+
+
+def main() -> None:
+    """Record, replay, validate, ``--repeat`` times; print (and note) the errors."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layout", default="pp=2", help="2 ranks: pp=2, dp=2 or tp=2")
+    ap.add_argument("--steps", type=int, default=3, help="profiled steps of the recording")
+    ap.add_argument("--microbatches", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--iterations", type=int, default=3, help="measured replay passes")
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--instrument", default="none,profiler")
+    ap.add_argument("--ranks", default="0", help="ranks replayed for real: 0 or 0,1 (together)")
+    ap.add_argument("--repeat", type=int, default=1, help="fresh recordings, each replayed")
+    ap.add_argument("--keep", type=Path, default=None, help="keep the recordings and stores here")
+    ap.add_argument("--host-kind", default=None)
+    ap.add_argument("--no-note", action="store_true")
+    args = ap.parse_args()
+
+    lay = _layout(args.layout)
+    base = args.keep or Path(tempfile.mkdtemp(prefix="prism-replay-acc-"))
+    ranks = [int(r) for r in args.ranks.split(",")]
+    rows: list[tuple[str, str]] = []
+    runs = []
+    for i in range(args.repeat):
+        r_rows, results = _record_and_replay(base / f"rec{i}", args, lay, ranks)
+        prefix = f"#{i + 1} " if args.repeat > 1 else ""
+        rows += [(prefix + k, v) for k, v in r_rows]
+        runs.append(results)
+    if args.repeat > 1:
+        rows += _summary(runs)
     body = table(rows)
     print(body)
-    (root / "results.json").write_text(json.dumps(results, indent=1))
     if not args.no_note:
         cmd = "python benchmarks/bench_replay_accuracy.py " + " ".join(
             f"--{k.replace('_', '-')} {v}"
@@ -144,6 +188,7 @@ def main() -> None:
                 ("steps", args.steps),
                 ("iterations", args.iterations),
                 ("ranks", args.ranks),
+                ("repeat", args.repeat),
             )
         )
         together = len(ranks) > 1
