@@ -81,7 +81,7 @@ import orjson
 import polars as pl
 
 from replay.kernels import TensorMeta, _contiguous, _is_ref
-from replay.memory import MEMORY_COLUMNS
+from replay.memory import MEMORY_COLUMNS, MEMORY_SCHEMA
 
 if TYPE_CHECKING:
     import duckdb
@@ -447,19 +447,6 @@ def storage_lifetimes(ops: pl.DataFrame) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=_LIFETIME_SCHEMA, orient="row")
 
 
-_EVENT_SCHEMA = {
-    "rank": pl.Int32,
-    "ts": pl.Int64,
-    "device_type": pl.String,
-    "device_id": pl.Int32,
-    "addr": pl.Int64,
-    "bytes": pl.Int64,
-    "total_allocated": pl.Int64,
-    "total_reserved": pl.Int64,
-    "iteration": pl.Int32,
-}
-
-
 def lifetime_events(
     lifetimes: pl.DataFrame,
     *,
@@ -486,7 +473,7 @@ def lifetime_events(
     """
     lt = lifetimes.filter(pl.col("bytes") > 0)
     if lt.is_empty():
-        return pl.DataFrame(schema=_EVENT_SCHEMA)
+        return pl.DataFrame(schema=MEMORY_SCHEMA)
     steps = {**(DEFAULT_ROUND_TO if round_to is None else round_to)}
     kind = pl.col("device").str.split(":").list.first()
     index = pl.col("device").str.split(":").list.get(1, null_on_oob=True)
@@ -546,17 +533,11 @@ def lifetime_events(
             )
         )
     )
-    return ev.select(
-        pl.lit(rank, pl.Int32).alias("rank"),
-        "ts",
-        "device_type",
-        "device_id",
-        "addr",
-        "bytes",
-        "total_allocated",
-        pl.lit(None, pl.Int64).alias("total_reserved"),
-        "iteration",
-    ).cast(_EVENT_SCHEMA)
+    return (
+        ev.with_columns(rank=pl.lit(rank), total_reserved=pl.lit(None))
+        .select(MEMORY_COLUMNS)
+        .cast(MEMORY_SCHEMA)
+    )
 
 
 def rank_et_ops(con: duckdb.DuckDBPyConnection, run_id: int, rank: int) -> pl.DataFrame:
@@ -592,7 +573,7 @@ def et_memory(
         The rows of every rank, sorted by ``(rank, device, ts)``.
     """
     if not ranks:
-        return pl.DataFrame(schema=_EVENT_SCHEMA).select(list(MEMORY_COLUMNS))
+        return pl.DataFrame(schema=MEMORY_SCHEMA)
     # A rank whose ET is linked to no Kineto event has no times to put the rows at: skipped.
     have = con.sql(
         "SELECT rank FROM et_op WHERE run_id = $1 AND list_contains($2, rank)"
@@ -608,7 +589,7 @@ def et_memory(
         )
         for (r,) in sorted(have)
     ]
-    return pl.concat([pl.DataFrame(schema=_EVENT_SCHEMA), *frames]).select(list(MEMORY_COLUMNS))
+    return pl.concat([pl.DataFrame(schema=MEMORY_SCHEMA), *frames])
 
 
 def is_derived(memory: pl.DataFrame) -> pl.Series:

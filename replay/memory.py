@@ -27,19 +27,28 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-__all__ = ["MEMORY_COLUMNS", "memory_peaks", "optimizer_shard_delta", "retime_memory"]
+__all__ = [
+    "MEMORY_COLUMNS",
+    "MEMORY_SCHEMA",
+    "memory_peaks",
+    "optimizer_shard_delta",
+    "retime_memory",
+]
 
-MEMORY_COLUMNS = (
-    "rank",
-    "ts",
-    "device_type",
-    "device_id",
-    "addr",
-    "bytes",
-    "total_allocated",
-    "total_reserved",
-    "iteration",
-)
+MEMORY_SCHEMA: dict[str, pl.DataType] = {
+    "rank": pl.Int32(),
+    "ts": pl.Int64(),
+    "device_type": pl.String(),
+    "device_id": pl.Int32(),
+    "addr": pl.Int64(),
+    "bytes": pl.Int64(),
+    "total_allocated": pl.Int64(),
+    "total_reserved": pl.Int64(),
+    "iteration": pl.Int32(),
+}
+"""Columns and types of a ``memory`` row (less ``run_id``)."""
+
+MEMORY_COLUMNS = tuple(MEMORY_SCHEMA)
 """Columns of a ``memory`` row (less ``run_id``), as ``retime_memory`` returns them."""
 
 
