@@ -145,6 +145,18 @@ def _parse_header(prefix: bytes) -> dict[str, Any] | None:
     return out if isinstance(out, dict) else None
 
 
+def _array_end(path: Path, tail: bytes, *, at_array_start: bool) -> tuple[int, dict[str, Any]]:
+    """``_find_end``, or the one-line error of a trace cut off inside its events array."""
+    found = _find_end(tail, at_array_start=at_array_start)
+    if found is None:
+        msg = (
+            f"{path}: JSON ends before the `traceEvents` array is closed"
+            " (truncated or corrupt trace)"
+        )
+        raise TruncatedTraceError(msg)
+    return found
+
+
 def _find_end(tail: bytes, *, at_array_start: bool) -> tuple[int, dict[str, Any]] | None:
     """Locate the ``]`` closing the events array in ``tail``; return its offset and the trailer."""
     starts: list[int] = []
@@ -241,14 +253,7 @@ def _locate_plain_array(path: Path) -> tuple[int, int, dict[str, Any]] | None:
         tail_at = max(body, size - 2 * _TAIL_KEEP)
         src.seek(tail_at)
         tail = src.read()
-    found = _find_end(tail, at_array_start=tail_at == body)
-    if found is None:
-        msg = (
-            f"{path}: JSON ends before the `traceEvents` array is closed"
-            " (truncated or corrupt trace)"
-        )
-        raise TruncatedTraceError(msg)
-    p, trailer = found
+    p, trailer = _array_end(path, tail, at_array_start=tail_at == body)
     return body, tail_at + p + 1, {**header, **trailer}
 
 
@@ -343,14 +348,7 @@ def _copy_array(path: Path, out: IO[bytes]) -> tuple[dict[str, Any], int]:
             del tail[: len(tail) - _TAIL_KEEP]
     if header is None:
         _raise_no_events(path, bytes(head))
-    found = _find_end(bytes(tail), at_array_start=written <= len(tail))
-    if found is None:
-        msg = (
-            f"{path}: JSON ends before the `traceEvents` array is closed"
-            " (truncated or corrupt trace)"
-        )
-        raise TruncatedTraceError(msg)
-    p, trailer = found
+    p, trailer = _array_end(path, bytes(tail), at_array_start=written <= len(tail))
     end = 1 + written - len(tail) + p + 1  # the leading "[" + body up to and including "]"
     out.flush()
     os.truncate(out.fileno(), end)
