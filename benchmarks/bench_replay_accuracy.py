@@ -123,6 +123,15 @@ def _record_and_replay(
                 f" {r.gap_ns / 1e6:.1f} ms (representative pass)",
             ),
         ]
+        if r.call_overhead:  # the calibration ran (--instrument profiler)
+            c = r.call_overhead
+            rows.append(
+                (
+                    f"[{inst}] call cost outside the spans",
+                    f"{c['ns_per_pass'] / 1e6:.1f} ms per pass taken off the recorded gaps"
+                    f" ({c['matched_units']}/{c['units']} ops matched)",
+                )
+            )
     store.close()
     (root / "results.json").write_text(json.dumps(results, indent=1))
     return rows, results

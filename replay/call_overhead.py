@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
+import polars as pl
 
 from replay.kernels import Program
 
@@ -63,29 +64,39 @@ def top_level_spans(kineto_json: Path, mark: str = PASS_MARK) -> list[list[tuple
     order (nested ops are inside their parent's span)."""
     import orjson
 
-    doc = orjson.loads(kineto_json.read_bytes())
-    marks: list[tuple[float, float, Any]] = []
-    ops: list[tuple[float, float, Any, str]] = []
-    for e in doc.get("traceEvents", []):
-        if e.get("ph") != "X":
-            continue
-        if e.get("name") == mark:
-            marks.append((float(e["ts"]), float(e.get("dur", 0.0)), e.get("tid")))
-        elif e.get("cat") == "cpu_op":
-            ops.append((float(e["ts"]), float(e.get("dur", 0.0)), e.get("tid"), e["name"]))
-    marks.sort(key=lambda m: m[0])
-    ops.sort(key=lambda t: (t[0], -t[1]))
+    events = [
+        e
+        for e in orjson.loads(kineto_json.read_bytes()).get("traceEvents", [])
+        if e.get("ph") == "X" and (e.get("cat") == "cpu_op" or e.get("name") == mark)
+    ]
+    ev = pl.DataFrame(
+        {
+            "ts": [float(e["ts"]) for e in events],
+            "dur": [float(e.get("dur", 0.0)) for e in events],
+            "tid": [str(e.get("tid")) for e in events],
+            "name": [e["name"] for e in events],
+        },
+        schema={"ts": pl.Float64, "dur": pl.Float64, "tid": pl.String, "name": pl.String},
+    )
+    marks = ev.filter(pl.col("name") == mark).sort("ts")
+    ops = ev.filter(pl.col("name") != mark)
     out: list[list[tuple[str, int, int]]] = []
-    for m_ts, m_dur, m_tid in marks:
-        spans: list[tuple[str, int, int]] = []
-        end = float("-inf")
-        for ts, dur, tid, name in ops:
-            if tid != m_tid or ts < m_ts or ts > m_ts + m_dur:
-                continue
-            if ts >= end:  # not inside the previous top-level op
-                spans.append((name, round(ts * 1000), round(dur * 1000)))
-                end = ts + dur
-        out.append(spans)
+    for m_ts, m_dur, m_tid in marks.select("ts", "dur", "tid").iter_rows():
+        inside = ops.filter(
+            (pl.col("tid") == m_tid) & pl.col("ts").is_between(m_ts, m_ts + m_dur)
+        ).sort("ts", pl.col("dur"), descending=[False, True])
+        # Top level: starts at or after the end of every op before it.
+        ends_before = (pl.col("ts") + pl.col("dur")).cum_max().shift(1)
+        top = inside.filter(ends_before.is_null() | (pl.col("ts") >= ends_before))
+        out.append(
+            list(
+                top.select(
+                    "name",
+                    (pl.col("ts") * 1000).round().cast(pl.Int64),
+                    (pl.col("dur") * 1000).round().cast(pl.Int64),
+                ).iter_rows()
+            )
+        )
     return out
 
 

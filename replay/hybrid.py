@@ -512,21 +512,20 @@ def _view_makers(*, quiet: bool) -> tuple[Any, Any]:
 
         return torch.as_strided, es
     enable = torch._C._autograd._enable_record_function  # a positional-only binding
-    off, on = (lambda: enable(False)), (lambda: enable(True))  # noqa: FBT003
 
     def quiet_as(base: Any, size: Any, stride: Any, offset: Any) -> Any:
-        off()
+        enable(False)  # noqa: FBT003
         try:
             return torch.as_strided(base, size, stride, offset)
         finally:
-            on()
+            enable(True)  # noqa: FBT003
 
     def quiet_es(shape: Any, strides: Any, dtype: Any, dev: Any) -> Any:
-        off()
+        enable(False)  # noqa: FBT003
         try:
             return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
         finally:
-            on()
+            enable(True)  # noqa: FBT003
 
     return quiet_as, quiet_es
 
