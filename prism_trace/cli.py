@@ -403,6 +403,14 @@ def emulate_cmd(
 )
 @click.option("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads).")
 @click.option(
+    "--wait",
+    type=click.Choice(["auto", "spin", "sleep"]),
+    default="auto",
+    show_default=True,
+    help="Waits for gaps and virtual peers: spin on the clock, or sleep through long ones"
+    " (auto: spin when each replaying process has cores of its own).",
+)
+@click.option(
     "--together/--one-by-one",
     default=True,
     show_default=True,
@@ -425,6 +433,7 @@ def replay_cmd(
     instrument: str,
     call_overhead: bool,
     threads: int | None,
+    wait: str,
     together: bool,
     replace: bool,
     as_json: bool,
@@ -442,6 +451,7 @@ def replay_cmd(
         instrument=instrument,  # type: ignore[arg-type]
         call_overhead=call_overhead,
         threads=threads,
+        wait=wait,
         together=together,
     )
     rank_list = [int(r) for r in ranks.split(",") if r.strip()]

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import pickle
+import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -53,7 +55,8 @@ if TYPE_CHECKING:
 __all__ = ["RankReplay", "ReplayOptions", "ReplayReport", "replay_run", "write_replayed_header"]
 
 _SPIN_SLEEP_NS = 2_000_000
-"""Waits longer than this sleep first and spin only the last ``_SPIN_SLEEP_NS``."""
+"""Under ``wait="sleep"``, waits longer than this sleep first and spin only the last
+``_SPIN_SLEEP_NS``."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +86,13 @@ class ReplayOptions:
             spend that much less of the recorded gap before the op, which already holds the
             recording's own call cost (``replay.call_overhead``). Without instrumentation the
             call costs about a µs, which no profiler can measure without adding its own.
+        wait: how the replay waits for a recorded gap or for the virtual peers. ``spin``: on
+            the clock, keeping the core busy; ``sleep``: sleep through waits over 2 ms and spin
+            only their end, leaving the core to others; ``auto``: spin when every replaying
+            process can have cores of its own (ranks x threads <= CPUs), else sleep. A sleep
+            lets the core go idle, and on a virtual machine the ops after it ran up to 1.6x
+            slower (caches and frequency lost; docs/replay.md), which the machinery would then
+            add to every op after a wait.
         together: several selected ranks run together, one process each, and communicate with
             each other through ``torch.distributed`` (gloo on CPU, NCCL on CUDA;
             ``replay.real_comm``); False: one after the other in this process, each seeing the
@@ -99,6 +109,7 @@ class ReplayOptions:
     seed: int = 0
     threads: int | None = None
     call_overhead: bool = True
+    wait: Literal["auto", "spin", "sleep"] = "auto"
     together: bool = True
 
     def as_dict(self) -> dict[str, Any]:
@@ -119,11 +130,13 @@ class RankReplay:
     passes_ns: list[dict[int, int]]
     representative_ns: dict[int, int] = field(default_factory=dict)
     overhead_pct_passes: list[float] = field(default_factory=list)
+    overhead_typical_pct: float = 0.0
     op_ns: int = 0
     comm_ns: int = 0
     gap_ns: int = 0
     overhead_ns: int = 0
     call_overhead: dict[str, int] = field(default_factory=dict)
+    wait_lead_ns: int = 0
     peak_memory: int | None = None
     real_calls: int = 0
     frames: dict[str, pl.DataFrame] = field(default_factory=dict, repr=False)
@@ -160,7 +173,9 @@ class RankReplay:
             "overhead_ns": self.overhead_ns,
             "overhead_pct": round(self.overhead_pct, 4),
             "overhead_pct_passes": [round(x, 4) for x in self.overhead_pct_passes],
+            "overhead_typical_pct": round(self.overhead_typical_pct, 4),
             "call_overhead": self.call_overhead,
+            "wait_lead_ns": self.wait_lead_ns,
             "peak_memory": self.peak_memory,
             "real_calls": self.real_calls,
         }
@@ -365,12 +380,23 @@ def _unit_calls(program: Program, schedule: PeerSchedule) -> list[Any]:
     ]
 
 
-def _wait_until(target: int, pc: Any) -> None:
-    now = pc()
-    if target - now > _SPIN_SLEEP_NS:
-        time.sleep((target - now - _SPIN_SLEEP_NS) / 1e9)
+def _wait_until(target: int, pc: Any, sleep: bool) -> None:  # noqa: FBT001
+    if sleep:
+        now = pc()
+        if target - now > _SPIN_SLEEP_NS:
+            time.sleep((target - now - _SPIN_SLEEP_NS) / 1e9)
     while pc() < target:
         pass
+
+
+def _sleeps(options: ReplayOptions, processes: int) -> bool:
+    """``options.wait`` resolved: True when the waits sleep (``ReplayOptions.wait``)."""
+    if options.wait != "auto":
+        return options.wait == "sleep"
+    import torch
+
+    threads = options.threads if options.threads is not None else torch.get_num_threads()
+    return processes * threads > (os.cpu_count() or 1)
 
 
 @dataclass
@@ -413,7 +439,27 @@ class _Driver:
                 prev = u.iteration
         self.calls = _unit_calls(program, schedule)
         self.quiet_views = False
+        self.sleep = False  # ReplayOptions.wait
+        self.lead = self._lead_ns()
         self.reset()
+
+    def _lead_ns(self) -> int:
+        """The time from a gap wait's last clock read to the op's start stamp: ``S``
+        returning and the stamp's own clock call (about 0.1 µs). ``S`` ends its wait this much
+        early, so that the op starts at the recorded gap instead of one hook return after it,
+        which a µs op would otherwise pay as machinery every time. The median of 201 hot
+        calls, a path that is a little shorter than ``S``'s exit (no compare, one return):
+        cold caches only make the real exit longer, so an op is never started early."""
+        pc = self.pc
+
+        def last_read() -> int:
+            return pc()
+
+        samples = []
+        for _ in range(201):
+            end = last_read()
+            samples.append(pc() - end)
+        return int(np.median(samples))
 
     def reset(self) -> None:
         self.T = [0] * (2 * len(self.units))
@@ -427,7 +473,7 @@ class _Driver:
             self.real.wait_pending()
         if self.cur is not None:
             if self.gap is not None and self.cur in self.tail:
-                _wait_until(self.pc() + self.tail[self.cur], self.pc)
+                _wait_until(self.pc() + self.tail[self.cur], self.pc, self.sleep)
             if self.sync is not None:
                 self.sync()
             self.it_end[self.cur] = self.pc()
@@ -440,10 +486,10 @@ class _Driver:
         if g <= 0:
             return
         base = self.it_start[self.cur] if k in self.first else self.T[2 * k - 1]
-        target = base + g
+        target = base + g - self.lead
         pc = self.pc
-        if target - pc() > _SPIN_SLEEP_NS:
-            _wait_until(target, pc)
+        if self.sleep and target - pc() > _SPIN_SLEEP_NS:
+            _wait_until(target, pc, self.sleep)
         else:
             while pc() < target:
                 pass
@@ -466,13 +512,13 @@ class _Driver:
         done = start + self.schedule.completion_ns(call, now - start)  # the virtual peers
         now = self.pc()
         if done > now:
-            _wait_until(done, self.pc)
+            _wait_until(done, self.pc, self.sleep)
             self.wait_ns += done - now
 
     def SUB(self, k: int) -> None:
         d = self.rec_dur[k]
         if d > 0:
-            _wait_until(self.pc() + d, self.pc)
+            _wait_until(self.pc() + d, self.pc, self.sleep)
 
     def run(self, fn: Any, externals: list[Any], mark: str | None = None) -> _Pass:
         """One pass; ``mark``: a ``record_function`` of that name around it (calibration)."""
@@ -661,6 +707,7 @@ def _replay_rank(
     if real is not None:
         driver.real = _real_comm(inputs.rank, real, driver.calls, options.device)
     driver.quiet_views = options.instrument == "profiler"
+    driver.sleep = _sleeps(options, len(real) if real is not None else 1)
     driver.buffers = external_buffers(program, externals)
     driver.pristine = [b.clone() for b in driver.buffers]
 
@@ -736,6 +783,7 @@ def _replay_rank(
         origin,
     )
     result.real_calls = len(driver.real.ops) if driver.real is not None else 0
+    result.wait_lead_ns = driver.lead if use_gaps else 0
     if calls is not None:
         result.call_overhead = {
             "ns_per_pass": int(calls.per_unit.sum()),
@@ -803,10 +851,10 @@ def _memory_mapped(
 
 def _timing(
     p: _Pass, units: list[Any], is_comm: np.ndarray, target: np.ndarray
-) -> tuple[int, int, int]:
-    """(op time, communication time, machinery time) of one pass. Machinery is the time between
-    units beyond the recorded gap the replay had to spend there (clock reads, frees, views,
-    hooks, and any preemption by the OS)."""
+) -> tuple[int, int, np.ndarray]:
+    """(op time, communication time, machinery time before each unit) of one pass. Machinery is
+    the time between units beyond the recorded gap the replay had to spend there (clock reads,
+    frees, views, hooks, and any preemption by the OS)."""
     T = np.asarray(p.T, dtype=np.int64)
     start, end = T[0::2], T[1::2]
     dur = end - start
@@ -820,7 +868,7 @@ def _timing(
     return (
         int(dur[~is_comm].sum()),
         int(dur[is_comm].sum()),
-        int(np.maximum(between - target, 0).sum()),
+        np.maximum(between - target, 0),
     )
 
 
@@ -841,6 +889,10 @@ def _result(
     target = gap if gap is not None else np.zeros(len(units), dtype=np.int64)
     per_pass = [_timing(p, units, is_comm, target) for p in passes]
     op_ns, comm_ns, overhead = _timing(rep, units, is_comm, target)
+    # Per unit, the median over passes: the machinery every pass pays there, without the OS's
+    # preemptions, which land on a different unit each pass.
+    typical = np.median(np.stack([o for _, _, o in per_pass]), axis=0).sum()
+    typical_op = statistics.median(t for t, _, _ in per_pass)
     its = [i for i in rep.it_start if i is not None] or list(rep.it_start)
     rec = {
         int(i): int(d)
@@ -858,11 +910,12 @@ def _result(
         emulated_ns=emu,
         passes_ns=passes_ns,
         representative_ns=rep_ns,
-        overhead_pct_passes=[100.0 * o / t if t else 0.0 for t, _, o in per_pass],
+        overhead_pct_passes=[100.0 * o.sum() / t if t else 0.0 for t, _, o in per_pass],
+        overhead_typical_pct=100.0 * typical / typical_op if typical_op else 0.0,
         op_ns=op_ns,
         comm_ns=comm_ns,
         gap_ns=int(target.sum()),
-        overhead_ns=overhead,
+        overhead_ns=int(overhead.sum()),
         peak_memory=peak,
     )
     r.frames = _frames(inputs, program, rep, mem_rows, device, origin)

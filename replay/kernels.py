@@ -977,8 +977,12 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
 
     The pass is straight-line code, one block per unit, so that the only work between two ops
     is a clock read, a few local stores and the frees: this keeps the replay's own overhead far
-    below the ops' time (docs/replay.md). Hooks, passed as arguments: ``pc`` (clock), ``B(k)``
-    (an iteration starts at unit ``k``; ``B(len(units))`` ends the pass), ``S(k)`` (wait the
+    below the ops' time (docs/replay.md). The views a unit needs (autograd's saved views, which
+    the recording made inside C++ without a call of its own) are built *before* its gap wait,
+    so that with ``gaps`` their µs come out of the recorded gap instead of adding to it.
+
+    Hooks, passed as arguments: ``pc`` (clock), ``B(k)`` (an iteration starts at unit ``k``;
+    ``B(len(units))`` ends the pass), ``S(k)`` (wait the
     recorded gap before unit ``k``; only with ``gaps``), ``W(k)`` (communication unit ``k``),
     ``SUB(k)`` (spend the recorded duration of a substituted op), ``AS`` (``torch.as_strided``)
     and ``ES`` (``torch.empty_strided``). ``T[2k]``/``T[2k+1]`` receive unit ``k``'s start/end.
@@ -1004,12 +1008,18 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
         if u.iteration != prev_it:
             lines.append(f"    B({k})")
             prev_it = u.iteration
+        call = program.calls.get(k) if u.kind != "comm" else None
+        if call is not None:  # views first, so that their cost falls inside the recorded gap
+            lines += [
+                f"    a{alias} = AS({_ref(base, consts)}, {list(m.shape)!r},"
+                f" {list(m.strides)!r}, {m.offset})"
+                for alias, base, m in call.aliases
+            ]
         if gaps:
             lines.append(f"    S({k})")
         if u.kind == "comm":
             lines += [f"    T[{2 * k}] = pc()", f"    W({k})", f"    T[{2 * k + 1}] = pc()"]
             continue
-        call = program.calls.get(k)
         if call is None:
             lines += [f"    T[{2 * k}] = pc()", f"    SUB({k})"]
             for slot, m in program.substituted_outputs.get(k, []):
@@ -1022,11 +1032,6 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
             lines += _nested_allocs(program, k, consts, device)
             lines += [f"    t{s} = None" for s in program.frees_after.get(k, [])]
             continue
-        for alias, base, m in call.aliases:
-            lines.append(
-                f"    a{alias} = AS({_ref(base, consts)}, {list(m.shape)!r},"
-                f" {list(m.strides)!r}, {m.offset})"
-            )
         fid = id(call.op)
         if fid not in fns:
             fns[fid] = f"F{len(fns)}"

@@ -95,9 +95,12 @@ def test_validate_replayed_and_gaps(sample_store: object, replayed: object) -> N
     assert v.iteration_time_error_pct is not None
     assert v.peak_memory_error_pct is not None
     r = replayed.ranks[0]  # type: ignore[attr-defined]
-    # The recorded host gaps were spent: the replayed iteration holds at least them.
+    # The recorded host gaps were spent: the replayed iteration holds at least them, less the
+    # hook's return that each gap wait ends early (``_Driver._lead_ns``: a fraction of a µs).
     assert r.gap_ns > 0
-    assert sum(r.replayed_ns.values()) >= r.op_ns + r.comm_ns + r.gap_ns
+    assert 0 < r.wait_lead_ns < 2000
+    units = r.support["compute_units"] + 50
+    assert sum(r.replayed_ns.values()) >= r.op_ns + r.comm_ns + r.gap_ns - units * r.wait_lead_ns
     with pytest.raises(PrismError, match="is recorded"):
         validate_replayed(sample_store, replayed="sample")  # type: ignore[arg-type]
 
@@ -221,3 +224,25 @@ def test_cli_replay_and_validate(tmp_path: object, sample_store: object) -> None
     v = runner.invoke(main, ["validate", db, "--replayed", "rp_cli", "--json"])
     assert v.exit_code == 0, v.output
     assert json.loads(v.output)["recorded"] == "sample"
+
+
+def test_waits_spin_when_each_process_has_its_cores() -> None:
+    """``wait="auto"`` spins (a sleeping core comes back cold and slows the ops after it) unless
+    the replaying processes' threads outnumber the CPUs, where a spin would steal a real rank's
+    core; either way a wait never ends before its target."""
+    import os
+    import time
+
+    from replay.hybrid import _sleeps, _wait_until
+
+    cpus = os.cpu_count() or 1
+    assert not _sleeps(ReplayOptions(threads=1), cpus)
+    assert _sleeps(ReplayOptions(threads=1), cpus + 1)
+    assert _sleeps(ReplayOptions(threads=2, wait="auto"), cpus)
+    assert not _sleeps(ReplayOptions(threads=8, wait="spin"), cpus)
+    assert _sleeps(ReplayOptions(threads=1, wait="sleep"), 1)
+    pc = time.perf_counter_ns
+    for sleep in (True, False):
+        target = pc() + 3_000_000  # past the 2 ms that a sleeping wait spins at its end
+        _wait_until(target, pc, sleep)
+        assert pc() >= target

@@ -242,3 +242,25 @@ def test_last_stage_with_recycled_storage_ids_is_rebuilt(
     from replay.kernels import external_buffers
 
     assert len(external_buffers(program, externals)) == len(program.buffers)
+
+
+def test_views_are_built_before_the_gap_wait(rank0: tuple) -> None:
+    """With gaps, a unit's views (autograd's saved views, one Python call each) are made before
+    ``S(k)`` waits its recorded gap, so their cost is spent inside that gap, not added after it;
+    the op's start stamp follows ``S(k)`` directly."""
+    from replay.kernels import render
+
+    ops, comm = rank0
+    units, skipped = select_units(ops, comm)
+    program = build_program(units, ops, device=_cpu, skipped=skipped)
+    source, _ = render(program, gaps=True, device=_cpu)
+    lines = [ln.strip() for ln in source.splitlines()]
+    checked = 0
+    for k, call in program.calls.items():
+        wait = lines.index(f"S({k})")
+        assert lines[wait + 1] == f"T[{2 * k}] = pc()"
+        for alias, _, _ in call.aliases:
+            made = next(i for i, ln in enumerate(lines) if ln.startswith(f"a{alias} = AS("))
+            assert made < wait
+            checked += 1
+    assert checked > 0
