@@ -37,11 +37,18 @@ from _common import REPO, host_kind, table, write_note
 
 
 def _measure(
-    store: object, run: str, rank: int, passes: int, gaps: str = "none"
+    store: object, run: str, rank: int, passes: int, gaps: str = "none", wait: str = "auto"
 ) -> dict[str, float]:
     from replay.hybrid import ReplayOptions, replay_run
 
-    opts = ReplayOptions(iterations=passes, warmup=2, gaps=gaps, memory=False, threads=1)  # type: ignore[arg-type]
+    opts = ReplayOptions(
+        iterations=passes,
+        warmup=2,
+        gaps=gaps,  # type: ignore[arg-type]
+        memory=False,
+        threads=1,
+        wait=wait,  # type: ignore[arg-type]
+    )
     rep = replay_run(
         store,
         run=run,
@@ -79,6 +86,9 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=10)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument(
+        "--wait", default="auto", help="ReplayOptions.wait: auto (spins here), spin or sleep"
+    )
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
@@ -100,8 +110,8 @@ def main() -> None:
         ("sample rank 0 (hidden 64)", "sample"),
         (f"1-rank hidden {args.hidden} seq {args.seq}", "big"),
     ):
-        m = _measure(store, run, 0, args.passes)
-        g = _measure(store, run, 0, args.passes, gaps="recorded")
+        m = _measure(store, run, 0, args.passes, wait=args.wait)
+        g = _measure(store, run, 0, args.passes, gaps="recorded", wait=args.wait)
         rows.append(
             (
                 label,
@@ -115,7 +125,8 @@ def main() -> None:
         rows.append(
             (
                 "  with recorded gaps (default)",
-                f"beyond the recorded gaps {g['median_pct']:.2f} % of op time (median; min"
+                f"{g['op_ms']:.1f} ms of op time per pass; beyond the recorded gaps"
+                f" {g['median_pct']:.2f} % of op time (median; min"
                 f" {g['min_pct']:.2f}, max {g['max_pct']:.2f}; typical {g['typical_pct']:.2f});"
                 f" {g['per_op_ns']:.0f} ns per op",
             )
@@ -126,11 +137,11 @@ def main() -> None:
     print(f"({time.perf_counter() - t0:.0f} s)")
     if not args.no_note:
         note = write_note(
-            "replay-overhead",
+            "replay-overhead" + ("" if args.wait == "auto" else f"-{args.wait}"),
             host_kind(args.host_kind),
             title="Replay machinery overhead (gaps none and recorded, 1 thread)",
             command=f"python benchmarks/bench_replay.py --passes {args.passes}"
-            f" --hidden {args.hidden} --seq {args.seq}",
+            f" --hidden {args.hidden} --seq {args.seq} --wait {args.wait}",
             body="```\n" + body + "\n```",
         )
         print(f"wrote {note}")

@@ -403,6 +403,13 @@ def emulate_cmd(
 )
 @click.option("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads).")
 @click.option(
+    "--recorded-lifetimes/--op-lifetimes",
+    default=True,
+    show_default=True,
+    help="Free each result when the recording's allocator did (when it has allocator events"
+    " and that is after the result's last use), or right after its last use.",
+)
+@click.option(
     "--wait",
     type=click.Choice(["auto", "spin", "sleep"]),
     default="auto",
@@ -433,6 +440,7 @@ def replay_cmd(
     instrument: str,
     call_overhead: bool,
     threads: int | None,
+    recorded_lifetimes: bool,
     wait: str,
     together: bool,
     replace: bool,
@@ -451,6 +459,7 @@ def replay_cmd(
         instrument=instrument,  # type: ignore[arg-type]
         call_overhead=call_overhead,
         threads=threads,
+        recorded_lifetimes=recorded_lifetimes,
         wait=wait,
         together=together,
     )

@@ -43,6 +43,7 @@ from replay.kernels import (
     make_externals,
     select_units,
 )
+from replay.lifetimes import hold, recorded_frees
 from replay.peers import PeerSchedule, _schedule
 from replay.real_comm import RealComm, agree, specs_for_rank
 from replay.run import _check_out_run as _check_run_name
@@ -86,6 +87,9 @@ class ReplayOptions:
             spend that much less of the recorded gap before the op, which already holds the
             recording's own call cost (``replay.call_overhead``). Without instrumentation the
             call costs about a µs, which no profiler can measure without adding its own.
+        recorded_lifetimes: where the recording has allocator events with addresses, free
+            each result when the recording's allocator did, if that is after its last use (a
+            Python reference the ET does not show held it: ``replay.lifetimes``).
         wait: how the replay waits for a recorded gap or for the virtual peers. ``spin``: on
             the clock, keeping the core busy; ``sleep``: sleep through waits over 2 ms and spin
             only their end, leaving the core to others; ``auto``: spin when every replaying
@@ -109,6 +113,7 @@ class ReplayOptions:
     seed: int = 0
     threads: int | None = None
     call_overhead: bool = True
+    recorded_lifetimes: bool = True
     wait: Literal["auto", "spin", "sleep"] = "auto"
     together: bool = True
 
@@ -246,6 +251,8 @@ class _RankInputs:
     schedule: PeerSchedule
     # Recorded CPU allocator level (``total_allocated`` before the first event) per iteration.
     cpu_levels: dict[int, int] = field(default_factory=dict)
+    # The source rank's allocator events with addresses (``replay.lifetimes``).
+    allocator: pl.DataFrame = field(default_factory=pl.DataFrame)
 
 
 def _source_of(store: Store, run_id: int) -> tuple[str, int]:
@@ -299,7 +306,12 @@ def _load_rank(
         [source_run, src],
     ).fetchall()
     cpu_levels = {int(i): int(v) for i, v in levels if v is not None}
-    return _RankInputs(rank, src, ops, events, iters, schedule, cpu_levels)
+    allocator = store.con.sql(
+        "SELECT ts, addr, bytes, device_type FROM memory"
+        " WHERE run_id = $1 AND rank = $2 AND addr IS NOT NULL",
+        params=[source_run, src],
+    ).pl()
+    return _RankInputs(rank, src, ops, events, iters, schedule, cpu_levels, allocator)
 
 
 # -- one rank ----------------------------------------------------------------
@@ -699,6 +711,10 @@ def _replay_rank(
         )
         raise PrismError(msg)
     rec_ts, rec_dur, rec_its = _unit_times(program, inputs)
+    held: dict[int, int] = {}
+    if options.recorded_lifetimes:
+        held = recorded_frees(program, rec_ts, rec_dur, inputs.allocator)
+        program = hold(program, held)
     gap, tail = _gaps(program, rec_ts, rec_dur, rec_its)
     use_gaps = options.gaps == "recorded"
     fn = compile_pass(program, gaps=use_gaps, device=dev)
@@ -783,6 +799,7 @@ def _replay_rank(
         origin,
     )
     result.real_calls = len(driver.real.ops) if driver.real is not None else 0
+    result.support["held_by_recording"] = len(held)
     result.wait_lead_ns = driver.lead if use_gaps else 0
     if calls is not None:
         result.call_overhead = {

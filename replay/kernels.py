@@ -445,7 +445,10 @@ class Program:
             the recorded layout when substituted).
         skipped: ET ops left out on purpose, per reason (``select_units``).
         slot_meta: recorded layout of every result slot.
-        frees_after: unit index -> slots whose last use it is.
+        slot_made: unit index at which each slot's tensor appears (its op, or for a nested
+            output the unit whose inner op made it).
+        frees_after: unit index -> slots freed after it: their last use, or later where the
+            recording's allocator held them longer (``replay.lifetimes``).
         nested_outputs: unit index -> ``(slot, meta)`` of floating-point storages an op nested
             in the unit made and a later unit reads (saved for backward: ``native_layer_norm``'s
             mean and rstd inside ``layer_norm``); the replay allocates each, uninitialised, right
@@ -462,6 +465,7 @@ class Program:
     substituted_outputs: dict[int, list[tuple[int, TensorMeta]]]
     skipped: Counter[str]
     slot_meta: dict[int, TensorMeta] = field(default_factory=dict)
+    slot_made: dict[int, int] = field(default_factory=dict)
     frees_after: dict[int, list[int]] = field(default_factory=dict)
     nested_outputs: dict[int, list[tuple[int, TensorMeta]]] = field(default_factory=dict)
 
@@ -522,6 +526,7 @@ class _Planner:
         self.n_slots = 0
         self.n_alias = 0
         self.slot_meta: dict[int, TensorMeta] = {}
+        self.slot_made: dict[int, int] = {}
         self.last_use: dict[int, int] = {}
         # storage -> unit whose nested op made it last (floating-point ones become allocations)
         self.nested: dict[tuple[int, str], int] = {}
@@ -580,6 +585,7 @@ class _Planner:
         slot = self.n_slots
         self.n_slots += 1
         self.slot_meta[slot] = meta
+        self.slot_made[slot] = at
         self.live_key[meta.key] = (("s", slot), meta)
         self.live_storage[meta.storage] = (("s", slot), meta)
         self.last_use[slot] = at
@@ -834,6 +840,7 @@ def build_program(
         substituted_outputs=subs,
         skipped=skipped or Counter(),
         slot_meta=planner.slot_meta,
+        slot_made=planner.slot_made,
         frees_after=frees,
         nested_outputs=_by_unit(planner.nested_log),
     )
