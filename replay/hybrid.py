@@ -94,9 +94,8 @@ class ReplayOptions:
             the clock, keeping the core busy; ``sleep``: sleep through waits over 2 ms and spin
             only their end, leaving the core to others; ``auto``: spin when every replaying
             process can have cores of its own (ranks x threads <= CPUs), else sleep. A sleep
-            lets the core go idle, and on a virtual machine the ops after it ran up to 1.6x
-            slower (caches and frequency lost; docs/replay.md), which the machinery would then
-            add to every op after a wait.
+            lets the core go idle, and on a virtual machine the ops after it ran 1.1-1.3x
+            slower (``benchmarks/bench_replay.py --wait sleep``; docs/replay.md).
         together: several selected ranks run together, one process each, and communicate with
             each other through ``torch.distributed`` (gloo on CPU, NCCL on CUDA;
             ``replay.real_comm``); False: one after the other in this process, each seeing the
