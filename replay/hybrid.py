@@ -94,7 +94,7 @@ class ReplayOptions:
             the clock, keeping the core busy; ``sleep``: sleep through waits over 2 ms and spin
             only their end, leaving the core to others; ``auto``: spin when every replaying
             process can have cores of its own (ranks x threads <= CPUs), else sleep. A sleep
-            lets the core go idle, and on a virtual machine the ops after it ran 1.1-1.3x
+            lets the core go idle, and on a virtual machine the ops after it ran 1.07-1.19x
             slower (``benchmarks/bench_replay.py --wait sleep``; docs/replay.md).
         together: several selected ranks run together, one process each, and communicate with
             each other through ``torch.distributed`` (gloo on CPU, NCCL on CUDA;
@@ -456,7 +456,7 @@ class _Driver:
 
     def _lead_ns(self) -> int:
         """The time from a gap wait's last clock read to the op's start stamp: ``S``
-        returning and the stamp's own clock call (about 0.1 µs). ``S`` ends its wait this much
+        returning and the stamp's own clock call (tens of ns). ``S`` ends its wait this much
         early, so that the op starts at the recorded gap instead of one hook return after it,
         which a µs op would otherwise pay as machinery every time. The median of 201 hot
         calls, a path that is a little shorter than ``S``'s exit (no compare, one return):
