@@ -4,8 +4,8 @@
 the clock, drops dead tensors and rebuilds the occasional view. With ``gaps="none"`` (ops back to
 back) every ns between the end of one unit and the start of the next is machinery; the figure is
 ``sum(between) / sum(op time)`` per measured pass (``RankReplay.overhead_pct_passes``), the median
-over passes reported. Target: <= 2 %. On a shared host the OS preempts the replay for 0.1-0.3 ms
-a few times per pass, on a different unit each time; the *typical* figure
+over passes reported. Target: <= 2 %. On a shared host the OS preempts the replay a few times
+per pass, on a different unit each time; the *typical* figure
 (``RankReplay.overhead_typical_pct``) takes each unit's median over the passes before summing,
 which keeps what every pass pays and drops those preemptions.
 
