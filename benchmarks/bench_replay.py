@@ -9,6 +9,14 @@ per pass, on a different unit each time; the *typical* figure
 (``RankReplay.overhead_typical_pct``) takes each unit's median over the passes before summing,
 which keeps what every pass pays and drops those preemptions.
 
+The instrumentation alone (``ReplayOptions.bare_passes``): the same ops, views, allocations and
+frees rendered without clock reads or hooks (the *bare* pass), alternating with timed passes that
+run their ops back to back (the virtual peers not waited for); the timed pass's wall time beyond
+the bare one's (less its communication spans), as % of the bare one, median over the pairs. This
+is the cost of timing every op, apart from the views and frees that executing the ops needs.
+Their op time also shows how much slower the same ops run in the measured passes, each burst of
+ops coming after a wait for the virtual peers (the sample waits ~0.5 s per pass).
+
 Also with ``gaps="recorded"`` (the default of ``prism replay``): the replay spends the recorded host
 gap before each op, counted from the end of the previous op, so its own work between ops (clock
 reads, frees, views) happens inside that gap; what it adds to the timeline is only the time
@@ -37,7 +45,13 @@ from _common import REPO, host_kind, table, write_note
 
 
 def _measure(
-    store: object, run: str, rank: int, passes: int, gaps: str = "none", wait: str = "auto"
+    store: object,
+    run: str,
+    rank: int,
+    passes: int,
+    gaps: str = "none",
+    wait: str = "auto",
+    pairs: int = 0,
 ) -> dict[str, float]:
     from replay.hybrid import ReplayOptions, replay_run
 
@@ -48,6 +62,7 @@ def _measure(
         memory=False,
         threads=1,
         wait=wait,  # type: ignore[arg-type]
+        bare_passes=pairs,
     )
     rep = replay_run(
         store,
@@ -68,7 +83,16 @@ def _measure(
         " WHERE rp.run_id = ? AND rp.category = 'cpu_op'",
         [rep.run_id],
     ).fetchall()
+    units = r.support["compute_units"] + r.support["comm_units"]
+    inst = r.instrumentation_pct_passes or [0.0]
+    bare = statistics.median(r.bare_ns) if r.bare_ns else 0.0
     return {
+        "instr_pct": statistics.median(inst),
+        "instr_min": min(inst),
+        "instr_max": max(inst),
+        "bare_ms": bare / 1e6,
+        "paired_op_ms": statistics.median(r.paired_op_ns) / 1e6 if r.paired_op_ns else 0.0,
+        "instr_ns_per_unit": statistics.median(inst) * bare / 100 / max(units, 1),
         "ops": r.support["compute_units"],
         "op_ms": r.op_ns / 1e6,
         "median_pct": statistics.median(ov),
@@ -84,6 +108,9 @@ def main() -> None:
     """Measure and print (and note) the overhead."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--passes", type=int, default=10)
+    ap.add_argument(
+        "--pairs", type=int, default=100, help="timed/bare pass pairs (ReplayOptions.bare_passes)"
+    )
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument(
@@ -110,7 +137,7 @@ def main() -> None:
         ("sample rank 0 (hidden 64)", "sample"),
         (f"1-rank hidden {args.hidden} seq {args.seq}", "big"),
     ):
-        m = _measure(store, run, 0, args.passes, wait=args.wait)
+        m = _measure(store, run, 0, args.passes, wait=args.wait, pairs=args.pairs)
         g = _measure(store, run, 0, args.passes, gaps="recorded", wait=args.wait)
         rows.append(
             (
@@ -120,6 +147,16 @@ def main() -> None:
                 f" {m['median_pct']:.2f} % of op time (median of {args.passes} passes; min"
                 f" {m['min_pct']:.2f}, max {m['max_pct']:.2f}; typical {m['typical_pct']:.2f});"
                 f" {m['per_op_ns']:.0f} ns per op",
+            )
+        )
+        rows.append(
+            (
+                "  instrumentation vs bare pass",
+                f"{m['bare_ms']:.1f} ms per bare pass (ops, views, frees; no clock, no hooks);"
+                f" the timed pass (peers not waited for: {m['paired_op_ms']:.1f} ms of op time)"
+                f" spends {m['instr_pct']:.2f} % more (median of {args.pairs} alternating pairs;"
+                f" min {m['instr_min']:.2f}, max {m['instr_max']:.2f});"
+                f" {m['instr_ns_per_unit']:.0f} ns per unit",
             )
         )
         rows.append(
@@ -140,7 +177,7 @@ def main() -> None:
             "replay-overhead" + ("" if args.wait == "auto" else f"-{args.wait}"),
             host_kind(args.host_kind),
             title="Replay machinery overhead (gaps none and recorded, 1 thread)",
-            command=f"python benchmarks/bench_replay.py --passes {args.passes}"
+            command=f"python benchmarks/bench_replay.py --passes {args.passes} --pairs {args.pairs}"
             f" --hidden {args.hidden} --seq {args.seq} --wait {args.wait}",
             body="```\n" + body + "\n```",
         )

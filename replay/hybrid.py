@@ -100,6 +100,12 @@ class ReplayOptions:
             each other through ``torch.distributed`` (gloo on CPU, NCCL on CUDA;
             ``replay.real_comm``); False: one after the other in this process, each seeing the
             others as virtual peers.
+        bare_passes: after each of the first this many measured passes, run the *bare* pass:
+            the same ops, views, allocations and frees without clock reads, hooks,
+            communication or substitutes (``replay.kernels.render``). The difference of the two
+            wall times, less the timed pass's communication and substitutes, is what the
+            replay's instrumentation costs (``RankReplay.instrumentation_pct_passes``). Needs
+            ``gaps="none"`` and ranks replayed alone (a bare pass cannot meet real peers).
     """
 
     device: Literal["cpu", "cuda"] = "cpu"
@@ -115,6 +121,7 @@ class ReplayOptions:
     recorded_lifetimes: bool = True
     wait: Literal["auto", "spin", "sleep"] = "auto"
     together: bool = True
+    bare_passes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -141,6 +148,11 @@ class RankReplay:
     overhead_ns: int = 0
     call_overhead: dict[str, int] = field(default_factory=dict)
     wait_lead_ns: int = 0
+    # Per bare pass (ReplayOptions.bare_passes): its wall time, the instrumentation's cost, and
+    # the op time of the timed pass paired with it (ops back to back, no waits for the peers).
+    bare_ns: list[int] = field(default_factory=list)
+    paired_op_ns: list[int] = field(default_factory=list)
+    instrumentation_pct_passes: list[float] = field(default_factory=list)
     peak_memory: int | None = None
     real_calls: int = 0
     frames: dict[str, pl.DataFrame] = field(default_factory=dict, repr=False)
@@ -180,6 +192,9 @@ class RankReplay:
             "overhead_typical_pct": round(self.overhead_typical_pct, 4),
             "call_overhead": self.call_overhead,
             "wait_lead_ns": self.wait_lead_ns,
+            "bare_ns": self.bare_ns,
+            "paired_op_ns": self.paired_op_ns,
+            "instrumentation_pct_passes": [round(x, 4) for x in self.instrumentation_pct_passes],
             "peak_memory": self.peak_memory,
             "real_calls": self.real_calls,
         }
@@ -416,6 +431,7 @@ class _Pass:
     it_start: dict[Any, int]
     it_end: dict[Any, int]
     wait_ns: int
+    wall_ns: int = 0  # the whole call of the pass function
 
 
 class _Driver:
@@ -451,6 +467,7 @@ class _Driver:
         self.calls = _unit_calls(program, schedule)
         self.quiet_views = False
         self.sleep = False  # ReplayOptions.wait
+        self.peer_waits = True  # False: communication returns at once (bare-pass comparisons)
         self.lead = self._lead_ns()
         self.reset()
 
@@ -507,7 +524,7 @@ class _Driver:
 
     def W(self, k: int) -> None:
         call = self.calls[k]
-        if call is None:
+        if call is None or not self.peer_waits:
             return
         if self.sync is not None:
             self.sync()  # the device work before the call has to be done to "arrive"
@@ -545,11 +562,29 @@ class _Driver:
             self.real.barrier()
         args = (externals, self.T, self.pc, self.B, self.S, self.W, self.SUB, as_strided, es)
         if mark is None:
+            t0 = self.pc()
             fn(*args)
+            wall = self.pc() - t0
         else:
             with torch.profiler.record_function(mark):
+                t0 = self.pc()
                 fn(*args)
-        return _Pass(list(self.T), dict(self.it_start), dict(self.it_end), self.wait_ns)
+                wall = self.pc() - t0
+        return _Pass(list(self.T), dict(self.it_start), dict(self.it_end), self.wait_ns, wall)
+
+    def run_bare(self, fn: Any, externals: list[Any]) -> int:
+        """Wall time of one pass of the bare function (``render(timed=False)``): the same
+        start (pristine data, the same view makers), no hooks."""
+        if self.pristine is not None:
+            for buf, saved in zip(self.buffers, self.pristine, strict=True):
+                buf.copy_(saved)
+        as_strided, es = _view_makers(quiet=self.quiet_views)
+        args = (externals, None, None, None, None, None, None, as_strided, es)
+        t0 = self.pc()
+        fn(*args)
+        if self.sync is not None:
+            self.sync()
+        return self.pc() - t0
 
 
 def _view_makers(*, quiet: bool) -> tuple[Any, Any]:
@@ -717,6 +752,9 @@ def _replay_rank(
     gap, tail = _gaps(program, rec_ts, rec_dur, rec_its)
     use_gaps = options.gaps == "recorded"
     fn = compile_pass(program, gaps=use_gaps, device=dev)
+    bare = None
+    if options.bare_passes:
+        bare = compile_pass(program, gaps=False, device=dev, timed=False)
     sync = torch.cuda.synchronize if options.device == "cuda" else None
     driver = _Driver(program, inputs.schedule, gap if use_gaps else None, tail, rec_dur, sync)
     if real is not None:
@@ -738,6 +776,9 @@ def _replay_rank(
         trace_dir = Path(tmp)
         for _ in range(options.warmup):
             driver.run(fn, externals)
+            if bare is not None:
+                driver.run_bare(bare, externals)
+        pairs: list[tuple[_Pass, int]] = []
         calls = None
         if use_gaps and options.call_overhead and options.instrument == "profiler":
             calls = _call_overhead(driver, fn, externals, program, options, trace_dir)
@@ -758,6 +799,8 @@ def _replay_rank(
                     if options.device == "cuda":
                         torch.cuda.reset_peak_memory_stats()
                     passes.append(driver.run(fn, externals))
+                if bare is not None:
+                    pairs = _bare_pairs(driver, fn, bare, externals, options.bare_passes)
                 mem = None
                 if options.memory and options.device == "cpu":
                     prof = _profiler(options, trace_dir, memory_only=True)
@@ -800,6 +843,10 @@ def _replay_rank(
     result.real_calls = len(driver.real.ops) if driver.real is not None else 0
     result.support["held_by_recording"] = len(held)
     result.wait_lead_ns = driver.lead if use_gaps else 0
+    result.bare_ns = [b for _, b in pairs]
+    rebuilt = np.array([u.index in program.calls for u in program.units])
+    result.paired_op_ns = [int(_spans(p)[rebuilt].sum()) for p, _ in pairs]
+    result.instrumentation_pct_passes = _instrumentation_pct(program, pairs)
     if calls is not None:
         result.call_overhead = {
             "ns_per_pass": int(calls.per_unit.sum()),
@@ -807,6 +854,38 @@ def _replay_rank(
             "units": calls.units,
         }
     return result
+
+
+def _bare_pairs(
+    driver: _Driver, fn: Any, bare: Any, externals: list[Any], n: int
+) -> list[tuple[_Pass, int]]:
+    """``n`` pairs of a timed pass and a bare one, run alternately so that the machine's drift
+    hits both alike. The timed passes of the pairs do not wait for the virtual peers: ops run
+    back to back in both, and a long spin changes how fast the ops after it run (the measured
+    passes' figures carry that; this comparison is of the instrumentation alone)."""
+    driver.peer_waits = False
+    try:
+        return [(driver.run(fn, externals), driver.run_bare(bare, externals)) for _ in range(n)]
+    finally:
+        driver.peer_waits = True
+
+
+def _spans(p: _Pass) -> np.ndarray:
+    """Each unit's span in pass ``p`` (end stamp - start stamp), ns."""
+    T = np.asarray(p.T, dtype=np.int64)
+    return T[1::2] - T[0::2]
+
+
+def _instrumentation_pct(program: Program, pairs: list[tuple[_Pass, int]]) -> list[float]:
+    """Per (timed, bare) pair of passes: what the timed pass spent beyond the bare one, % of
+    the bare one. Communication and substitutes are not in the bare pass; their spans (between
+    their stamps) come off the timed pass, the hook calls around them stay in as instrumentation."""
+    waits = np.array([u.index not in program.calls for u in program.units])
+    out = []
+    for p, b in pairs:
+        waited = int(_spans(p)[waits].sum())
+        out.append(100.0 * (p.wall_ns - waited - b) / b if b > 0 else 0.0)
+    return out
 
 
 def _representative(passes: list[_Pass], program: Program, *, together: bool = False) -> _Pass:
@@ -1359,6 +1438,16 @@ def replay_run(
         raise PrismError(msg)
     if options.iterations < 1 or options.warmup < 0:
         msg = "--iterations must be >= 1 and --warmup >= 0"
+        raise PrismError(msg)
+    if options.bare_passes and (
+        options.gaps != "none"
+        or options.instrument != "none"
+        or (options.together and len(ranks) > 1)
+    ):
+        msg = (
+            "bare passes measure the instrumentation against the ops alone: they need"
+            " gaps='none', instrument='none' and ranks replayed alone (together=False)"
+        )
         raise PrismError(msg)
     old_id = _check_out_run(store, out_run, replace=replace)
     run_id = store.require_run(run)

@@ -979,7 +979,9 @@ def _ref(ref: tuple[str, Any], consts: _Consts) -> str:
     return "[" + ", ".join(_ref(r, consts) for r in v) + "]"
 
 
-def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str, Any]]:
+def render(
+    program: Program, *, gaps: bool, device: Any, timed: bool = True
+) -> tuple[str, dict[str, Any]]:
     """Python source of one replay pass over ``program`` and the globals it needs.
 
     The pass is straight-line code, one block per unit, so that the only work between two ops
@@ -998,6 +1000,10 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
         program: the program.
         gaps: emit ``S(k)`` before each unit.
         device: maps recorded device strings to ``torch.device`` (for substituted results).
+        timed: False renders the *bare* pass: the same ops, views, allocations and frees with
+            no clock reads, no hooks, and neither communication nor substitutes; its wall time
+            is what executing the ops costs without the replay, the baseline of the
+            instrumentation overhead (``ReplayOptions.bare_passes``).
 
     Returns:
         ``(source, globals)``: exec the source with the globals to get ``_replay_pass``.
@@ -1010,11 +1016,16 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
         names = ", ".join(f"x{i}" for i in range(len(program.externals)))
         lines.append(f"    ({names},) = X")
     prev_it: object = object()
+
+    def stamp(i: int) -> list[str]:
+        return [f"    T[{i}] = pc()"] if timed else []
+
+    gaps = gaps and timed
     for u in program.units:
         k = u.index
-        if u.iteration != prev_it:
+        if u.iteration != prev_it and timed:
             lines.append(f"    B({k})")
-            prev_it = u.iteration
+        prev_it = u.iteration
         call = program.calls.get(k) if u.kind != "comm" else None
         if call is not None:  # views first, so that their cost falls inside the recorded gap
             lines += [
@@ -1025,17 +1036,19 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
         if gaps:
             lines.append(f"    S({k})")
         if u.kind == "comm":
-            lines += [f"    T[{2 * k}] = pc()", f"    W({k})", f"    T[{2 * k + 1}] = pc()"]
+            if timed:
+                lines += [*stamp(2 * k), f"    W({k})", *stamp(2 * k + 1)]
             continue
         if call is None:
-            lines += [f"    T[{2 * k}] = pc()", f"    SUB({k})"]
+            if timed:
+                lines += [*stamp(2 * k), f"    SUB({k})"]
             for slot, m in program.substituted_outputs.get(k, []):
                 dt = consts.render(_torch_dtype(m.dtype))
                 dev = consts.render(device(m.device))
                 lines.append(
                     f"    t{slot} = ES({list(m.shape)!r}, {list(m.strides)!r}, {dt}, {dev})"
                 )
-            lines.append(f"    T[{2 * k + 1}] = pc()")
+            lines += stamp(2 * k + 1)
             lines += _nested_allocs(program, k, consts, device)
             lines += [f"    t{s} = None" for s in program.frees_after.get(k, [])]
             continue
@@ -1057,15 +1070,16 @@ def render(program: Program, *, gaps: bool, device: Any) -> tuple[str, dict[str,
                 rest.append(f"    t{slot} = r{k}{sub}")
             rest.append(f"    r{k} = None")
         lines += [
-            f"    T[{2 * k}] = pc()",
+            *stamp(2 * k),
             f"    {target}{fns[fid]}({', '.join(args)})",
-            f"    T[{2 * k + 1}] = pc()",
+            *stamp(2 * k + 1),
             *rest,
         ]
         lines += _nested_allocs(program, k, consts, device)
         lines += [f"    t{s} = None" for s in call.frees]
         lines += [f"    a{a} = None" for a, _, _ in call.aliases]
-    lines.append(f"    B({len(program.units)})")
+    if timed:
+        lines.append(f"    B({len(program.units)})")
     glb.update(consts.values)
     return "\n".join(lines) + "\n", glb
 
@@ -1086,9 +1100,9 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
-def compile_pass(program: Program, *, gaps: bool, device: Any) -> Any:
+def compile_pass(program: Program, *, gaps: bool, device: Any, timed: bool = True) -> Any:
     """``render`` and compile: the ``_replay_pass`` function of ``program``."""
-    source, glb = render(program, gaps=gaps, device=device)
+    source, glb = render(program, gaps=gaps, device=device, timed=timed)
     code = compile(source, "<replay pass>", "exec")
     exec(code, glb)
     return glb["_replay_pass"]

@@ -199,6 +199,37 @@ def test_cuda_path_is_guarded(sample_store: object) -> None:
         )
 
 
+def test_bare_passes_measure_the_instrumentation(sample_store: object) -> None:
+    """``bare_passes`` pairs timed passes that do not wait for the virtual peers with bare passes
+    (same ops, no clock or hooks): the figures the overhead benchmark reports. The measured
+    passes still wait: their communication time is the peers' (hundreds of ms on the sample),
+    far beyond a whole bare pass."""
+    opts = replace(FAST, gaps="none", memory=False, bare_passes=3)
+    rep = replay_run(
+        sample_store,  # type: ignore[arg-type]
+        run="sample",
+        ranks=[0],
+        out_run="rp_bare",
+        options=opts,
+    )
+    r = rep.ranks[0]
+    assert len(r.bare_ns) == len(r.paired_op_ns) == len(r.instrumentation_pct_passes) == 3
+    assert all(b > 0 for b in r.bare_ns)
+    assert all(o > 0 for o in r.paired_op_ns)
+    assert all(-100.0 < x < 1000.0 for x in r.instrumentation_pct_passes)
+    assert r.comm_ns > 5 * max(r.bare_ns)
+    assert rep.as_dict()["ranks"][0]["bare_ns"] == r.bare_ns
+    for bad in (replace(opts, gaps="recorded"), replace(opts, instrument="profiler")):
+        with pytest.raises(PrismError, match="bare passes"):
+            replay_run(
+                sample_store,  # type: ignore[arg-type]
+                run="sample",
+                ranks=[0],
+                out_run="rp_bare2",
+                options=bad,
+            )
+
+
 def test_cli_replay_and_validate(tmp_path: object, sample_store: object) -> None:
     from prism_trace.cli import main
 

@@ -264,3 +264,63 @@ def test_views_are_built_before_the_gap_wait(rank0: tuple) -> None:
             assert made < wait
             checked += 1
     assert checked > 0
+
+
+def test_the_bare_pass_runs_the_same_ops_without_clock_or_hooks(rank0: tuple) -> None:
+    """``render(timed=False)``, the baseline of the instrumentation overhead, keeps every op
+    call, view, allocation and free of the timed pass and drops only the clock reads and hooks:
+    run, both make the same calls in the same order with tensors of the same shapes."""
+    from replay.kernels import render
+
+    ops, comm = rank0
+    units, skipped = select_units(ops, comm)
+    program = build_program(units, ops, device=_cpu, skipped=skipped)
+    timed_src, _ = render(program, gaps=True, device=_cpu)
+    bare_src, _ = render(program, gaps=True, device=_cpu, timed=False)
+    assert "pc()" not in bare_src
+    hooks = ("T[", "B(", "S(", "W(", "SUB(")
+    assert not [ln for ln in bare_src.splitlines() if ln.strip().startswith(hooks)]
+    work = [ln for ln in timed_src.splitlines() if not ln.strip().startswith(("T[", "B(", "S("))]
+    comm_calls = [ln for ln in work if ln.strip().startswith("W(")]
+    assert len(comm_calls) == 50
+    assert [ln for ln in work if ln not in comm_calls] == bare_src.splitlines()
+
+    def logged(name: str, fn: object, log: list) -> object:
+        def call(*args: object, **kwargs: object) -> object:
+            out = fn(*args, **kwargs)  # type: ignore[operator]
+            log.append((name, tuple(out.shape) if isinstance(out, torch.Tensor) else None))
+            return out
+
+        return call
+
+    def es(shape: list[int], strides: list[int], dtype: torch.dtype, dev: object) -> torch.Tensor:
+        return torch.empty_strided(shape, strides, dtype=dtype, device=dev)
+
+    def hook(_: int) -> None:
+        return None
+
+    logs: list[list] = []
+    for timed in (True, False):
+        source, glb = render(program, gaps=False, device=_cpu, timed=timed)
+        log: list = []
+        glb = {k: logged(k, v, log) if k.startswith("F") else v for k, v in glb.items()}
+        exec(compile(source, "<pass>", "exec"), glb)
+        externals = make_externals(program, _cpu)
+        t = [0] * (2 * len(units))
+        with torch.no_grad():
+            glb["_replay_pass"](
+                externals,
+                t,
+                time.perf_counter_ns,
+                hook,
+                hook,
+                hook,
+                hook,
+                logged("AS", torch.as_strided, log),
+                logged("ES", es, log),
+            )
+        logs.append(log)
+    assert len(logs[0]) == 1110 + sum(len(c.aliases) for c in program.calls.values()) + sum(
+        len(v) for v in program.nested_outputs.values()
+    )
+    assert logs[0] == logs[1]
