@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
 
 import polars as pl
 import pytest
@@ -23,6 +24,11 @@ FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
 def replayed(sample_store: object) -> object:
     """Rank 0 replayed once, every other rank virtual."""
     return replay_run(sample_store, run="sample", ranks=[0], out_run="rp", options=FAST)  # type: ignore[arg-type]
+
+
+def _rank0(store: object, out_run: str, options: ReplayOptions) -> Any:
+    """Rank 0 of the sample replayed alone into ``out_run``."""
+    return replay_run(store, run="sample", ranks=[0], out_run=out_run, options=options)  # type: ignore[arg-type]
 
 
 def _q(store: object, sql: str) -> pl.DataFrame:
@@ -190,13 +196,7 @@ def test_cuda_path_is_guarded(sample_store: object) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present; the guard is for machines without one")
     with pytest.raises(PrismError, match="no CUDA device"):
-        replay_run(
-            sample_store,  # type: ignore[arg-type]
-            run="sample",
-            ranks=[0],
-            out_run="rp_cuda",
-            options=ReplayOptions(device="cuda", iterations=1, warmup=0),
-        )
+        _rank0(sample_store, "rp_cuda", ReplayOptions(device="cuda", iterations=1, warmup=0))
 
 
 def test_bare_passes_measure_the_instrumentation(sample_store: object) -> None:
@@ -205,13 +205,7 @@ def test_bare_passes_measure_the_instrumentation(sample_store: object) -> None:
     passes still wait: their communication time is the peers' (hundreds of ms on the sample),
     far beyond a whole bare pass."""
     opts = replace(FAST, gaps="none", memory=False, bare_passes=3)
-    rep = replay_run(
-        sample_store,  # type: ignore[arg-type]
-        run="sample",
-        ranks=[0],
-        out_run="rp_bare",
-        options=opts,
-    )
+    rep = _rank0(sample_store, "rp_bare", opts)
     r = rep.ranks[0]
     assert len(r.bare_ns) == len(r.paired_op_ns) == len(r.instrumentation_pct_passes) == 3
     assert all(b > 0 for b in r.bare_ns)
@@ -221,13 +215,7 @@ def test_bare_passes_measure_the_instrumentation(sample_store: object) -> None:
     assert rep.as_dict()["ranks"][0]["bare_ns"] == r.bare_ns
     for bad in (replace(opts, gaps="recorded"), replace(opts, instrument="profiler")):
         with pytest.raises(PrismError, match="bare passes"):
-            replay_run(
-                sample_store,  # type: ignore[arg-type]
-                run="sample",
-                ranks=[0],
-                out_run="rp_bare2",
-                options=bad,
-            )
+            _rank0(sample_store, "rp_bare2", bad)
 
 
 def test_cli_replay_and_validate(tmp_path: object, sample_store: object) -> None:
