@@ -22,6 +22,7 @@ import pickle
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -553,31 +554,27 @@ class _Driver:
         import torch
 
         self.reset()
-        if self.pristine is not None:  # every pass starts from the same data (no drift)
-            for buf, saved in zip(self.buffers, self.pristine, strict=True):
-                buf.copy_(saved)
-
+        self._restore()
         as_strided, es = _view_makers(quiet=self.quiet_views)
         if self.real is not None:  # the real ranks start each pass together
             self.real.barrier()
         args = (externals, self.T, self.pc, self.B, self.S, self.W, self.SUB, as_strided, es)
-        if mark is None:
+        with torch.profiler.record_function(mark) if mark is not None else nullcontext():
             t0 = self.pc()
             fn(*args)
             wall = self.pc() - t0
-        else:
-            with torch.profiler.record_function(mark):
-                t0 = self.pc()
-                fn(*args)
-                wall = self.pc() - t0
         return _Pass(list(self.T), dict(self.it_start), dict(self.it_end), self.wait_ns, wall)
+
+    def _restore(self) -> None:
+        """Every pass starts from the same data (no drift)."""
+        if self.pristine is not None:
+            for buf, saved in zip(self.buffers, self.pristine, strict=True):
+                buf.copy_(saved)
 
     def run_bare(self, fn: Any, externals: list[Any]) -> int:
         """Wall time of one pass of the bare function (``render(timed=False)``): the same
         start (pristine data, the same view makers), no hooks."""
-        if self.pristine is not None:
-            for buf, saved in zip(self.buffers, self.pristine, strict=True):
-                buf.copy_(saved)
+        self._restore()
         as_strided, es = _view_makers(quiet=self.quiet_views)
         args = (externals, None, None, None, None, None, None, as_strided, es)
         t0 = self.pc()
@@ -843,10 +840,7 @@ def _replay_rank(
     result.real_calls = len(driver.real.ops) if driver.real is not None else 0
     result.support["held_by_recording"] = len(held)
     result.wait_lead_ns = driver.lead if use_gaps else 0
-    result.bare_ns = [b for _, b in pairs]
-    rebuilt = np.array([u.index in program.calls for u in program.units])
-    result.paired_op_ns = [int(_spans(p)[rebuilt].sum()) for p, _ in pairs]
-    result.instrumentation_pct_passes = _instrumentation_pct(program, pairs)
+    _pair_figures(result, program, pairs)
     if calls is not None:
         result.call_overhead = {
             "ns_per_pass": int(calls.per_unit.sum()),
@@ -876,16 +870,18 @@ def _spans(p: _Pass) -> np.ndarray:
     return T[1::2] - T[0::2]
 
 
-def _instrumentation_pct(program: Program, pairs: list[tuple[_Pass, int]]) -> list[float]:
-    """Per (timed, bare) pair of passes: what the timed pass spent beyond the bare one, % of
-    the bare one. Communication and substitutes are not in the bare pass; their spans (between
-    their stamps) come off the timed pass, the hook calls around them stay in as instrumentation."""
-    waits = np.array([u.index not in program.calls for u in program.units])
-    out = []
-    for p, b in pairs:
-        waited = int(_spans(p)[waits].sum())
-        out.append(100.0 * (p.wall_ns - waited - b) / b if b > 0 else 0.0)
-    return out
+def _pair_figures(result: RankReplay, program: Program, pairs: list[tuple[_Pass, int]]) -> None:
+    """Per (timed, bare) pair of passes: the bare wall time, the timed pass's op time, and what
+    the timed pass spent beyond the bare one, % of the bare one. Communication and substitutes
+    are not in the bare pass; their spans (between their stamps) come off the timed pass, the
+    hook calls around them stay in as instrumentation."""
+    rebuilt = np.array([u.index in program.calls for u in program.units])
+    result.bare_ns = [b for _, b in pairs]
+    result.paired_op_ns = [int(_spans(p)[rebuilt].sum()) for p, _ in pairs]
+    result.instrumentation_pct_passes = [
+        100.0 * (p.wall_ns - int(_spans(p)[~rebuilt].sum()) - b) / b if b > 0 else 0.0
+        for p, b in pairs
+    ]
 
 
 def _representative(passes: list[_Pass], program: Program, *, together: bool = False) -> _Pass:

@@ -1042,12 +1042,10 @@ def render(
         if call is None:
             if timed:
                 lines += [*stamp(2 * k), f"    SUB({k})"]
-            for slot, m in program.substituted_outputs.get(k, []):
-                dt = consts.render(_torch_dtype(m.dtype))
-                dev = consts.render(device(m.device))
-                lines.append(
-                    f"    t{slot} = ES({list(m.shape)!r}, {list(m.strides)!r}, {dt}, {dev})"
-                )
+            lines += [
+                _alloc(slot, m, m.strides, consts, device)
+                for slot, m in program.substituted_outputs.get(k, [])
+            ]
             lines += stamp(2 * k + 1)
             lines += _nested_allocs(program, k, consts, device)
             lines += [f"    t{s} = None" for s in program.frees_after.get(k, [])]
@@ -1086,12 +1084,14 @@ def render(
 
 def _nested_allocs(program: Program, k: int, consts: _Consts, device: Any) -> list[str]:
     """Lines allocating the storages unit ``k``'s inner ops made for later units."""
-    out = []
-    for slot, m in program.nested_outputs.get(k, []):
-        dt = consts.render(_torch_dtype(m.dtype))
-        dev = consts.render(device(m.device))
-        out.append(f"    t{slot} = ES({list(m.shape)!r}, [1], {dt}, {dev})")
-    return out
+    return [_alloc(slot, m, (1,), consts, device) for slot, m in program.nested_outputs.get(k, [])]
+
+
+def _alloc(slot: int, m: TensorMeta, strides: Sequence[int], consts: _Consts, device: Any) -> str:
+    """The line allocating slot ``slot`` uninitialised with ``m``'s shape, dtype and device."""
+    dt = consts.render(_torch_dtype(m.dtype))
+    dev = consts.render(device(m.device))
+    return f"    t{slot} = ES({list(m.shape)!r}, {list(strides)!r}, {dt}, {dev})"
 
 
 def _torch_dtype(name: str) -> Any:
