@@ -10,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import polars as pl
+from prism_trace.analysis.breakdown import idle, kernels, overlap, temporal
+from prism_trace.analysis.bubbles import bubble_summary, bubbles
+from prism_trace.analysis.critical_path import (
+    critical_path,
+    critical_path_shares,
+    critical_path_summary,
+)
+from prism_trace.analysis.diff import RunDiff, run_diff
+from prism_trace.analysis.stragglers import collective_skew, collective_waits, skew, straggler_ops
+from prism_trace.analysis.views import load_views
 
-from analysis.breakdown import idle, kernels, overlap, temporal
-from analysis.bubbles import bubble_summary, bubbles
-from analysis.critical_path import critical_path, critical_path_shares, critical_path_summary
-from analysis.diff import RunDiff, run_diff
-from analysis.stragglers import collective_skew, collective_waits, skew, straggler_ops
-from analysis.views import load_views
 from prism_trace.errors import PrismError
 from prism_trace.store import Store
 

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 import polars as pl
 
 if TYPE_CHECKING:
-    from analysis._report_data import LaneGroup
+    from prism_trace.analysis._report_data import LaneGroup
 
 __all__ = [
     "CATEGORY_COLORS",

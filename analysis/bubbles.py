@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Literal
 
 import polars as pl
+from prism_trace.analysis.views import run_view
 
-from analysis.views import run_view
 from prism_trace.store import Store
 
 __all__ = ["bubble_summary", "bubbles"]

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import plotly.graph_objects as go
 import polars as pl
+from prism_trace.analysis import _report_data as data
+from prism_trace.analysis import _report_figures as figs
+from prism_trace.analysis.breakdown import kernels, temporal
+from prism_trace.analysis.stragglers import collective_waits
 
-from analysis import _report_data as data
-from analysis import _report_figures as figs
-from analysis.breakdown import kernels, temporal
-from analysis.stragglers import collective_waits
 from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
@@ -322,7 +322,7 @@ def _frame_table(df: pl.DataFrame, columns: list[str], max_rows: int = 10) -> st
 
 def _diff(store: Store, other: str, run: str, notes: list[str]) -> _Section:
     """Run diff against the compared run: where the timelines diverge and which ops explain it."""
-    from analysis.diff import run_diff
+    from prism_trace.analysis.diff import run_diff
 
     sec = _Section(
         "diff",

@@ -7,8 +7,8 @@ in docs/analysis.md.
 from __future__ import annotations
 
 import polars as pl
+from prism_trace.analysis.views import run_view
 
-from analysis.views import run_view
 from prism_trace.store import Store
 
 __all__ = ["collective_skew", "collective_waits", "skew", "straggler_ops"]

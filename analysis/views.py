@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from importlib import resources
+from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
@@ -21,9 +22,13 @@ import polars as pl
 from prism_trace.errors import PrismError
 from prism_trace.store import Store
 
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
 __all__ = ["SQL_DIR", "SqlObject", "load_views", "modules", "render_markdown", "run_view"]
 
-SQL_DIR = Path(__file__).resolve().parent / "sql"
+# Read through importlib.resources, so the modules are found in a wheel as in a checkout.
+SQL_DIR = resources.files("prism_trace.analysis") / "sql"
 
 _INCLUDE = re.compile(r"^--\s*include:\s*(.+)$")
 _CREATE = re.compile(r"^CREATE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
@@ -51,8 +56,8 @@ def _sql_str(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def _parse(path: Path) -> tuple[list[str], list[SqlObject]]:
-    module = path.stem
+def _parse(path: Traversable) -> tuple[list[str], list[SqlObject]]:
+    module = path.name.removesuffix(".sql")
     includes: list[str] = []
     objects: list[SqlObject] = []
     comments: list[str] = []
@@ -87,7 +92,7 @@ def _parse(path: Path) -> tuple[list[str], list[SqlObject]]:
     return includes, objects
 
 
-def _object(path: Path, module: str, comments: list[str], body: list[str]) -> SqlObject:
+def _object(path: Traversable, module: str, comments: list[str], body: list[str]) -> SqlObject:
     m = _CREATE.match(body[0])
     assert m is not None
     kind, name = m.group(1).upper(), m.group(2)
@@ -119,7 +124,8 @@ def modules() -> list[SqlObject]:
     Raises:
         PrismError: a module breaks the conventions or includes an unknown or cyclic module.
     """
-    parsed = {p.stem: _parse(p) for p in sorted(SQL_DIR.glob("*.sql"))}
+    files = sorted((p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
+    parsed = {p.name.removesuffix(".sql"): _parse(p) for p in files}
     order: list[str] = []
     visiting: set[str] = set()
 

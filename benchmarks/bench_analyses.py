@@ -20,11 +20,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import REPO, dataset, host_kind, write_note
+from prism_trace.analysis import (
+    bubble_summary,
+    bubbles,
+    critical_path,
+    critical_path_summary,
+    run_diff,
+)
+from prism_trace.replay import emulate_run
 
-from analysis import bubble_summary, bubbles, critical_path, critical_path_summary, run_diff
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
-from replay import emulate_run
 
 SETS = {
     "st": "megatron-straggler-st-8rank",

@@ -44,11 +44,12 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
+    from prism_trace.replay.calibrate import calibrate_run, collective_samples
+    from prism_trace.replay.timing import ScaledTransfer, TransferQuery, collective_cost
+    from prism_trace.replay.topology import Topology
+
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store
-    from replay.calibrate import calibrate_run, collective_samples
-    from replay.timing import ScaledTransfer, TransferQuery, collective_cost
-    from replay.topology import Topology
 
     head = ("run", "link", "kind", "alpha us/step", "busbw GB/s", "points", "inst")
     fits = [(*head, "med|rel|", "R^2", "source")]

@@ -47,13 +47,14 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
+    from prism_trace.replay.run import EmulationConfig, emulate_run
+    from prism_trace.replay.whatif import parse_what_if
+
     from prism_trace.graph import build_graph
     from prism_trace.ingest import ingest
     from prism_trace.parallel import ParallelLayout
     from prism_trace.slicing import slice_run
     from prism_trace.store import open_store
-    from replay.run import EmulationConfig, emulate_run
-    from replay.whatif import parse_what_if
 
     gen_s = None
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "b.duckdb") as store:
@@ -64,8 +65,8 @@ def main() -> None:
             src = Path(__file__).resolve().parents[1] / "datasets" / "sample"
             layout = ParallelLayout.parse(f"tp=2,dp={args.dp or 2048},pp=2")
         else:
-            from datasets._model import ModelConfig
-            from datasets.generate import JobConfig, generate
+            from prism_trace.datasets._model import ModelConfig
+            from prism_trace.datasets.generate import JobConfig, generate
 
             src = Path(tmp) / "generated"
             model = ModelConfig(heads=args.tp, layers=args.pp)

@@ -88,7 +88,7 @@ def _naive_peak(ops: pl.DataFrame) -> int:
     """The earlier last-use prototype: one life per (storage_id, device), from its first output
     (or the start, if first read) to its last use, size the largest (offset + numel) * elem_bytes;
     residents left out (CPU convention). No recycled-id split, no nested-op care."""
-    from replay.kernels import _is_ref
+    from prism_trace.replay.kernels import _is_ref
 
     first: dict[tuple[int, str], int] = {}
     last: dict[tuple[int, str], int] = {}
@@ -120,10 +120,11 @@ def _naive_peak(ops: pl.DataFrame) -> int:
 
 def bench_sample(tmp: Path) -> tuple[str, list[str]]:
     """The sample: derived vs recorded, per rank."""
+    from prism_trace.replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
+    from prism_trace.replay.run import emulate_in_memory, rank_peaks
+
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store
-    from replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
-    from replay.run import emulate_in_memory, rank_peaks
 
     header = (
         "rank",
@@ -208,10 +209,11 @@ def bench_sample(tmp: Path) -> tuple[str, list[str]]:
 
 def bench_dlrm(tmp: Path) -> tuple[str, list[str]]:
     """DLRM: derived cuda peak per rank and the TBE sanity bound."""
+    from prism_trace.replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
+    from prism_trace.replay.run import emulate_in_memory, rank_peaks
+
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store
-    from replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
-    from replay.run import emulate_in_memory, rank_peaks
 
     header = (
         "rank",

@@ -53,7 +53,7 @@ def _measure(
     wait: str = "auto",
     pairs: int = 0,
 ) -> dict[str, float]:
-    from replay.hybrid import ReplayOptions, replay_run
+    from prism_trace.replay.hybrid import ReplayOptions, replay_run
 
     opts = ReplayOptions(
         iterations=passes,
@@ -120,8 +120,9 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from datasets._model import ModelConfig
-    from datasets.generate import JobConfig, generate
+    from prism_trace.datasets._model import ModelConfig
+    from prism_trace.datasets.generate import JobConfig, generate
+
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store
 

@@ -56,13 +56,14 @@ def _record_and_replay(
     """One fresh recording under ``root``, replayed once per ``--instrument``: rows, results."""
     from dataclasses import replace
 
-    from datasets._model import ModelConfig
-    from datasets.generate import JobConfig, generate
+    from prism_trace.datasets._model import ModelConfig
+    from prism_trace.datasets.generate import JobConfig, generate
+    from prism_trace.replay.hybrid import ReplayOptions, replay_run
+    from prism_trace.replay.validate import validate_replayed
+
     from prism_trace.graph import build_graph
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store
-    from replay.hybrid import ReplayOptions, replay_run
-    from replay.validate import validate_replayed
 
     root.mkdir(parents=True, exist_ok=True)
     rec_dir = root / "recording"

@@ -59,13 +59,14 @@ def main() -> None:
     parser.add_argument("--note", action="store_true", help="Write a dated note to results/.")
     args = parser.parse_args()
 
-    from analysis.report import write_report
+    from prism_trace.analysis.report import write_report
+    from prism_trace.replay import emulate_run
+
     from prism_trace.export_perfetto import export_perfetto
     from prism_trace.ingest import ingest
     from prism_trace.parallel import ParallelLayout
     from prism_trace.slicing import slice_run
     from prism_trace.store import open_store
-    from replay import emulate_run
 
     lines = [
         "| run | lanes / world | report MiB | report s | render s | perfetto MiB | export s |",

@@ -1,9 +1,9 @@
 """Accuracy of `prism run`: step times of one real rank whose peer is virtual, against a recording.
 
 1. Records a real gloo job of 2 ranks (dp=2, tp=pp=1, 1 thread per rank: the generator's
-   default) with ``python -m datasets.generate``; ``run.json`` holds every rank's measured step
-   times (``time.perf_counter_ns`` around the unmodified ``train_step``). Then records it once
-   more: that second recording against the first is the machine's noise floor.
+   default) with ``python -m prism_trace.datasets.generate``; ``run.json`` holds every rank's
+   measured step times (``time.perf_counter_ns`` around the unmodified ``train_step``). Then
+   records it once more: that second recording against the first is the machine's noise floor.
 2. ``prism ingest`` + ``prism graph`` it into a temporary store (run ``rec``).
 3. Runs rank 0 of the same, unmodified training code (``datasets._train.run_rank``) under
    ``prism run --world 2 --ranks 0 --db DB --run rec`` (rank 1 virtual, following the emulated
@@ -49,8 +49,8 @@ REPO = HERE.parent
 
 def rank_entry(config: Path, out: Path) -> None:
     """Train one rank of the recorded job: the generator's own entry, unmodified."""
-    from datasets._model import ModelConfig
-    from datasets._train import JobConfig, run_rank
+    from prism_trace.datasets._model import ModelConfig
+    from prism_trace.datasets._train import JobConfig, run_rank
 
     d = json.loads(config.read_text())["config"]
     cfg = JobConfig(**{**d, "model": ModelConfig(**d["model"])})
@@ -96,15 +96,24 @@ def main() -> None:
 
     sys.path.insert(0, str(HERE))
     from _common import host_kind, table, write_note
-
-    from replay.launch import launch
+    from prism_trace.replay.launch import launch
 
     load_before = os.getloadavg()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-run-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
         rec, db = work / "rec", work / "rec.duckdb"
-        gen = [sys.executable, "-m", "datasets.generate", "--dp", "2", "--tp", "1", "--pp", "1"]
+        gen = [
+            sys.executable,
+            "-m",
+            "prism_trace.datasets.generate",
+            "--dp",
+            "2",
+            "--tp",
+            "1",
+            "--pp",
+            "1",
+        ]
         # Recorded twice: the second recording of the same job against the first is the noise
         # floor of this machine (no replay can be closer to the first recording than that).
         for out_dir in (rec, work / "rec2"):
@@ -120,9 +129,10 @@ def main() -> None:
         _prism("graph", str(db), "--run", "rec")
         recorded = _steps(rec / "run.json", 0)
         rerecorded = _steps(work / "rec2" / "run.json", 0)
+        from prism_trace.replay.launched_run import write_launched_run
+        from prism_trace.replay.validate import validate_replayed
+
         from prism_trace.store import open_store
-        from replay.launched_run import write_launched_run
-        from replay.validate import validate_replayed
 
         results: dict[str, list[tuple[float, float, list[float], list[int], float]]] = {}
         backend_err: list[float] = []

@@ -48,10 +48,11 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
+    from prism_trace.replay.run import EmulationConfig, ReplayConfig
+    from prism_trace.replay.validate import validate_run
+
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store
-    from replay.run import EmulationConfig, ReplayConfig
-    from replay.validate import validate_run
 
     config = EmulationConfig(replay=ReplayConfig(completion=args.completion))
     header = (

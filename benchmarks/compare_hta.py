@@ -24,8 +24,8 @@ import warnings
 from pathlib import Path
 
 import polars as pl
+from prism_trace.analysis import ANALYSES, overlap, temporal
 
-from analysis import ANALYSES, overlap, temporal
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 

@@ -47,8 +47,8 @@ def _hta(kineto: Path) -> str:
 
 def _prism(path: Path) -> str:
     import polars as pl
+    from prism_trace.analysis.critical_path import critical_path_shares, critical_path_summary
 
-    from analysis.critical_path import critical_path_shares, critical_path_summary
     from prism_trace.graph import build_graph
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 if TYPE_CHECKING:
-    from datasets._comm import Comm, CommGroup
+    from prism_trace.datasets._comm import Comm, CommGroup
 
 __all__ = ["ModelConfig", "Stage", "TensorParallel", "stage_layers"]
 

@@ -13,10 +13,10 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from prism_trace.datasets._comm import Comm, CommGroup, Layout, groups_metadata, new_groups
+from prism_trace.datasets._model import ModelConfig, Stage, TensorParallel
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from datasets._comm import Comm, CommGroup, Layout, groups_metadata, new_groups
-from datasets._model import ModelConfig, Stage, TensorParallel
 from prism_trace.scratch import ram_scratch_dir
 
 __all__ = ["JobConfig", "run_rank"]

@@ -2,7 +2,8 @@
 
 Run as::
 
-    python -m datasets.generate --dp 2 --tp 2 --pp 2 --microbatches 4 --steps 3 --out DIR
+    python -m prism_trace.datasets.generate --dp 2 --tp 2 --pp 2 --microbatches 4 --steps 3 \
+        --out DIR
 
 Each rank writes ``rank{r}.kineto.json.gz`` (Kineto trace of the profiled steps) and
 ``rank{r}.et.json.gz`` (host execution trace of the same steps); ``run.json`` holds the config
@@ -22,9 +23,8 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-
-from datasets._model import ModelConfig
-from datasets._train import JobConfig, run_rank, steps_path
+from prism_trace.datasets._model import ModelConfig
+from prism_trace.datasets._train import JobConfig, run_rank, steps_path
 
 __all__ = ["JobConfig", "ModelConfig", "generate", "main"]
 
@@ -99,7 +99,7 @@ def generate(out: Path, config: JobConfig, *, join_timeout_s: float = 300.0) -> 
 def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
     d, m = JobConfig(), ModelConfig()
     p = argparse.ArgumentParser(
-        prog="python -m datasets.generate", description=__doc__.split("\n")[0]
+        prog="python -m prism_trace.datasets.generate", description=__doc__.split("\n")[0]
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     for name in ("dp", "tp", "pp", "microbatches", "microbatch_size", "steps", "seed"):

@@ -146,7 +146,7 @@ def info_cmd(db: Path, run_name: str | None, as_json: bool) -> None:
 @_one_line_errors
 def query_cmd(db: Path, sql: str, fmt: str, output: Path | None, max_rows: int) -> None:
     """Run SQL against DB (read-only) and print or write the result."""
-    from analysis import load_views
+    from prism_trace.analysis import load_views
     from prism_trace.query import run_query
     from prism_trace.store import open_store
 
@@ -211,7 +211,7 @@ def analyze_cmd(
     pipeline bubbles, critical path across ranks, or its diff with another run."""
     import polars as pl
 
-    from analysis import analyze
+    from prism_trace.analysis import analyze
     from prism_trace.store import open_store
 
     with open_store(db, read_only=True) as store:
@@ -368,9 +368,9 @@ def emulate_cmd(
     as_json: bool,
 ) -> None:
     """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
+    from prism_trace.replay import EmulationConfig, TimingConfig, Topology, emulate_run
+    from prism_trace.replay.whatif import parse_what_if
     from prism_trace.store import open_store
-    from replay import EmulationConfig, TimingConfig, Topology, emulate_run
-    from replay.whatif import parse_what_if
 
     config = EmulationConfig(
         what_if=parse_what_if(what_ifs),
@@ -447,8 +447,8 @@ def replay_cmd(
     as_json: bool,
 ) -> None:
     """Replay RANKS of RUN with real kernels; the other ranks are virtual peers."""
+    from prism_trace.replay.hybrid import ReplayOptions, replay_run
     from prism_trace.store import open_store
-    from replay.hybrid import ReplayOptions, replay_run
 
     options = ReplayOptions(
         device=device,  # type: ignore[arg-type]
@@ -495,11 +495,11 @@ def validate_cmd(
     as_json: bool,
 ) -> None:
     """Iteration-time error of emulating RUN from all its ranks, and from a slice of them."""
+    from prism_trace.replay import validate_run
     from prism_trace.store import open_store
-    from replay import validate_run
 
     if replayed is not None:
-        from replay.validate import validate_replayed
+        from prism_trace.replay.validate import validate_replayed
 
         with open_store(db, read_only=True) as store:
             rv = validate_replayed(store, replayed=replayed)
@@ -545,7 +545,7 @@ def run_cmd(
     command: tuple[str, ...],
 ) -> None:
     """Run an unmodified training COMMAND as --ranks of a --world job; the rest are virtual."""
-    from replay.launch import launch
+    from prism_trace.replay.launch import launch
 
     if out_run is not None and (db is None or run_name is None):
         msg = "--out-run needs --db and --run (the replayed run's parent)"
@@ -560,8 +560,8 @@ def run_cmd(
     )
     click.echo(json.dumps(res.as_dict(), indent=2) if as_json else res.summary(), err=not as_json)
     if out_run is not None and res.returncode == 0:
+        from prism_trace.replay.launched_run import write_launched_run
         from prism_trace.store import open_store
-        from replay.launched_run import write_launched_run
 
         with open_store(db) as store:  # type: ignore[arg-type]
             write_launched_run(
@@ -582,7 +582,7 @@ def run_cmd(
 @_one_line_errors
 def report_cmd(db: Path, run_name: str, compare: str | None, out: Path) -> None:
     """A self-contained HTML report: timelines, breakdowns, waits, iteration times, memory."""
-    from analysis.report import write_report
+    from prism_trace.analysis.report import write_report
     from prism_trace.store import open_store
 
     with open_store(db, read_only=True) as store:

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from chakra.schema.protobuf import et_def_pb2 as pb
 from tqdm import tqdm
 
 from prism_trace.errors import PrismError
+from prism_trace.formats import chakra_pb2 as pb
 
 if TYPE_CHECKING:
     from prism_trace.store import Store

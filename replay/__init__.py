@@ -8,14 +8,14 @@ torch, imported only when called) and ``validate_replayed`` are the entry points
 
 from __future__ import annotations
 
-from replay.calibrate import calibrate_run
-from replay.emulator import DeadlockError, MissingParticipantError
-from replay.hybrid import ReplayOptions, replay_run
-from replay.run import EmulationConfig, EmulationReport, ReplayConfig, emulate_run
-from replay.timing import TimingConfig
-from replay.topology import Topology
-from replay.validate import ValidationReport, validate_replayed, validate_run
-from replay.whatif import WhatIfConfig, parse_what_if
+from prism_trace.replay.calibrate import calibrate_run
+from prism_trace.replay.emulator import DeadlockError, MissingParticipantError
+from prism_trace.replay.hybrid import ReplayOptions, replay_run
+from prism_trace.replay.run import EmulationConfig, EmulationReport, ReplayConfig, emulate_run
+from prism_trace.replay.timing import TimingConfig
+from prism_trace.replay.topology import Topology
+from prism_trace.replay.validate import ValidationReport, validate_replayed, validate_run
+from prism_trace.replay.whatif import WhatIfConfig, parse_what_if
 
 __all__ = [
     "DeadlockError",

@@ -25,9 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 import polars as pl
-
-from replay.timing import Algorithm, CollectiveCost, collective_cost, recorded_transfer
-from replay.topology import Topology
+from prism_trace.replay.timing import Algorithm, CollectiveCost, collective_cost, recorded_transfer
+from prism_trace.replay.topology import Topology
 
 __all__ = [
     "Calibration",

@@ -24,8 +24,7 @@ from typing import NamedTuple
 
 import numpy as np
 import polars as pl
-
-from replay.kernels import Program
+from prism_trace.replay.kernels import Program
 
 #: Look this many events ahead for a unit's op before deciding it has none (real communication,
 #: hooks and allocations between units add top-level events of their own).

@@ -30,12 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
-
-from prism_trace.errors import PrismError
-from prism_trace.ingest import assign_iteration
-from prism_trace.scratch import ram_scratch_dir
-from replay.call_overhead import PASS_MARK, CallOverhead, call_overhead, top_level_spans
-from replay.kernels import (
+from prism_trace.replay.call_overhead import PASS_MARK, CallOverhead, call_overhead, top_level_spans
+from prism_trace.replay.kernels import (
     Program,
     build_program,
     check_program,
@@ -44,15 +40,20 @@ from replay.kernels import (
     make_externals,
     select_units,
 )
-from replay.lifetimes import hold, recorded_frees
-from replay.peers import PeerSchedule, _schedule
-from replay.real_comm import RealComm, agree, specs_for_rank
-from replay.run import _check_out_run as _check_run_name
-from replay.run import _delete_run, _insert
+from prism_trace.replay.lifetimes import hold, recorded_frees
+from prism_trace.replay.peers import PeerSchedule, _schedule
+from prism_trace.replay.real_comm import RealComm, agree, specs_for_rank
+from prism_trace.replay.run import _check_out_run as _check_run_name
+from prism_trace.replay.run import _delete_run, _insert
+
+from prism_trace.errors import PrismError
+from prism_trace.ingest import assign_iteration
+from prism_trace.scratch import ram_scratch_dir
 
 if TYPE_CHECKING:
+    from prism_trace.replay.run import EmulationConfig
+
     from prism_trace.store import Store
-    from replay.run import EmulationConfig
 
 __all__ = ["RankReplay", "ReplayOptions", "ReplayReport", "replay_run", "write_replayed_header"]
 
@@ -1449,7 +1450,7 @@ def replay_run(
     run_id = store.require_run(run)
     _, source_run = _source_of(store, run_id)
     # One emulation; each rank replayed alone sees every other rank, selected or not, as virtual.
-    from replay.run import emulate_in_memory
+    from prism_trace.replay.run import emulate_in_memory
 
     res, iters = emulate_in_memory(store, run=run, config=config)
     together = options.together and len(ranks) > 1

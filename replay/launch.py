@@ -46,12 +46,18 @@ _RANKS = "PRISM_RANKS"
 _SCHEDULE = "PRISM_SCHEDULE"
 _REPORT = "PRISM_REPORT"
 
-_SITECUSTOMIZE = '''"""Written by `prism run` (replay.launch): routes init_process_group to prism"""
+_SITECUSTOMIZE = '''"""Written by `prism run`: routes init_process_group to prism."""
 import importlib.machinery as _m
 import importlib.util as _u
 import sys as _s
 
-import replay.launch as _prism_launch
+try:
+    import prism_trace.replay.launch as _prism_launch
+except ImportError:
+    # The child's interpreter lacks prism_trace: reach the launcher's copy from the *end* of the
+    # path, so that it can never shadow a package of the script's own.
+    _s.path.append({root!r})
+    import prism_trace.replay.launch as _prism_launch
 
 _prism_launch.install_shim()
 # Run the sitecustomize that this one shadows, if there is one.
@@ -142,8 +148,9 @@ def _parse_ranks(ranks: Sequence[int], world_size: int) -> list[int]:
 def _schedules(
     db: Path, run: str, ranks: list[int], world_size: int, config: Any
 ) -> tuple[dict[int, Any], dict[int, tuple[str, list[int]]]]:
+    from prism_trace.replay.peers import schedules_from_store
+
     from prism_trace.store import open_store
-    from replay.peers import schedules_from_store
 
     with open_store(db) as store:
         scheds = schedules_from_store(store, run=run, ranks=ranks, config=config)
@@ -164,11 +171,17 @@ def _schedules(
 
 
 def _pythonpath(shim: Path, env: Mapping[str, str]) -> str:
-    # The shim first; then the directory that holds this `replay` package, so that the child
-    # imports the same code even when it was not installed.
-    root = str(Path(__file__).resolve().parents[1])
+    # Only the shim's folder goes first, and it holds nothing but ``sitecustomize.py``: the
+    # script imports its own packages (HF ``datasets`` included) exactly as it would without us.
     old = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return os.pathsep.join([str(shim), root, *old])
+    return os.pathsep.join([str(shim), *old])
+
+
+def _package_root() -> str:
+    """The folder that holds the installed ``prism_trace`` package (the shim's fallback)."""
+    import prism_trace
+
+    return str(Path(prism_trace.__file__).resolve().parents[1])
 
 
 def _rank_env(
@@ -248,7 +261,9 @@ def launch(
                 schedule_calls[r] = len(s.calls)
         shim = work / "shim"
         shim.mkdir()
-        (shim / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(here=str(shim)))
+        (shim / "sitecustomize.py").write_text(
+            _SITECUSTOMIZE.format(here=str(shim), root=_package_root())
+        )
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         base = dict(os.environ if env is None else env)
         base["PYTHONPATH"] = _pythonpath(shim, base)
@@ -383,8 +398,7 @@ def _patch(c10d: ModuleType) -> None:
     ) -> None:
         """`prism run`'s stand-in: any backend becomes `prism`, the store is the launcher's."""
         import torch.distributed as dist
-
-        from replay import process_group as ppg
+        from prism_trace.replay import process_group as ppg
 
         env_rank, env_world = int(os.environ["RANK"]), int(os.environ[_WORLD])
         if rank not in (-1, env_rank):

@@ -27,16 +27,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
+from prism_trace.replay.hybrid import write_replayed_header
+from prism_trace.replay.run import _check_out_run, _insert
 
 from prism_trace.errors import PrismError
-from replay.hybrid import write_replayed_header
-from replay.run import _check_out_run, _insert
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from prism_trace.replay.launch import LaunchResult
+
     from prism_trace.store import Store
-    from replay.launch import LaunchResult
 
 __all__ = ["write_launched_run"]
 

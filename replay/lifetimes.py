@@ -22,8 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 import polars as pl
-
-from replay.kernels import Program
+from prism_trace.replay.kernels import Program
 
 _CUDA_ROUND = 512
 """The CUDA caching allocator reports blocks rounded up to this many bytes."""

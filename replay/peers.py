@@ -30,8 +30,9 @@ import polars as pl
 from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
+    from prism_trace.replay.run import EmulationConfig
+
     from prism_trace.store import Store
-    from replay.run import EmulationConfig
 
 __all__ = ["PeerCall", "PeerSchedule", "schedules_from_store"]
 
@@ -204,7 +205,7 @@ def schedules_from_store(
     Raises:
         PrismError: a rank that is not in the run's world.
     """
-    from replay.run import emulate_in_memory
+    from prism_trace.replay.run import emulate_in_memory
 
     res, iters = emulate_in_memory(store, run=run, config=config)
     real = sorted({int(r) for r in (*ranks, *real_ranks)})

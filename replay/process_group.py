@@ -8,7 +8,7 @@ a recorded run would let it complete, so that the script's own timers see faithf
 
 Use it through `prism run` (`replay.launch`), or directly::
 
-    import replay.process_group as ppg
+    import prism_trace.replay.process_group as ppg
     ppg.configure(world_size=8, real_ranks=(0,), schedule=schedule)   # optional
     torch.distributed.init_process_group("prism", store=store, rank=0, world_size=8)
 
@@ -41,7 +41,7 @@ from prism_trace.errors import PrismError
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from replay.peers import PeerCall, PeerSchedule
+    from prism_trace.replay.peers import PeerCall, PeerSchedule
 
 __all__ = [
     "BACKEND",

@@ -23,10 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
-
-from prism_trace import schema
-from prism_trace.errors import DuplicateRunError, PrismError
-from replay.emulator import (
+from prism_trace.replay.emulator import (
     CommInstances,
     EmulatorGraph,
     Timeline,
@@ -34,10 +31,20 @@ from replay.emulator import (
     emulate,
     p2p_instances,
 )
-from replay.memory import MEMORY_COLUMNS, memory_peaks, optimizer_shard_delta, retime_memory
-from replay.timing import TimingConfig, TransferQuery, recorded_completion, transfer_model
-from replay.topology import Topology
-from replay.whatif import (
+from prism_trace.replay.memory import (
+    MEMORY_COLUMNS,
+    memory_peaks,
+    optimizer_shard_delta,
+    retime_memory,
+)
+from prism_trace.replay.timing import (
+    TimingConfig,
+    TransferQuery,
+    recorded_completion,
+    transfer_model,
+)
+from prism_trace.replay.topology import Topology
+from prism_trace.replay.whatif import (
     WhatIfConfig,
     WhatIfError,
     expand_replicas,
@@ -45,6 +52,9 @@ from replay.whatif import (
     slow_factors,
     spans_dp,
 )
+
+from prism_trace import schema
+from prism_trace.errors import DuplicateRunError, PrismError
 
 if TYPE_CHECKING:
     import duckdb
@@ -631,7 +641,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
             topology, bandwidth_scale=topology.bandwidth_scale * config.what_if.bandwidth_scale
         )
     if config.timing.calibrate:
-        from replay.calibrate import calibrate_run
+        from prism_trace.replay.calibrate import calibrate_run
 
         cal = calibrate_run(store, inputs.source_run_id, base=topology)
         topology = cal.topology
@@ -843,7 +853,7 @@ def _memory(store: Store, res: _Result, config: EmulationConfig) -> pl.DataFrame
         [inputs.source_run_id, inputs.unit_source.tolist()],
     )
     # A rank recorded without [memory] events gets a timeline derived from its host ET.
-    from replay.et_memory import et_memory
+    from prism_trace.replay.et_memory import et_memory
 
     derived = et_memory(
         store.con, inputs.source_run_id, sorted(set(inputs.unit_source.tolist()) - set(mem["rank"]))

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import numpy as np
-
-from replay.topology import Topology
+from prism_trace.replay.topology import Topology
 
 __all__ = [
     "AlphaBetaTransfer",

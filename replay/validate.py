@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
+from prism_trace.replay.run import EmulationConfig, emulate_in_memory, rank_peaks, temporary_slice
+from prism_trace.replay.whatif import WhatIfConfig
 
 from prism_trace.errors import PrismError
 from prism_trace.parallel import ParallelAxis, infer_layout
-from replay.run import EmulationConfig, emulate_in_memory, rank_peaks, temporary_slice
-from replay.whatif import WhatIfConfig
 
 if TYPE_CHECKING:
     from prism_trace.store import Store

@@ -53,11 +53,11 @@ from pathlib import Path
 from typing import IO, Any
 
 import polars as pl
-from chakra.schema.protobuf import et_def_pb2 as pb
 from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError
 
 from prism_trace.errors import RankUnknownError, TraceFormatError, TruncatedTraceError
+from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.base import TraceTables
 
 __all__ = ["rank_from_name", "read_chakra", "sniff_chakra"]

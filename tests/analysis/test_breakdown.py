@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 import rawtrace
+from prism_trace.analysis import ANALYSES, idle, kernels, overlap, temporal
 
-from analysis import ANALYSES, idle, kernels, overlap, temporal
 from prism_trace.store import Store
 
 PARTS = ("compute", "comm", "memory", "other", "idle")

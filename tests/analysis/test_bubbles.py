@@ -15,11 +15,11 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import rawtrace
+from prism_trace.analysis import ANALYSES, bubble_summary, bubbles
+from prism_trace.replay import emulate_run
 
-from analysis import ANALYSES, bubble_summary, bubbles
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
-from replay import emulate_run
 
 ST = "megatron-straggler-st-8rank"
 COMPUTE = re.compile(r"-compute$|^optimizer$")

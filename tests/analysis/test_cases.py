@@ -11,8 +11,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from prism_trace.analysis import load_views
 
-from analysis import load_views
 from prism_trace.store import Store
 
 EXPECTED = Path(__file__).resolve().parent / "expected"

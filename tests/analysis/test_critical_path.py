@@ -12,12 +12,12 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
+from prism_trace.analysis import critical_path, critical_path_shares, critical_path_summary
+from prism_trace.replay import emulate_run
 
-from analysis import critical_path, critical_path_shares, critical_path_summary
 from prism_trace.errors import PrismError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
-from replay import emulate_run
 
 ST = "megatron-straggler-st-8rank"
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from prism_trace.analysis import analyze, run_diff
+from prism_trace.replay import emulate_run
 
-from analysis import analyze, run_diff
 from prism_trace.cli import main
 from prism_trace.errors import PrismError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
-from replay import emulate_run
 
 ST = "megatron-straggler-st-8rank"
 SLOW = 1.2

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from prism_trace.analysis import idle, kernels, overlap, temporal
 
-from analysis import idle, kernels, overlap, temporal
 from prism_trace.store import Store
 
 pytestmark = [

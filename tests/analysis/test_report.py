@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prism_trace.analysis._report_data import rank_ranges
+from prism_trace.analysis.report import ReportLimits, ReportSummary, write_report
+from prism_trace.replay import emulate_run
 
-from analysis._report_data import rank_ranges
-from analysis.report import ReportLimits, ReportSummary, write_report
 from prism_trace.errors import PrismError
 from prism_trace.ingest import ingest
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store, open_store
-from replay import emulate_run
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 CHROMIUM = os.environ.get("PRISM_CHROMIUM", "/usr/bin/chromium")

@@ -8,8 +8,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 import rawtrace
+from prism_trace.analysis import collective_skew, collective_waits, skew, straggler_ops
 
-from analysis import collective_skew, collective_waits, skew, straggler_ops
 from prism_trace.store import Store
 
 

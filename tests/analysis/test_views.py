@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prism_trace.analysis import views
 
-from analysis import views
 from prism_trace.errors import PrismError
 from prism_trace.store import Store
 
@@ -73,5 +73,6 @@ def test_docs_reference_is_current() -> None:
     assert end in text
     body = text.split(begin, 1)[1].split(end, 1)[0]
     assert body.strip() == views.render_markdown().strip(), (
-        "docs/analysis.md is stale: regenerate the reference with `python -m analysis.views`"
+        "docs/analysis.md is stale: regenerate the reference with "
+        "`python -m prism_trace.analysis.views`"
     )

@@ -117,7 +117,7 @@ def test_sample() -> None:
 @pytest.mark.slow
 def test_generate(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from datasets.generate import JobConfig, generate
+    from prism_trace.datasets.generate import JobConfig, generate
 
     cfg = JobConfig(dp=2, tp=1, pp=2, microbatches=2, steps=2)
     generate(tmp_path, cfg, join_timeout_s=120)
@@ -129,7 +129,7 @@ def test_generate(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_generate_tp_and_all_gather(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from datasets.generate import JobConfig, generate
+    from prism_trace.datasets.generate import JobConfig, generate
 
     generate(tmp_path, JobConfig(dp=1, tp=2, pp=1, microbatches=2, steps=1), join_timeout_s=120)
     check_dataset(tmp_path)
@@ -144,7 +144,7 @@ def test_generate_tp_and_all_gather(tmp_path: Path) -> None:
 @pytest.mark.torch
 def test_generate_fails_clearly(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from datasets.generate import JobConfig, ModelConfig, generate
+    from prism_trace.datasets.generate import JobConfig, ModelConfig, generate
 
     cfg = JobConfig(dp=1, tp=3, pp=1, model=ModelConfig(heads=4))
     with pytest.raises(RuntimeError, match=r"rank \d failed") as exc:

@@ -24,7 +24,9 @@ NASTY = '<script>alert(1)</script> "quotes" \\ \n tab\t é'
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     """The sample (one op renamed to a hostile string), sliced to 8192 ranks and emulated."""
-    from replay import emulate_run  # replay is above prism_trace: only the test builds with it
+    from prism_trace.replay import (
+        emulate_run,  # replay is above prism_trace: only the test builds with it
+    )
 
     db = tmp_path_factory.mktemp("perfetto") / "s.duckdb"
     with open_store(db) as s:

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-
-from replay.calibrate import (
+from prism_trace.replay.calibrate import (
     SAMPLE_SCHEMA,
     calibrate,
     calibrate_run,
@@ -17,8 +16,8 @@ from replay.calibrate import (
     fit_alpha_beta,
     nnls,
 )
-from replay.timing import ScaledTransfer, TransferQuery, collective_cost
-from replay.topology import Topology
+from prism_trace.replay.timing import ScaledTransfer, TransferQuery, collective_cost
+from prism_trace.replay.topology import Topology
 
 
 def test_nnls_satisfies_kkt() -> None:

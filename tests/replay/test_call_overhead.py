@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from replay.call_overhead import call_overhead, expected_events  # noqa: E402
-from replay.hybrid import ReplayOptions, replay_run  # noqa: E402
-from replay.kernels import build_program, select_units  # noqa: E402
+from prism_trace.replay.call_overhead import call_overhead, expected_events  # noqa: E402
+from prism_trace.replay.hybrid import ReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.kernels import build_program, select_units  # noqa: E402
 
 
 @pytest.fixture(scope="module")

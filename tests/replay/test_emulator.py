@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from prism_trace.errors import PrismError
-from replay.emulator import (
+from prism_trace.replay.emulator import (
     CommInstances,
     DeadlockError,
     EmulatorGraph,
@@ -15,8 +13,15 @@ from replay.emulator import (
     emulate,
     p2p_instances,
 )
-from replay.timing import AlphaBetaTransfer, TransferQuery, recorded_completion, recorded_transfer
-from replay.topology import Topology
+from prism_trace.replay.timing import (
+    AlphaBetaTransfer,
+    TransferQuery,
+    recorded_completion,
+    recorded_transfer,
+)
+from prism_trace.replay.topology import Topology
+
+from prism_trace.errors import PrismError
 
 
 def graph(
@@ -226,9 +231,9 @@ def test_core_imports_no_store_no_torch() -> None:
     import ast
     from pathlib import Path
 
-    import replay.emulator
+    import prism_trace.replay.emulator
 
-    tree = ast.parse(Path(replay.emulator.__file__).read_text())
+    tree = ast.parse(Path(prism_trace.replay.emulator.__file__).read_text())
     mods = {
         (n.module or "").split(".")[0] if isinstance(n, ast.ImportFrom) else a.name.split(".")[0]
         for n in ast.walk(tree)

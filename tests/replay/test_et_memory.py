@@ -10,9 +10,8 @@ from typing import Any
 import orjson
 import polars as pl
 import pytest
-
-from replay.et_memory import et_memory, is_derived, lifetime_events, storage_lifetimes
-from replay.memory import MEMORY_COLUMNS, retime_memory
+from prism_trace.replay.et_memory import et_memory, is_derived, lifetime_events, storage_lifetimes
+from prism_trace.replay.memory import MEMORY_COLUMNS, retime_memory
 
 # -- synthetic ETs ------------------------------------------------------------------------------
 
@@ -277,7 +276,7 @@ def test_sample_peaks_against_recorded(sample: Any) -> None:
 
 @pytest.mark.slow
 def test_emulation_falls_back_to_the_et(sample: Any) -> None:
-    from replay.run import emulate_in_memory, rank_peaks
+    from prism_trace.replay.run import emulate_in_memory, rank_peaks
 
     store, run_id = sample
     con = store.con
@@ -313,7 +312,8 @@ def test_emulation_falls_back_to_the_et(sample: Any) -> None:
 @pytest.mark.slow
 @pytest.mark.shared_data
 def test_dlrm_peaks_hold_the_embedding_tables(tmp_path: Path, shared_datasets: Path) -> None:
-    from replay.run import emulate_in_memory, rank_peaks
+    from prism_trace.replay.run import emulate_in_memory, rank_peaks
+
     from tests.conftest import ingest_runs
 
     store = ingest_runs(tmp_path / "d.duckdb", {"dlrm": [shared_datasets / "param-dlrm-8rank"]})

@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 
+from prism_trace.replay.hybrid import ReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.peers import PeerSchedule  # noqa: E402
+from prism_trace.replay.validate import validate_replayed  # noqa: E402
+
 from prism_trace.errors import PrismError  # noqa: E402
-from replay.hybrid import ReplayOptions, replay_run  # noqa: E402
-from replay.peers import PeerSchedule  # noqa: E402
-from replay.validate import validate_replayed  # noqa: E402
 
 FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
 
@@ -139,7 +140,7 @@ def test_peak_memory_matches_the_recording(sample_store: object, replayed: objec
 def test_cpu_levels_are_aligned_per_iteration() -> None:
     """Each replayed iteration's CPU level moves to the recorded level at that iteration's start
     (the CPU allocator counts from when profiling began); deltas within it are kept."""
-    from replay.hybrid import _align_cpu_levels
+    from prism_trace.replay.hybrid import _align_cpu_levels
 
     mem = pl.DataFrame(
         {
@@ -264,7 +265,7 @@ def test_waits_spin_when_each_process_has_its_cores() -> None:
     import os
     import time
 
-    from replay.hybrid import _sleeps, _wait_until
+    from prism_trace.replay.hybrid import _sleeps, _wait_until
 
     cpus = os.cpu_count() or 1
     assert not _sleeps(ReplayOptions(threads=1), cpus)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,8 +13,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from prism_trace.replay.launch import launch
+
 from prism_trace.errors import PrismError
-from replay.launch import launch
 
 pytestmark = pytest.mark.torch
 
@@ -118,6 +120,25 @@ def test_the_shim_refuses_a_rank_the_launcher_did_not_start(tmp_path: Path) -> N
     assert "the script asks for rank 3, but `prism run` started it as rank 0" in log
 
 
+def test_the_script_imports_its_own_packages_not_ours(tmp_path: Path) -> None:
+    """A training script that imports HF ``datasets`` gets HF's, not prism's bundled one."""
+    site = tmp_path / "site" / "datasets"
+    site.mkdir(parents=True)
+    (site / "__init__.py").write_text("MARK = 'user'\n")
+    script = tmp_path / "imp.py"
+    script.write_text(
+        "import sys, datasets, torch.distributed as d\n"
+        "d.init_process_group('gloo')\n"
+        "open(sys.argv[1], 'w').write(datasets.MARK + ' ' + d.get_backend())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site.parent)}
+    out = tmp_path / "mark.txt"
+    res = launch([sys.executable, str(script), str(out)], world_size=2, ranks=[0], capture=True,
+                 env=env, timeout_s=120)  # fmt: skip
+    assert res.returncode == 0, (res.ranks[0].report or {}).get("log")
+    assert out.read_text() == "user prism"
+
+
 def test_bad_launches_fail_before_starting_anything(tmp_path: Path) -> None:
     with pytest.raises(PrismError, match=r"`--ranks` \[4\] must be ranks of a world of 4"):
         launch(["python"], world_size=4, ranks=[4])
@@ -155,8 +176,8 @@ def test_datasets_rank_under_recorded_peers(tmp_path: Path) -> None:
     assert (out / "rank0.kineto.json.gz").exists()
 
     # Stored as a replayed run, `prism validate --replayed` compares it with the recording.
-    from replay.launched_run import write_launched_run
-    from replay.validate import validate_replayed
+    from prism_trace.replay.launched_run import write_launched_run
+    from prism_trace.replay.validate import validate_replayed
 
     with open_store(db) as store:
         write_launched_run(store, run="sample", out_run="launched", result=res, command=cmd)

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from replay.peers import PeerSchedule, schedules_from_store
+from prism_trace.replay.peers import PeerSchedule, schedules_from_store
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-import replay.process_group as ppg  # noqa: E402
-from replay.peers import PeerCall, PeerSchedule  # noqa: E402
+import prism_trace.replay.process_group as ppg  # noqa: E402
+from prism_trace.replay.peers import PeerCall, PeerSchedule  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -15,13 +15,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from prism_trace.replay.hybrid import ReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.peers import PeerSchedule  # noqa: E402
+from prism_trace.replay.real_comm import RealSpec, agree, specs_for_rank  # noqa: E402
+from prism_trace.replay.validate import validate_replayed  # noqa: E402
+
 from prism_trace.errors import PrismError  # noqa: E402
 from prism_trace.parallel import ParallelLayout  # noqa: E402
 from prism_trace.slicing import slice_run  # noqa: E402
-from replay.hybrid import ReplayOptions, replay_run  # noqa: E402
-from replay.peers import PeerSchedule  # noqa: E402
-from replay.real_comm import RealSpec, agree, specs_for_rank  # noqa: E402
-from replay.validate import validate_replayed  # noqa: E402
 
 FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
 CLOCK_SLACK_NS = 50_000

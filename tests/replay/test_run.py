@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prism_trace.replay import EmulationConfig, MissingParticipantError, ReplayConfig, emulate_run
 
 from prism_trace.errors import DuplicateRunError, PrismError
 from prism_trace.store import Store, open_store
-from replay import EmulationConfig, MissingParticipantError, ReplayConfig, emulate_run
 
 
 def q(store: Store, sql: str, *params: object) -> list[tuple]:
@@ -159,7 +159,7 @@ def test_error_while_writing_rolls_everything_back(
 ) -> None:
     """The events go in on a worker thread while the memory is worked out: an error then stops
     the insert and rolls the whole run back (the replaced run stays as it was)."""
-    import replay.run as run_module
+    import prism_trace.replay.run as run_module
 
     store = hand_store(tmp_path)
     first = emulate_run(store, run="h", out_run="e")

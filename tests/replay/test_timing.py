@@ -8,8 +8,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-
-from replay.timing import (
+from prism_trace.replay.timing import (
     AlphaBetaTransfer,
     RecordedTransfer,
     ScaledTransfer,
@@ -19,7 +18,7 @@ from replay.timing import (
     collective_cost,
     transfer_model,
 )
-from replay.topology import PRESETS, Topology
+from prism_trace.replay.topology import PRESETS, Topology
 
 GIB = 1 << 30
 
@@ -134,7 +133,7 @@ def test_presets_and_config_round_trip() -> None:
     with pytest.raises(ValueError, match="timing `model`"):
         TimingConfig(model="magic")  # type: ignore[arg-type]
 
-    from replay.run import EmulationConfig
+    from prism_trace.replay.run import EmulationConfig
 
     cfg = EmulationConfig.from_dict(
         {

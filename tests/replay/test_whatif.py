@@ -13,13 +13,13 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from prism_trace.replay.run import EmulationConfig, emulate_in_memory, emulate_run
+from prism_trace.replay.whatif import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.cli import main
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store
-from replay.run import EmulationConfig, emulate_in_memory, emulate_run
-from replay.whatif import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
 from tests.conftest import SAMPLE, ingest_runs
 
 
