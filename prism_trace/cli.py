@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 import click
 
 from prism_trace.errors import PrismError
+from prism_trace.ranks import RankList
 
 F = TypeVar("F", bound=Callable[..., Any])
+RANKS = RankList()
 
 
 def _one_line_errors(fn: F) -> F:
@@ -105,13 +107,18 @@ def ingest_cmd(
 @main.command("info")
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", default=None, help="Only this run, in detail.")
+@click.option("--ranks", type=RANKS, default=None, help="With --run: these ranks, one line each.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_one_line_errors
-def info_cmd(db: Path, run_name: str | None, as_json: bool) -> None:
-    """Runs, ranks, world size, iterations, process groups and per-rank iteration times."""
+def info_cmd(db: Path, run_name: str | None, ranks: list[int] | None, as_json: bool) -> None:
+    """Runs; with --run, its ranks (classes when sliced or emulated), groups and step times."""
     from prism_trace.info import describe_run, list_runs, render_run
+    from prism_trace.jsonout import dumps
     from prism_trace.store import open_store
 
+    if ranks is not None and run_name is None:
+        msg = "--ranks goes with --run"
+        raise PrismError(msg)
     with open_store(db, read_only=True) as store:
         if run_name is None:
             runs = list_runs(store)
@@ -124,11 +131,11 @@ def info_cmd(db: Path, run_name: str | None, as_json: bool) -> None:
                     )
                 return
         else:
-            out = describe_run(store, run_name)
+            out = describe_run(store, run_name, ranks=ranks)
             if not as_json:
                 click.echo(render_run(out))
                 return
-    click.echo(json.dumps(out, indent=2, default=str))
+    click.echo(dumps(out))
 
 
 @main.command("query")
@@ -285,7 +292,9 @@ def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
 @click.option("--layout", required=True, help="Target layout, e.g. tp=8,cp=1,ep=1,dp=128,pp=8.")
 @click.option("--world", type=int, required=True, help="Target world size.")
 @click.option("--order", default=None, help="Axis order, fastest first (default tp-cp-ep-dp-pp).")
-@click.option("--from-ranks", default=None, help="Recorded ranks to take roles from, e.g. 0,3.")
+@click.option(
+    "--from-ranks", type=RANKS, default=None, help="Recorded ranks to take roles from, e.g. 0,3."
+)
 @click.option("--out-run", required=True, help="Name of the sliced run.")
 @click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
 @click.option("--json", "as_json", is_flag=True, help="Print the mapping report as JSON.")
@@ -296,7 +305,7 @@ def slice_cmd(
     layout: str,
     world: int,
     order: str | None,
-    from_ranks: str | None,
+    from_ranks: list[int] | None,
     out_run: str,
     replace: bool,
     as_json: bool,
@@ -306,14 +315,13 @@ def slice_cmd(
     from prism_trace.slicing import slice_run
     from prism_trace.store import open_store
 
-    ranks = None if from_ranks is None else [int(r) for r in from_ranks.split(",") if r.strip()]
     with open_store(db) as store:
         report = slice_run(
             store,
             run=run_name,
             layout=ParallelLayout.parse(layout, order),
             world=world,
-            from_ranks=ranks,
+            from_ranks=from_ranks,
             out_run=out_run,
             replace=replace,
         )
@@ -386,7 +394,7 @@ def emulate_cmd(
 @main.command("replay")
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
-@click.option("--ranks", required=True, help="Ranks to replay with real kernels, e.g. 0,5.")
+@click.option("--ranks", type=RANKS, required=True, help="Ranks to replay with real kernels: 0,5.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--out-run", required=True, help="Name of the replayed run.")
 @click.option("--iterations", type=int, default=3, show_default=True, help="Measured passes.")
@@ -430,7 +438,7 @@ def emulate_cmd(
 def replay_cmd(
     db: Path,
     run_name: str,
-    ranks: str,
+    ranks: list[int],
     device: str,
     out_run: str,
     iterations: int,
@@ -463,10 +471,9 @@ def replay_cmd(
         wait=wait,
         together=together,
     )
-    rank_list = [int(r) for r in ranks.split(",") if r.strip()]
     with open_store(db) as store:
         report = replay_run(
-            store, run=run_name, ranks=rank_list, out_run=out_run, options=options, replace=replace
+            store, run=run_name, ranks=ranks, out_run=out_run, options=options, replace=replace
         )
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
 
@@ -475,7 +482,7 @@ def replay_cmd(
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", default=None, help="A run whose ranks were all recorded.")
 @click.option("--replayed", default=None, help="Instead: a replayed run against its recording.")
-@click.option("--slice-ranks", default=None, help="Recorded ranks to slice from, e.g. 0,2,4,6.")
+@click.option("--slice-ranks", type=RANKS, default=None, help="Ranks to slice from, e.g. 0..6:2.")
 @click.option(
     "--variance",
     type=click.Choice(["iteration", "op"]),
@@ -489,7 +496,7 @@ def validate_cmd(
     db: Path,
     run_name: str | None,
     replayed: str | None,
-    slice_ranks: str | None,
+    slice_ranks: list[int] | None,
     variance: str | None,
     seeds: int,
     as_json: bool,
@@ -508,12 +515,11 @@ def validate_cmd(
     if run_name is None:
         msg = "give --run RUN (or --replayed NAME)"
         raise click.UsageError(msg)
-    ranks = None if slice_ranks is None else [int(r) for r in slice_ranks.split(",") if r]
     with open_store(db) as store:
         report = validate_run(
             store,
             run=run_name,
-            slice_ranks=ranks,
+            slice_ranks=slice_ranks,
             variance=variance,  # type: ignore[arg-type]
             seeds=seeds,
         )
@@ -524,7 +530,9 @@ def validate_cmd(
     "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
 )
 @click.option("--world", "world_size", required=True, type=int, help="Ranks of the emulated job.")
-@click.option("--ranks", default="0", show_default=True, help="Ranks to run for real, e.g. 0,1.")
+@click.option(
+    "--ranks", type=RANKS, default="0", show_default=True, help="Ranks to run for real, e.g. 0,1."
+)
 @click.option("--db", type=click.Path(path_type=Path), default=None, help="Store with --run.")
 @click.option("--run", "run_name", default=None, help="Run whose timing the virtual peers follow.")
 @click.option("--timeout-s", type=float, default=None, help="Stop every rank after this long.")
@@ -535,7 +543,7 @@ def validate_cmd(
 @_one_line_errors
 def run_cmd(
     world_size: int,
-    ranks: str,
+    ranks: list[int],
     db: Path | None,
     run_name: str | None,
     timeout_s: float | None,
@@ -553,7 +561,7 @@ def run_cmd(
     res = launch(
         list(command),
         world_size=world_size,
-        ranks=[int(r) for r in ranks.split(",") if r],
+        ranks=ranks,
         db=db,
         run=run_name,
         timeout_s=timeout_s,

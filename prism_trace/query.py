@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
@@ -11,6 +10,7 @@ import duckdb
 import polars as pl
 
 from prism_trace.errors import PrismError
+from prism_trace.jsonout import dumps
 from prism_trace.store import Store
 
 __all__ = ["run_query"]
@@ -52,7 +52,7 @@ def run_query(
     if fmt == "csv":
         text = df.write_csv()
     elif fmt == "json":
-        text = json.dumps(df.to_dicts(), default=str, indent=1)
+        text = dumps(df.to_dicts(), indent=1)
     else:
         with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
             text = str(df)

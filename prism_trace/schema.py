@@ -24,7 +24,7 @@ __all__ = [
     "table",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bump on every breaking change, with an entry in docs/schema-changes.md."""
 
 RUN_KINDS = ("recorded", "sliced", "emulated", "replayed")

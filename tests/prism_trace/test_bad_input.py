@@ -24,6 +24,7 @@ from prism_trace.errors import (
     UnknownFormatError,
 )
 from prism_trace.ingest import ingest
+from prism_trace.schema import SCHEMA_VERSION
 from prism_trace.store import open_store
 
 pytestmark = pytest.mark.shared_data
@@ -235,8 +236,9 @@ def test_wrong_schema_version(seeded_db: Path, tmp_path: Path) -> None:
     import duckdb
 
     con = duckdb.connect(str(db))
-    con.execute("UPDATE meta SET value = '0' WHERE key = 'schema_version'")
+    con.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     con.close()
     code, out = run_cli("info", db)
     assert code != 0
-    assert "schema version 0" in out
+    assert f"store has schema version 1, this prism-trace reads {SCHEMA_VERSION}" in out
+    assert len(out.strip().splitlines()) == 1

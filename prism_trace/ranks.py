@@ -1,0 +1,70 @@
+"""Rank lists as users write them (``0,2,4``, ``0..7``, ``0..7:2``), parsed in one place."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+
+from prism_trace.errors import PrismError
+
+__all__ = ["MAX_RANKS", "RankList", "parse_ranks"]
+
+# A bound on what one spec may expand to: `0..1e9` must not allocate a billion ints.
+MAX_RANKS = 1 << 20
+
+_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?::(\d+))?$")
+
+
+def parse_ranks(spec: str) -> list[int]:
+    """The ranks of ``spec``, in the order given, duplicates dropped.
+
+    ``0,2,4`` lists ranks; ``a..b`` is a to b inclusive; ``a..b:s`` takes every s-th. Parts may
+    be mixed: ``0..3,8,12..15``.
+
+    Raises:
+        PrismError: an empty or malformed part, a range that runs backwards or a step of 0, or
+            more than `MAX_RANKS` ranks.
+    """
+    out: dict[int, None] = {}
+    parts = [p.strip() for p in spec.split(",")]
+    if not any(parts):
+        msg = f"rank list {spec!r} is empty (give e.g. 0,2,4 or 0..7 or 0..7:2)"
+        raise PrismError(msg)
+    for part in parts:
+        if part.isdigit():
+            out[int(part)] = None
+        elif m := _RANGE.match(part):
+            lo, hi, step = int(m[1]), int(m[2]), int(m[3] or 1)
+            if hi < lo or step == 0:
+                msg = f"rank range {part!r} in {spec!r}: needs start <= end and a step >= 1"
+                raise PrismError(msg)
+            if (hi - lo) // step + 1 + len(out) > MAX_RANKS:
+                msg = f"rank list {spec!r} names more than {MAX_RANKS} ranks"
+                raise PrismError(msg)
+            out.update(dict.fromkeys(range(lo, hi + 1, step)))
+        else:
+            msg = (
+                f"rank list {spec!r}: {part!r} is not a rank (a whole number >= 0), a range a..b"
+                " or a strided range a..b:s"
+            )
+            raise PrismError(msg)
+        if len(out) > MAX_RANKS:
+            msg = f"rank list {spec!r} names more than {MAX_RANKS} ranks"
+            raise PrismError(msg)
+    return list(out)
+
+
+class RankList(click.ParamType):
+    """A click parameter of ranks (`parse_ranks`); a bad list is one usage error line."""
+
+    name = "ranks"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, list):
+            return value
+        try:
+            return parse_ranks(str(value))
+        except PrismError as exc:
+            self.fail(str(exc), param, ctx)
