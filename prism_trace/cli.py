@@ -34,6 +34,16 @@ def _one_line_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def _given_flags() -> set[str]:
+    """The current command's parameters that the user set (not left at their defaults)."""
+    ctx = click.get_current_context()
+    return {
+        name
+        for name in ctx.params
+        if ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+    }
+
+
 @click.group()
 @click.version_option(package_name="prism-trace")
 def main() -> None:
@@ -361,6 +371,13 @@ def slice_cmd(
     help="Transfer times: recorded, carried to a new scale by the model, or the pure model.",
 )
 @click.option("--calibrate", is_flag=True, help="Fit the network model to recorded collectives.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML of the emulation's sections (docs/network.md); flags given override it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
 def emulate_cmd(
@@ -373,19 +390,29 @@ def emulate_cmd(
     system: str,
     timing_model: str,
     calibrate: bool,
+    config_file: Path | None,
     as_json: bool,
 ) -> None:
     """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
-    from prism_trace.replay import EmulationConfig, TimingConfig, Topology, emulate_run
+    from dataclasses import replace as with_
+
+    from prism_trace.replay import EmulationConfig, emulate_run
+    from prism_trace.replay.config_file import load_emulation_config
     from prism_trace.replay.whatif import parse_what_if
     from prism_trace.store import open_store
 
-    config = EmulationConfig(
-        what_if=parse_what_if(what_ifs),
-        seed=seed,
-        topology=Topology(system=system),
-        timing=TimingConfig(model=timing_model, calibrate=calibrate),  # type: ignore[arg-type]
-    )
+    config = EmulationConfig() if config_file is None else load_emulation_config(config_file)
+    given = _given_flags()
+    if what_ifs:
+        config = with_(config, what_if=parse_what_if(what_ifs))
+    if "seed" in given or config_file is None:
+        config = with_(config, seed=seed)
+    if "system" in given or config_file is None:
+        config = with_(config, topology=with_(config.topology, system=system))
+    if "timing_model" in given or config_file is None:
+        config = with_(config, timing=with_(config.timing, model=timing_model))
+    if calibrate:
+        config = with_(config, timing=with_(config.timing, calibrate=True))
     with open_store(db) as store:
         report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
