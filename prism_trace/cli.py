@@ -149,8 +149,12 @@ def info_cmd(db: Path, run_name: str | None, ranks: list[int] | None, as_json: b
 
 
 @main.command("query")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.argument("sql")
+@click.argument("args", nargs=-1, required=True, metavar="[DB] SQL")
+@click.option(
+    "--parquet",
+    default=None,
+    help="Query a `prism export parquet` folder (local path or s3://...) instead of DB.",
+)
 @click.option(
     "--format",
     "fmt",
@@ -161,16 +165,27 @@ def info_cmd(db: Path, run_name: str | None, ranks: list[int] | None, as_json: b
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
 @click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown as table.")
 @_one_line_errors
-def query_cmd(db: Path, sql: str, fmt: str, output: Path | None, max_rows: int) -> None:
-    """Run SQL against DB (read-only) and print or write the result."""
+def query_cmd(
+    args: tuple[str, ...], parquet: str | None, fmt: str, output: Path | None, max_rows: int
+) -> None:
+    """Run SQL against DB (read-only), or against a Parquet export, and print or write it."""
     from prism_trace.analysis import load_views
     from prism_trace.query import run_query
     from prism_trace.store import open_store
 
-    with open_store(db, read_only=True) as store:
+    if len(args) != (1 if parquet else 2):
+        msg = "give DB and SQL, or --parquet DIR and SQL"
+        raise click.UsageError(msg)
+    if parquet:
+        from prism_trace.parquet import open_parquet
+
+        opened = open_parquet(parquet)
+    else:
+        opened = open_store(Path(args[0]), read_only=True)
+    with opened as store:
         text = run_query(
             store,
-            sql,
+            args[-1],
             fmt=fmt,  # type: ignore[arg-type]
             output=output,
             max_rows=max_rows,
@@ -675,6 +690,21 @@ def export_perfetto_cmd(db: Path, run_name: str, out: Path) -> None:
         f"wrote {info['path']}: {info['events']} events of {info['ranks']} ranks,"
         f" {info['bytes'] / 1e6:.1f} MB in {info['seconds']:.2f} s"
     )
+
+
+@export_group.command("parquet")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "runs", multiple=True, help="Run to export (repeatable; default: all).")
+@click.option("-o", "--out-dir", required=True, type=click.Path(path_type=Path))
+@_one_line_errors
+def export_parquet_cmd(db: Path, runs: tuple[str, ...], out_dir: Path) -> None:
+    """Every table as hive-partitioned Parquet, DIR/<table>/rank=<r>/*.parquet (any engine)."""
+    from prism_trace.parquet import export_parquet
+    from prism_trace.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        report = export_parquet(store, out_dir, runs=list(runs) or None)
+    click.echo(report.summary())
 
 
 if __name__ == "__main__":
