@@ -696,8 +696,12 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         dur = typical_durations(nodes["name"], dur, replace)
         host = sync["idx"].to_numpy().astype(np.int64)
         per_part = typical_transfers(sync["name"], per_part, replace[host])
-    if w.no_stragglers or w.no_launch_delay:  # no own delay: every op starts when its deps allow
+    if w.no_launch_delay:  # no own delay: every op starts as soon as its dependencies allow
         delay = np.zeros_like(delay)
+        release = np.zeros_like(release)
+    elif w.no_stragglers:  # own time before computation stays; communication is posted at once
+        to_comm = nodes["kind"].is_in(_COMM).to_numpy()[edges["d"].to_numpy()]
+        delay = np.where(to_comm, 0, delay)
         release = np.zeros_like(release)
     graph = EmulatorGraph(
         unit=nodes["unit"].to_numpy(),

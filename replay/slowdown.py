@@ -12,7 +12,8 @@ and a group's share ``S_G = T(typical except G) / T(no-stragglers)``: how slow t
 if G were its only straggler (1.0: G costs nothing; StragglerAnalysis's ``S_t`` for op types and
 ``S_w`` for workers). Groups are not additive: two stragglers on one pipeline overlap. The own
 delays (CPU time, launches) are left out of both sides, like StragglerAnalysis's blocking
-slowdown; ``emulated / no-stragglers`` (with them) is reported beside it.
+slowdown (``no-stragglers`` keeps the own time before computations, see ``replay.typical``);
+``emulated / no-stragglers`` (with every own delay) is reported beside it.
 """
 
 from __future__ import annotations

@@ -94,8 +94,9 @@ class WhatIfConfig:
         bandwidth_scale: factor on the network bandwidth (None: unchanged).
         variance: each replica draws its durations from its representative's recorded ones.
         variance_mode: ``iteration`` (draw whole recorded iterations) or ``op`` (each op alone).
-        no_stragglers: every op takes its type's typical time (``replay.typical``) and starts as
-            soon as its dependencies allow (StragglerAnalysis's ``step_t_noblk``).
+        no_stragglers: every op takes its type's typical time (``replay.typical``); own delays
+            before computations stay, communication is posted as soon as its dependencies
+            allow (the counterpart of StragglerAnalysis's ``step_t_noblk``).
         no_launch_delay: every op's own delay is 0 (``step_t_nodelay``).
     """
 
