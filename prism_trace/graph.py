@@ -25,7 +25,9 @@ Kineto ranks (the rules, in order):
   launched the kernel, the ``comm`` edge replaces the ``launch`` edge (one edge, not two).
 - ``stream``: consecutive device nodes of a stream; anchor ``end``, delay 0.
 - ``wait``: a ``sync`` flow (event recorded on stream A, waited on stream B) → from the device node
-  on A to the first device node on B starting at or after the wait; anchor ``end``, delay 0.
+  on A to the first device node on B starting at or after the wait; anchor ``end``, delay 0. A
+  rank without such flows gets the waits its ``cudaStreamWaitEvent`` calls and its device
+  timeline show (``prism_trace.deps_kineto``); delay = the few µs the GPU took to resolve it.
 - ``sync``: a synchronising runtime call (``SYNC_CALLS``) → from the last device node launched (by
   launch time) at or before the call on each synchronised stream, to the host node enclosing the
   call. It holds back the *end* of ``dst``: ``dst.end >= src.end + delay``, with delay = the time
@@ -54,6 +56,7 @@ from typing import Literal, NamedTuple
 import numpy as np
 import polars as pl
 
+from prism_trace.deps_kineto import inferred_stream_waits
 from prism_trace.deps_op_timeline import op_timeline_edges
 from prism_trace.errors import PrismError
 from prism_trace.store import Store
@@ -638,6 +641,21 @@ def kineto_graph(
     )
 
     wait_edges = _wait_edges(fl, ev, dev_nodes)
+    # Ranks without cuda_sync flows: waits recovered from cudaStreamWaitEvent and the timeline.
+    with_flows = fl.filter(pl.col("kind") == "sync").select("rank").unique()
+    inferred = inferred_stream_waits(
+        dev_nodes.select("rank", "node_id", "track_id", "ts", "dur")
+        .join(with_flows, on="rank", how="anti")
+        .join(
+            launched.select(
+                "rank", pl.col("_node").cast(pl.Int64).alias("node_id"), pl.col("_lts").alias("lts")
+            ).unique(["rank", "node_id"]),
+            on=["rank", "node_id"],
+            how="left",
+        ),
+        ev.filter(pl.col("name") == "cudaStreamWaitEvent").select("rank", "ts"),
+    )
+    wait_edges = pl.concat([wait_edges, inferred.select(wait_edges.columns)], how="vertical")
     sync_edges, guessed = _sync_edges(ev, info, launched)
 
     edges = pl.concat(
