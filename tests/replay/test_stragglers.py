@@ -4,6 +4,7 @@ on hand-written op timelines whose every time is worked out in the comments, and
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -188,3 +189,42 @@ def test_st_matches_straggler_analysis(shared_datasets: Path, tmp_path: Path) ->
         ref = want[f"blocking_decompose_by_{by}"]
         assert set(got) == set(ref), by
         assert all(abs(got[g] - v) <= 0.02 for g, v in ref.items()), (by, got, ref)
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_generated_straggler_pair(tmp_path: Path) -> None:
+    """Record one small gloo job clean and with rank 1 sleeping 0.4 s per step in its forward;
+    ``no-stragglers`` on the straggler recording removes the sleep's excess that the typical
+    (mean over the 2 ranks: half the sleep) does not keep. On this shared 2-core host the clean
+    step itself varies by 20 % between recordings, so the issue's 5 % is measured by
+    ``benchmarks/bench_stragglers.py --source generated``, not asserted here."""
+    pytest.importorskip("torch")
+    from prism_trace.datasets.generate import JobConfig, generate
+
+    store = open_store(tmp_path / "g.duckdb")
+    for name, secs in (("clean", 0.0), ("slow", 0.4)):
+        cfg = JobConfig(dp=2, tp=1, pp=1, microbatches=2, steps=2, straggler_rank=1)
+        generate(tmp_path / name, replace(cfg, straggler_s=secs), join_timeout_s=300)
+        ingest(store, [tmp_path / name], run=name, progress=False)
+    naps = dict(
+        store.con.execute(
+            "SELECT e.rank, avg(e.dur) FROM event e JOIN run r USING (run_id)"
+            " WHERE r.name = 'slow' AND e.name = 'prism::straggle' GROUP BY e.rank"
+        ).fetchall()
+    )
+    assert naps[1] >= 0.19e9  # 0.4 s over 2 micro-batches, inside the profiled op
+    assert naps[0] < 5e6
+
+    def recorded(run: str) -> float:
+        ((t,),) = store.con.execute(
+            "SELECT avg(dur) FROM iteration JOIN run USING (run_id) WHERE run.name = ?", [run]
+        ).fetchall()
+        return float(t) / 1e9
+
+    clean, slow = recorded("clean"), recorded("slow")
+    assert slow > clean + 0.2
+    cfg = EmulationConfig(what_if=WhatIfConfig(no_stragglers=True))
+    _, iters = emulate_in_memory(store, run="slow", config=cfg)
+    predicted = float(iters["dur"].mean()) / 1e9  # type: ignore[arg-type]
+    assert predicted < slow - 0.1
