@@ -156,8 +156,11 @@ def main() -> None:
     body = table(rows)
     print(body)
     command = "python benchmarks/bench_stragglers.py " + " ".join(sys.argv[1:])
+    theme = f"stragglers-{args.source}"
+    if args.source == "generated":
+        theme += f"-dp{args.dp}tp{args.tp}pp{args.pp}"
     note = write_note(
-        f"stragglers-{args.source}",
+        theme,
         host_kind(args.host),
         title=title,
         command=command.strip(),
