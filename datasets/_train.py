@@ -22,9 +22,24 @@ from prism_trace.scratch import ram_scratch_dir
 __all__ = ["JobConfig", "run_rank"]
 
 
+@torch.library.custom_op("prism::straggle", mutates_args=())
+def straggle(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    """A profiled op that sleeps ``seconds``: a straggler's slow compute (``--straggler``)."""
+    if seconds > 0:
+        time.sleep(seconds)
+    return x.new_empty(0)
+
+
 @dataclass(frozen=True, kw_only=True)
 class JobConfig:
-    """Everything that defines a generated run."""
+    """Everything that defines a generated run.
+
+    ``straggler_rank >= 0`` makes every rank call the ``prism::straggle`` op after each
+    micro-batch forward; on that rank it sleeps ``straggler_s / microbatches`` seconds (so
+    ``straggler_s`` per step), elsewhere it returns at once. The sleep is inside a profiled op, so
+    the trace shows it as that rank's compute time; the same job with ``straggler_s = 0`` is the
+    clean recording to compare with.
+    """
 
     dp: int = 2
     tp: int = 2
@@ -38,6 +53,8 @@ class JobConfig:
     bucket_bytes: int = 256 * 1024
     seed: int = 0
     timeout_s: float = 60.0
+    straggler_rank: int = -1
+    straggler_s: float = 0.0
 
     @property
     def layout(self) -> Layout:
@@ -112,6 +129,9 @@ class _Rank:
                 x = self.comm.recv(torch.empty(act_shape), self._peer(-1), self.pp)
                 x.requires_grad_()
             y = self.stage(x)
+            if cfg.straggler_rank >= 0:
+                mine = self.rank == cfg.straggler_rank
+                straggle(y.detach(), cfg.straggler_s / cfg.microbatches if mine else 0.0)
             if last:
                 y = F.cross_entropy(y.reshape(-1, m.vocab), targets.reshape(-1)) / cfg.microbatches
                 losses.append(y.item())

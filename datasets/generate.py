@@ -110,7 +110,23 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--bucket-bytes", type=int, default=d.bucket_bytes)
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="per-collective timeout")
+    p.add_argument(
+        "--straggler",
+        metavar="RANK@SECONDS",
+        default=None,
+        help="rank RANK sleeps SECONDS per step inside its forward compute (prism::straggle);"
+        " RANK@0 records the same job without the sleep",
+    )
     a = p.parse_args(argv)
+    s_rank, s_secs = -1, 0.0
+    if a.straggler is not None:
+        rank_text, at, secs_text = a.straggler.partition("@")
+        try:
+            s_rank, s_secs = int(rank_text), float(secs_text)
+        except ValueError:
+            s_rank = -1
+        if not at or s_rank < 0 or s_secs < 0:
+            p.error(f"--straggler {a.straggler!r}: expected RANK@SECONDS, e.g. 1@0.5")
     model = replace(m, vocab=a.vocab, hidden=a.hidden, heads=a.heads, layers=a.layers, seq=a.seq)
     config = JobConfig(
         dp=a.dp,
@@ -125,7 +141,11 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         bucket_bytes=a.bucket_bytes,
         seed=a.seed,
         timeout_s=a.timeout_s,
+        straggler_rank=s_rank,
+        straggler_s=s_secs,
     )
+    if s_rank >= config.layout.world:
+        p.error(f"--straggler rank {s_rank} is outside the world of {config.layout.world} ranks")
     return a.out, config
 
 

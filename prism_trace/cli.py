@@ -211,10 +211,17 @@ def query_cmd(
             "critical-path",
             "critical-path-summary",
             "diff",
+            "slowdown",
         ]
     ),
 )
 @click.option("--run", "run_name", required=True, help="Run to analyse (any kind).")
+@click.option(
+    "--by",
+    type=click.Choice(["optype", "rank", "stage", "dp_rank"]),
+    default=None,
+    help="slowdown: attribute it to op types, ranks, pipeline stages or data-parallel ranks.",
+)
 @click.option("--compare", default=None, help="diff: the other run (differences are OTHER - RUN).")
 @click.option("--iteration", type=int, default=None, help="Only this iteration.")
 @click.option(
@@ -238,24 +245,32 @@ def analyze_cmd(
     min_ns: int,
     as_json: bool,
     max_rows: int,
+    by: str | None,
 ) -> None:
     """Answer WHAT about a run: temporal/kernel breakdown, overlap, idle time, collective skew,
-    pipeline bubbles, critical path across ranks, or its diff with another run."""
+    pipeline bubbles, critical path across ranks, its diff with another run, or its straggler
+    slowdown (emulated with and without typical op times, `--by` a group)."""
     import polars as pl
 
     from prism_trace.analysis import analyze
     from prism_trace.store import open_store
 
-    with open_store(db, read_only=True) as store:
-        frames = analyze(
-            store,
-            what,
-            run_name,
-            compare=compare,
-            iteration=iteration,
-            threshold_pct=threshold_pct,
-            min_ns=min_ns,
-        )
+    if what == "slowdown":
+        from prism_trace.replay.slowdown import slowdown
+
+        with open_store(db) as store:  # writable: a recorded run gets its graph first
+            frames = {what: slowdown(store, run_name, by=by)}
+    else:
+        with open_store(db, read_only=True) as store:
+            frames = analyze(
+                store,
+                what,
+                run_name,
+                compare=compare,
+                iteration=iteration,
+                threshold_pct=threshold_pct,
+                min_ns=min_ns,
+            )
     if as_json:
         out: object = {k: v.to_dicts() for k, v in frames.items()}
         if len(frames) == 1:

@@ -25,7 +25,9 @@ Kineto ranks (the rules, in order):
   launched the kernel, the ``comm`` edge replaces the ``launch`` edge (one edge, not two).
 - ``stream``: consecutive device nodes of a stream; anchor ``end``, delay 0.
 - ``wait``: a ``sync`` flow (event recorded on stream A, waited on stream B) → from the device node
-  on A to the first device node on B starting at or after the wait; anchor ``end``, delay 0.
+  on A to the first device node on B starting at or after the wait; anchor ``end``, delay 0. A
+  rank without such flows gets the waits its ``cudaStreamWaitEvent`` calls and its device
+  timeline show (``prism_trace.deps_kineto``); delay = the few µs the GPU took to resolve it.
 - ``sync``: a synchronising runtime call (``SYNC_CALLS``) → from the last device node launched (by
   launch time) at or before the call on each synchronised stream, to the host node enclosing the
   call. It holds back the *end* of ``dst``: ``dst.end >= src.end + delay``, with delay = the time
@@ -41,10 +43,8 @@ whose kernel is another node gets a ``comm`` edge (anchor ``start``, delay 0).
 
 Op-timeline ranks: every event is a node (``collective``/``send``/``recv`` when it has a row, else
 ``kernel``; Megatron's grad-norm op ``optimizer-clip-main-grad`` becomes an all-rank
-``collective``). The ops of a rank form one program order across its lanes (Megatron's schedule
-is one host thread with blocking p2p): each op waits for the end of every op of the previous
-*slot* (ops that run side by side, e.g. a batched send+recv), with the recorded gap after the
-last of them as delay; see ``timeline_graph``.
+``collective``). Edges are Megatron's dependencies (``prism_trace.deps_op_timeline``), each
+with the op's own delay: its start minus the latest end of all its dependencies.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ from typing import Literal, NamedTuple
 import numpy as np
 import polars as pl
 
+from prism_trace.deps_kineto import inferred_stream_waits
+from prism_trace.deps_op_timeline import op_timeline_edges
 from prism_trace.errors import PrismError
 from prism_trace.store import Store
 
@@ -639,6 +641,21 @@ def kineto_graph(
     )
 
     wait_edges = _wait_edges(fl, ev, dev_nodes)
+    # Ranks without cuda_sync flows: waits recovered from cudaStreamWaitEvent and the timeline.
+    with_flows = fl.filter(pl.col("kind") == "sync").select("rank").unique()
+    inferred = inferred_stream_waits(
+        dev_nodes.select("rank", "node_id", "track_id", "ts", "dur")
+        .join(with_flows, on="rank", how="anti")
+        .join(
+            launched.select(
+                "rank", pl.col("_node").cast(pl.Int64).alias("node_id"), pl.col("_lts").alias("lts")
+            ).unique(["rank", "node_id"]),
+            on=["rank", "node_id"],
+            how="left",
+        ),
+        ev.filter(pl.col("name") == "cudaStreamWaitEvent").select("rank", "ts"),
+    )
+    wait_edges = pl.concat([wait_edges, inferred.select(wait_edges.columns)], how="vertical")
     sync_edges, guessed = _sync_edges(ev, info, launched)
 
     edges = pl.concat(
@@ -825,63 +842,6 @@ optimizer's grad-stats group is the whole world; in the ST data it ends within ~
 ranks). ``timeline_graph`` makes each one a ``collective`` node (``all_reduce``) on the world
 group, numbered per rank in time order."""
 
-_CONCURRENT_FRACTION = 0.5
-"""Two consecutive ops of a rank (in start order) run side by side, in one *slot*, when they start
-at the same ns (a batched send+recv), when the later one (of non-zero duration) lies inside the
-earlier one, or when it starts before at least this fraction of the earlier one has passed.
-A later start near the earlier op's end is clock jitter between sequential ops (a few us in the
-ST data): the two stay in sequence."""
-
-
-def _timeline_slots(nodes: pl.DataFrame) -> pl.DataFrame:
-    """``rank, node_id, ts, end, slot, marker, _jitter``: each rank's ops in program order.
-
-    Ops of non-zero duration are grouped into slots numbered 1, 2, ... in start order. An op of
-    zero duration (a *marker*, e.g. ``gc``) is in no slot: it gets the number of the last slot
-    that started at or before it, plus one, so that it follows that slot; nothing follows it.
-    Markers are often recorded a few ns before or after the op next to them, and keeping them out
-    of the sequence makes the graph independent of that order.
-    """
-    timed = nodes.filter(pl.col("ts").is_not_null()).select(
-        "rank",
-        "node_id",
-        "ts",
-        (pl.col("ts") + pl.col("dur").fill_null(0).clip(lower_bound=0)).alias("end"),
-        pl.col("dur").fill_null(0).clip(lower_bound=0).alias("_d"),
-    )
-    ordered = timed.filter(pl.col("_d") > 0).sort(["rank", "ts", "node_id"])
-    prev_ts = pl.col("ts").shift(1).over("rank")
-    prev_end = pl.col("end").shift(1).over("rank")
-    prev_d = pl.col("_d").shift(1).over("rank")
-    left = prev_end - pl.col("ts")  # how much of the previous op is still to run
-    concurrent = (
-        (pl.col("ts") == prev_ts)
-        | ((left > 0) & ((left >= _CONCURRENT_FRACTION * prev_d) | (pl.col("end") <= prev_end)))
-    ).fill_null(value=False)
-    ops = ordered.with_columns(
-        (~concurrent).cast(pl.Int64).cum_sum().over("rank").alias("slot"),
-        ((pl.col("ts") < prev_end) & ~concurrent).fill_null(value=False).alias("_jitter"),
-        pl.lit(value=False).alias("marker"),
-    ).drop("_d")
-    starts = (
-        ops.group_by("rank", "slot")
-        .agg(pl.col("ts").min())
-        .sort(["rank", "ts"])
-        .select("rank", "ts", (pl.col("slot") + 1).alias("slot"))
-    )
-    markers = (
-        timed.filter(pl.col("_d") == 0)
-        .sort(["rank", "ts"])
-        .join_asof(starts, on="ts", by="rank", strategy="backward", check_sortedness=False)
-        .with_columns(
-            pl.col("slot").fill_null(0),
-            pl.lit(value=False).alias("_jitter"),
-            pl.lit(value=True).alias("marker"),
-        )
-        .select(ops.columns)
-    )
-    return pl.concat([ops, markers], how="vertical")
-
 
 def timeline_graph(
     events: pl.DataFrame,
@@ -890,26 +850,20 @@ def timeline_graph(
     *,
     world_group: int | None = None,
 ) -> GraphFrames:
-    """The graph of op-timeline ranks: every op a node, in the rank's program order.
+    """The graph of op-timeline ranks: every op a node, its edges Megatron's dependencies.
 
-    Megatron's (non-interleaved) pipeline schedule runs on one host thread whose sends and
-    receives block, so each rank's ops form one sequence: recv(m) → forward(m) → send(m), ...,
-    recv_grad(m) → backward(m) → send_grad(m), then the gradient collectives, the grad-norm
-    all-reduce, the optimizer, and the next step. The graph chains that sequence across the
-    lanes (``compute``, ``pp-comm``, ``dp-comm``): ops that run side by side (a batched
-    send+recv starts both at once) form a *slot*, and every op of a slot waits for the **end of
-    every op of the previous slot** (``program`` edges, anchor ``end``). Zero-duration markers
-    (``gc``) follow the slot they were recorded in or after, and hold nothing back. The delay of
-    an op is the recorded gap after the last of them, ``max(0, ts - max(end of previous
-    slot))``: CPU or launch time, never waiting. Waiting lives inside the communication ops,
-    whose ends the emulator recomputes from the peers' arrivals, so it changes when arrivals
-    change. Negative gaps (clock jitter of a few us between sequential ops) become 0 and are
-    counted as ``overlaps``. The schedule's dependencies (receive before the compute that uses
-    it, compute before its send, last backward before the gradient collectives, optimizer before
-    the next step) are all implied by that order.
+    The edges and each op's own delay come from ``prism_trace.deps_op_timeline`` (compute and
+    p2p streams, sends after their compute, receives before the compute they feed, the
+    data-parallel stream and its links to each model chunk, the post-backward chain, steps).
+    Waiting is never stored: communication ops end where the emulator's instance says (the
+    participants' last arrival plus the transfer), so a wait grows or shrinks when an arrival
+    moves. Nodes whose recorded start is earlier than the end of one of their dependencies
+    (the model is looser than the recording, or clock jitter) keep that negative own delay and are
+    counted as ``overlaps``.
 
     Args:
-        events: ``rank, event_id, track_id, category, name, ts, dur, iteration``.
+        events: ``rank, event_id, track_id, category, name, ts, dur, iteration``, optionally
+            ``mc`` (the op's model chunk).
         collectives: see ``comm_rows``.
         p2p: see ``comm_rows``.
         world_group: the run's all-rank group; ops named in ``TIMELINE_SYNC_OPS`` without a
@@ -948,24 +902,14 @@ def timeline_graph(
         )
     kind = pl.coalesce(pl.col("node_kind"), pl.lit("kernel"))
     nodes = _mint(_node_frame(ev, kind))
-    slots = _timeline_slots(nodes)
-    prev = (
-        slots.filter(~pl.col("marker"))
-        .group_by("rank", "slot")
-        .agg(pl.col("end").max().alias("_pend"))
-        .with_columns((pl.col("slot") + 1).alias("slot"))
+    mc = ev.select("rank", "event_id", "mc") if "mc" in ev.columns else None
+    with_mc = (
+        nodes.join(mc.unique(["rank", "event_id"]), on=["rank", "event_id"], how="left")
+        if mc is not None
+        else nodes
     )
-    dst = slots.join(prev, on=["rank", "slot"], how="inner").with_columns(
-        (pl.col("ts") - pl.col("_pend")).clip(lower_bound=0).alias("_delay")
-    )
-    src = slots.filter(~pl.col("marker")).select(
-        "rank", (pl.col("slot") + 1).alias("slot"), pl.col("node_id").alias("src")
-    )
-    pairs = dst.join(src, on=["rank", "slot"], how="inner").with_columns(
-        pl.col("node_id").alias("dst")
-    )
-    edges = _edges(pairs, "program", "end", pl.col("_delay")).sort(["rank", "dst", "src"])
-    overlaps = slots.filter(pl.col("_jitter")).select("rank")
+    edges = op_timeline_edges(with_mc)
+    overlaps = edges.filter(pl.col("delay") < 0).unique(["rank", "dst"]).select("rank")
     no_kernel = nodes.filter(pl.col("kind").is_in(["collective", "send", "recv"])).select("rank")
     return GraphFrames(
         nodes, edges, _stats(ranks, overlaps=overlaps, comm_without_kernel=no_kernel)
@@ -974,10 +918,12 @@ def timeline_graph(
 
 def _world_group(store: Store, run_id: int, ranks: list[int]) -> tuple[int, list[object] | None]:
     """The run's all-rank communicator, and the ``comm_group`` row to insert when it has none
-    (``world``, description ``default_pg``)."""
+    (``world``, description ``default_pg``). A group that merely has every rank (the dp group of
+    a job without pipeline stages) is not it: its collectives number their own sequence."""
     rows = store.con.execute(
         "SELECT r.world_size, (SELECT min(group_id) FROM comm_group g WHERE g.run_id = r.run_id"
-        " AND g.size = r.world_size AND len(g.ranks) = r.world_size),"
+        " AND g.size = r.world_size AND len(g.ranks) = r.world_size"
+        " AND (g.name = 'world' OR g.description = 'default_pg')),"
         " (SELECT coalesce(max(group_id), -1) + 1 FROM comm_group g WHERE g.run_id = r.run_id),"
         " (SELECT min(backend) FROM comm_group g WHERE g.run_id = r.run_id)"
         " FROM run r WHERE r.run_id = ?",
@@ -1132,7 +1078,13 @@ def build_graph(store: Store, run: str) -> GraphReport:
             )
             parts.append(chakra_graph(events, flows, coll, p2p))
         else:
-            events = _frame(store, f"SELECT {_EVENT_COLS} FROM event WHERE {where}", run_id, ranks)
+            events = _frame(
+                store,
+                f"SELECT {_EVENT_COLS}, TRY_CAST(json_extract(args, '$.mc') AS INTEGER) AS mc"
+                f" FROM event WHERE {where}",
+                run_id,
+                ranks,
+            )
             world_group = None
             if events.filter(pl.col("name").is_in(list(TIMELINE_SYNC_OPS))).height:
                 world_group, new_group = _world_group(store, run_id, ranks)

@@ -44,6 +44,7 @@ from prism_trace.replay.timing import (
     transfer_model,
 )
 from prism_trace.replay.topology import Topology
+from prism_trace.replay.typical import typical_durations, typical_transfers
 from prism_trace.replay.whatif import (
     WhatIfConfig,
     WhatIfError,
@@ -254,6 +255,8 @@ class _Inputs:
     left_out: dict[int, str] = field(default_factory=dict)
     size_override: dict[int, int] = field(default_factory=dict)
     parent_run_id: int | None = None  # the dp what-if: the run the user named, not the re-slice
+    # no-stragglers: nodes that keep their recorded time (a slowdown group, replay.slowdown)
+    keep_recorded: np.ndarray | None = None
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
@@ -670,29 +673,47 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     )
 
     release = nodes["ts"].fill_null(inputs.origin).to_numpy().astype(np.int64) - inputs.origin
-    graph = EmulatorGraph(
-        unit=nodes["unit"].to_numpy(),
-        dur=np.maximum(
-            nodes["emu_dur" if "emu_dur" in nodes.columns else "dur"]
-            .fill_null(0)
-            .to_numpy()
-            .astype(np.int64),
-            0,
-        ),
-        release=release,
-        src=edges["s"].to_numpy(),
-        dst=edges["d"].to_numpy(),
-        delay=np.maximum(edges["delay"].fill_null(0).to_numpy().astype(np.int64), 0),
-        from_end=(edges["anchor"].fill_null("end") != "start").to_numpy(),
-        holds_end=(edges["kind"] == "sync").to_numpy(),
+    dur = np.maximum(
+        nodes["emu_dur" if "emu_dur" in nodes.columns else "dur"]
+        .fill_null(0)
+        .to_numpy()
+        .astype(np.int64),
+        0,
     )
+    delay = edges["delay"].fill_null(0).to_numpy().astype(np.int64)
     skew = sync["skew"].fill_null(0).to_numpy().astype(np.int64)
     if config.replay.completion == "common":
         skew = np.zeros_like(skew)
     per_part = transfer[inst]
     if "factor" in sync.columns:  # a slow-down of communication ops scales their transfer
         per_part = np.rint(per_part * sync["factor"].fill_null(1.0).to_numpy()).astype(np.int64)
-    comm = CommInstances(node=sidx, instance=inst, transfer=per_part + skew)
+    per_part = per_part + skew
+    w = config.what_if
+    if w.no_stragglers:  # every op its type's typical time (replay.typical)
+        replace = np.ones(nodes.height, dtype=bool)
+        if inputs.keep_recorded is not None:
+            replace = ~inputs.keep_recorded
+        dur = typical_durations(nodes["name"], dur, replace)
+        host = sync["idx"].to_numpy().astype(np.int64)
+        per_part = typical_transfers(sync["name"], per_part, replace[host])
+    if w.no_launch_delay:  # no own delay: every op starts as soon as its dependencies allow
+        delay = np.zeros_like(delay)
+        release = np.zeros_like(release)
+    elif w.no_stragglers:  # own time before computation stays; communication is posted at once
+        to_comm = nodes["kind"].is_in(_COMM).to_numpy()[edges["d"].to_numpy()]
+        delay = np.where(to_comm, 0, delay)
+        release = np.zeros_like(release)
+    graph = EmulatorGraph(
+        unit=nodes["unit"].to_numpy(),
+        dur=dur,
+        release=release,
+        src=edges["s"].to_numpy(),
+        dst=edges["d"].to_numpy(),
+        delay=delay,
+        from_end=(edges["anchor"].fill_null("end") != "start").to_numpy(),
+        holds_end=(edges["kind"] == "sync").to_numpy(),
+    )
+    comm = CommInstances(node=sidx, instance=inst, transfer=per_part)
     if n_inst == 0:
         comm = CommInstances.empty()
 

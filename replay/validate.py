@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
+from prism_trace.replay.inside_step import InsideStep, inside_step
 from prism_trace.replay.run import EmulationConfig, emulate_in_memory, rank_peaks, temporary_slice
 from prism_trace.replay.whatif import WhatIfConfig
 
@@ -153,6 +154,8 @@ class ValidationReport:
     variance_seeds: int = 0
     notes: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    replay_inside: InsideStep | None = None  # op starts and communication time, replay
+    slice_inside: InsideStep | None = None  # the same for the slice's emulated exemplars
 
     @property
     def replay_iteration_time_error_pct(self) -> float | None:
@@ -214,6 +217,8 @@ class ValidationReport:
             ),
             "peak_memory_error_pct": r(self.peak_memory_error_pct),
             "slice_peak_memory_error_pct": r(self.slice_peak_memory_error_pct),
+            **_inside_dict(self.replay_inside, "replay"),
+            **_inside_dict(self.slice_inside, "slice"),
             "replay": [e.as_dict() for e in self.replay],
             "slice": None if self.slice is None else [e.as_dict() for e in self.slice],
             "variance": None if self.variance is None else [e.as_dict() for e in self.variance],
@@ -252,6 +257,14 @@ class ValidationReport:
                 f" mean |error| {pct(self.variance_iteration_time_error_pct)}; mean iteration"
                 f" {pct(self.variance_mean_iteration_time_error_pct)}"
             )
+        for label, inside in (("replay", self.replay_inside), ("slice", self.slice_inside)):
+            if inside is not None:
+                lines.append(
+                    f"  inside the step ({label}): op start |error| p50"
+                    f" {pct(inside.op_start_error_p50_pct)}, p99"
+                    f" {pct(inside.op_start_error_p99_pct)} of the iteration over {inside.ops} ops;"
+                    f" communication time {pct(inside.comm_time_error_pct)}"
+                )
         if self.replay_memory is None:
             lines.append("  peak memory: n/a (no memory events recorded)")
         else:
@@ -266,6 +279,12 @@ class ValidationReport:
             )
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _inside_dict(inside: InsideStep | None, prefix: str) -> dict[str, Any]:
+    if inside is None:
+        return InsideStep(None, None, None, 0).as_dict(prefix)
+    return inside.as_dict(prefix)
 
 
 def _compare(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[IterationError]:
@@ -354,7 +373,7 @@ def validate_run(
         )
         raise PrismError(msg)
     recorded = store.con.sql(
-        "SELECT rank, iteration, dur FROM iteration WHERE run_id = $1", params=[run_id]
+        "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]
     ).pl()
     if recorded.is_empty():
         msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
@@ -369,6 +388,8 @@ def validate_run(
     res, emulated = emulate_in_memory(store, run=run, config=config)
     replay = _compare(emulated, recorded)
     replay_memory = _compare_memory(rank_peaks(res), rec_peaks)
+    replay_inside = inside_step(res, recorded, emulated)
+    slice_inside: InsideStep | None = None
     slice_memory: list[RankPeak] | None = None
     t_replay = time.perf_counter() - t0
 
@@ -394,6 +415,7 @@ def validate_run(
                 res_s, emulated_s = emulate_in_memory(store, run=tmp, config=config)
                 sliced = _compare(emulated_s, recorded)
                 slice_memory = _compare_memory(rank_peaks(res_s), rec_peaks)
+                slice_inside = inside_step(res_s, recorded, emulated_s)
                 if variance is not None:
                     draws = []
                     for seed in range(seeds):
@@ -421,6 +443,8 @@ def validate_run(
         variance_seeds=seeds if variance_errors is not None else 0,
         notes=notes,
         seconds={"replay": t_replay, "total": time.perf_counter() - t0},
+        replay_inside=replay_inside,
+        slice_inside=slice_inside,
     )
 
 
@@ -559,7 +583,7 @@ def validate_replayed(store: Store, *, replayed: str) -> ReplayValidation:
     mapping = ranks.select(pl.col("rank"), pl.col("src"))
     rep = (
         store.con.sql(
-            "SELECT rank, iteration, dur FROM iteration WHERE run_id = $1", params=[run_id]
+            "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]
         )
         .pl()
         .join(mapping, on="rank")

@@ -94,6 +94,10 @@ class WhatIfConfig:
         bandwidth_scale: factor on the network bandwidth (None: unchanged).
         variance: each replica draws its durations from its representative's recorded ones.
         variance_mode: ``iteration`` (draw whole recorded iterations) or ``op`` (each op alone).
+        no_stragglers: every op takes its type's typical time (``replay.typical``); own delays
+            before computations stay, communication is posted as soon as its dependencies
+            allow (the counterpart of StragglerAnalysis's ``step_t_noblk``).
+        no_launch_delay: every op's own delay is 0 (``step_t_nodelay``).
     """
 
     slow: tuple[SlowDown, ...] = ()
@@ -102,6 +106,8 @@ class WhatIfConfig:
     bandwidth_scale: float | None = None
     variance: bool = False
     variance_mode: Literal["iteration", "op"] = "iteration"
+    no_stragglers: bool = False
+    no_launch_delay: bool = False
 
     def __post_init__(self) -> None:
         slow = tuple(s if isinstance(s, SlowDown) else SlowDown(**s) for s in self.slow)
@@ -125,6 +131,8 @@ class WhatIfConfig:
             or self.dp is not None
             or self.bandwidth_scale is not None
             or self.variance
+            or self.no_stragglers
+            or self.no_launch_delay
         )
 
     def rank_targets(self) -> set[int]:
@@ -151,7 +159,8 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 _SYNTAX = (
     "what-ifs: slow-ranks=3,5..7@1.2 | slow-ops=GLOB@1.5 | slow-kind=kernel@1.1 |"
-    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op]"
+    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op] | no-stragglers |"
+    " no-launch-delay"
 )
 
 
@@ -159,7 +168,8 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
     """Parse ``--what-if`` words into a config.
 
     Words: ``slow-ranks=3,5..7@1.2``, ``slow-ops=forward-*@1.5``, ``slow-kind=kernel@1.1``,
-    ``remove-gpu=17``, ``dp=64``, ``bandwidth=0.5``, ``variance`` (``variance=op``).
+    ``remove-gpu=17``, ``dp=64``, ``bandwidth=0.5``, ``variance`` (``variance=op``),
+    ``no-stragglers``, ``no-launch-delay``.
 
     Raises:
         WhatIfError: a word that is not one of these, or a bad value; the message lists the
@@ -188,6 +198,8 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
                 kw["dp"] = int(value)
             elif key == "bandwidth":
                 kw["bandwidth_scale"] = float(value)
+            elif key in ("no-stragglers", "no-launch-delay") and not value:
+                kw[key.replace("-", "_")] = True
             elif key == "variance":
                 kw["variance"] = True
                 if value:

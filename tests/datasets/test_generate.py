@@ -151,3 +151,17 @@ def test_generate_fails_clearly(tmp_path: Path) -> None:
         generate(tmp_path, cfg, join_timeout_s=60)
     assert "multiples of tp=3" in str(exc.value)
     assert str(tmp_path) in str(exc.value)
+
+
+@pytest.mark.torch
+def test_straggler_option() -> None:
+    pytest.importorskip("torch")
+    from prism_trace.datasets.generate import _parse
+
+    _, cfg = _parse(["--out", "x", "--dp", "2", "--tp", "1", "--pp", "1", "--straggler", "1@0.5"])
+    assert (cfg.straggler_rank, cfg.straggler_s) == (1, 0.5)
+    _, cfg = _parse(["--out", "x"])
+    assert cfg.straggler_rank == -1
+    for bad in ("1", "x@1", "1@-2", "9@1"):
+        with pytest.raises(SystemExit):
+            _parse(["--out", "x", "--dp", "2", "--tp", "1", "--pp", "1", "--straggler", bad])

@@ -172,52 +172,9 @@ def test_sync_edge_delay_is_the_tail_after_the_call() -> None:
     assert g.stats["guessed_sync_streams"][0] == 1
 
 
-def test_timeline_concurrent_ops_share_a_slot() -> None:
-    events = frame(
-        [
-            (0, 0, 1, "comm", "forward-send", 0, 100, None, None, 1),
-            (0, 1, 1, "comm", "forward-recv", 50, 100, None, None, 1),
-            (0, 2, 1, "comm", "forward-send", 300, 10, None, None, 1),
-        ],
-        EV_COLS,
-    )
-    coll, p2p = empty_comm()
-    p2p = pl.concat(
-        [
-            p2p,
-            pl.DataFrame(
-                [
-                    {
-                        "rank": 0,
-                        "event_id": 0,
-                        "group_id": 1,
-                        "seq": 0,
-                        "direction": "send",
-                        "peer": 2,
-                        "bytes": None,
-                        "kernel_event_id": None,
-                    }
-                ],
-                schema=p2p.schema,
-            ),
-        ]
-    )
-    g = timeline_graph(events, coll, p2p)
-    assert g.nodes["kind"].to_list() == ["send", "kernel", "kernel"]
-    assert g.nodes["peer"].to_list() == [2, None, None]
-    # The recv starts halfway through the send: they run side by side (one slot), and the next
-    # op waits for the end of both, with the gap after the later end as its delay.
-    assert g.edges.select("src", "dst", "anchor", "delay").rows() == [
-        (0, 2, "end", 150),
-        (1, 2, "end", 150),
-    ]
-    assert g.stats["overlaps"][0] == 0
-
-
-def test_timeline_program_order_crosses_lanes() -> None:
-    # recv (pp lane) -> compute (compute lane) -> send (pp lane); the compute starts 3 ns before
-    # the recv ends (clock jitter): it stays after the recv, with delay 0, counted as an overlap.
-    # The grad-norm op becomes a world collective; the optimizer waits for it.
+def test_timeline_dependencies_cross_lanes() -> None:
+    # recv (pp lane) -> compute (compute lane) -> send (pp lane) -> ... The grad-norm op becomes
+    # a world collective; the optimizer waits for it.
     events = frame(
         [
             (0, 0, 1, "comm", "forward-recv", 0, 100, None, None, 1),
@@ -237,10 +194,13 @@ def test_timeline_program_order_crosses_lanes() -> None:
         for a, b, anchor, d in g.edges.select("src", "dst", "anchor", "delay").iter_rows()
     }
     n = by_event
+    # Megatron's dependencies (prism_trace.deps_op_timeline): the recv feeds the compute, which
+    # starts 3 ns before the recv ends (clock jitter: own delay -3, an overlap); the send follows
+    # the compute; the clip follows the last compute; step 2's clip follows step 1's optimizer.
     assert edges == {
-        (n[0], n[1]): ("end", 0),
+        (n[0], n[1]): ("end", -3),
         (n[1], n[2]): ("end", 3),
-        (n[2], n[3]): ("end", 10),
+        (n[1], n[3]): ("end", 23),
         (n[3], n[4]): ("end", 5),
         (n[4], n[5]): ("end", 55),
     }
@@ -646,8 +606,8 @@ def test_megatron_timeline_graph(real: Store, shared_datasets: Path) -> None:
         rg = report.ranks[rank]
         assert rg.rule == "op_timeline"
         assert sum(rg.nodes.values()) == n
-        assert rg.edges["program"] >= n - 1
-        assert set(rg.edges) == {"program"}
+        assert rg.edges["program"] >= 1
+        assert set(rg.edges) <= {"program", "stream", "data"}
     sends = raw.filter(pl.col("optype").cast(pl.Utf8).str.ends_with("-send")).height
     recvs = raw.filter(pl.col("optype").cast(pl.Utf8).str.ends_with("-recv")).height
     assert sum(r.nodes["send"] for r in report.ranks.values()) == sends
@@ -659,22 +619,22 @@ def test_megatron_timeline_graph(real: Store, shared_datasets: Path) -> None:
         " ON g.run_id = n.run_id AND g.group_id = n.group_id WHERE r.name = 'st'"
         " AND n.name = 'optimizer-clip-main-grad' AND n.kind = 'collective' AND g.size = 8",
     ) == [(clips,)]
-    # delays: >= 0, every edge from an op's end, equal per destination to the recorded gap
-    # after the latest end of its sources (clipped at 0)
+    # delays: every edge from an op's end, equal per destination to the recorded start minus the
+    # latest end of all its sources (the own delay, negative only for clock jitter: < 0.1 ms)
     assert q(
         real,
         """SELECT count(*) FROM (
                SELECT e.rank, e.dst, min(e.delay) AS lo, max(e.delay) AS hi,
-                      greatest(0, min(b.ts) - max(a.ts + a.dur)) AS gap,
+                      min(b.ts) - max(a.ts + a.dur) AS gap,
                       bool_and(e.anchor = 'end') AS from_end
                FROM graph_edge e JOIN run r USING (run_id)
                JOIN graph_node a ON a.run_id = e.run_id AND a.rank = e.rank AND a.node_id = e.src
                JOIN graph_node b ON b.run_id = e.run_id AND b.rank = e.rank AND b.node_id = e.dst
                WHERE r.name = 'st' GROUP BY e.rank, e.dst)
-           WHERE lo <> hi OR lo <> gap OR NOT from_end""",
+           WHERE lo <> hi OR lo <> gap OR NOT from_end OR lo < -100000""",
     ) == [(0,)]
-    # Megatron's schedule is implied: forward-compute of microbatch m on a stage > 0 runs right
-    # after its forward-recv; backward-compute of m right after backward-recv of m (stage < last)
+    # Megatron's schedule: forward-compute of microbatch m on a stage > 0 depends on its
+    # forward-recv
     args = q(
         real,
         """SELECT count(*) FROM graph_edge e JOIN run r USING (run_id)
