@@ -36,7 +36,8 @@ Kineto ranks (the rules, in order):
 
 Chakra ranks: every event is a node (``collective``/``send``/``recv`` when it has a collective or
 p2p row, ``memcpy`` for memory nodes, ``kernel`` when ``is_cpu_op`` is false, else ``host``);
-flows ``data``/``ctrl`` become edges of the same kind (anchor ``end``, delay 0), and a collective
+flows ``data``/``ctrl`` (and ``sync``, read from prism's own export) become edges of the same kind
+(anchor ``end``, delay 0), and a collective
 whose kernel is another node gets a ``comm`` edge (anchor ``start``, delay 0).
 
 Op-timeline ranks: every event is a node (``collective``/``send``/``recv`` when it has a row, else
@@ -769,7 +770,8 @@ def chakra_graph(
     Args:
         events: ``rank, event_id, track_id, category, name, ts, dur, iteration, is_cpu_op``
             (``is_cpu_op`` from the node's attributes, null when absent).
-        flows: ``rank, kind, src_event_id, dst_event_id`` (kinds ``data`` and ``ctrl`` used).
+        flows: ``rank, kind, src_event_id, dst_event_id`` (kinds ``data``, ``ctrl`` and
+            ``sync`` used).
         collectives: see ``comm_rows``.
         p2p: see ``comm_rows``.
 
@@ -790,7 +792,7 @@ def chakra_graph(
     )
     nodes = _mint(_node_frame(ev, kind))
     ids = nodes.select("rank", "event_id", "node_id")
-    fl = flows.filter(pl.col("kind").is_in(["data", "ctrl"])).with_columns(
+    fl = flows.filter(pl.col("kind").is_in(["data", "ctrl", "sync"])).with_columns(
         pl.col("rank").cast(pl.Int32),
         pl.col("src_event_id").cast(pl.Int64),
         pl.col("dst_event_id").cast(pl.Int64),
@@ -805,7 +807,8 @@ def chakra_graph(
         how="left",
     )
     dep_edges = [
-        _edges(fl.filter(pl.col("kind") == k), k, "end", pl.lit(0)) for k in ("data", "ctrl")
+        _edges(fl.filter(pl.col("kind") == k), k, "end", pl.lit(0))
+        for k in ("data", "ctrl", "sync")  # sync: prism's own export (its ``sync_deps``)
     ]
     ck = comm.join(ids.rename({"node_id": "src"}), on=["rank", "event_id"], how="inner").join(
         ids.rename({"event_id": "kernel_event_id", "node_id": "dst"}),
