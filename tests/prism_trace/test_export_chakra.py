@@ -81,7 +81,21 @@ def scorecard(path: Path) -> Counter[str]:
             assert a["comm_size"][0] == "int64_val"
     fh.close()
     assert seen[pb.NodeType.Name(pb.METADATA_NODE)] <= 1
+    assert_acyclic(path)
     return seen
+
+
+def assert_acyclic(path: Path) -> None:
+    """No cycle over ``data_deps`` and ``ctrl_deps``: a feeder that follows both never stalls."""
+    fh = openFileRd(str(path))
+    decodeMessage(fh, pb.GlobalMetadata())
+    deps: dict[int, list[int]] = {}
+    node = pb.Node()
+    while decodeMessage(fh, node):
+        deps[node.id] = list(node.data_deps) + list(node.ctrl_deps)
+        assert all(d in deps for d in deps[node.id]), (path, node.id)  # parents come first
+        node = pb.Node()
+    fh.close()
 
 
 def scorecard_dir(folder: Path) -> int:
