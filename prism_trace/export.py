@@ -69,6 +69,13 @@ CHAKRA_NODE_TYPE: dict[str, int] = {
 MEM_LOAD/MEM_STORE node as a remote-memory transfer, which a recorded device copy is not (and
 the graph has no copy size). A collective on a group of one member is a COMP_NODE too."""
 
+PRISM_DEPS_ATTR = "prism_deps"
+"""Node attribute (int64 list): ``src, delay`` of each incoming ``graph_edge``, in the order of
+``prism_dep_kinds``, so that prism's reader restores every edge exactly."""
+
+PRISM_DEP_KINDS_ATTR = "prism_dep_kinds"
+"""Node attribute (string list): ``kind@anchor`` of each incoming ``graph_edge``."""
+
 PRISM_KIND_ATTR = "prism_kind"
 """Node attribute (string) naming the ``graph_node.kind`` where the Chakra type loses it."""
 
@@ -396,7 +403,8 @@ _NODE_SQL = (
     " FROM graph_node WHERE run_id = $1 AND rank = $2 ORDER BY node_id"
 )
 _EDGE_SQL = (
-    "SELECT src, dst, kind FROM graph_edge WHERE run_id = $1 AND rank = $2 ORDER BY dst, src"
+    "SELECT src, dst, kind, anchor, delay FROM graph_edge WHERE run_id = $1 AND rank = $2"
+    " ORDER BY dst, src, kind"
 )
 
 
@@ -543,7 +551,15 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
     ctrl: dict[int, list[int]] = defaultdict(list)
     sync: dict[int, list[int]] = defaultdict(list)
     deps: Counter[str] = Counter()
-    for src, dst, kind in con.sql(_EDGE_SQL, params=[rd.run_id, graph_rank]).fetchall():
+    # Every edge as recorded (kind, anchor, delay) for prism's reader: Chakra's dependencies
+    # say only "after the end", and an emulation of the read-back run needs the rest.
+    exact: dict[int, tuple[list[int], list[str]]] = defaultdict(lambda: ([], []))
+    for src, dst, kind, anchor, delay in con.sql(
+        _EDGE_SQL, params=[rd.run_id, graph_rank]
+    ).fetchall():
+        ints, kinds = exact[dst]
+        ints.extend((int(src), int(delay or 0)))
+        kinds.append(f"{kind}@{anchor or 'end'}")
         if kind in SYNC_EDGE_KINDS:
             bucket, name = sync, "sync_deps"
         elif kind in CTRL_EDGE_KINDS:
@@ -631,6 +647,10 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
             node.attr.append(_attr("order_deps", int64_list=pb.Int64List(values=[added[nid]])))
         if nid in sync:
             node.attr.append(_attr("sync_deps", int64_list=pb.Int64List(values=sync[nid])))
+        if nid in exact:
+            ints, kinds = exact[nid]
+            node.attr.append(_attr(PRISM_DEPS_ATTR, int64_list=pb.Int64List(values=ints)))
+            node.attr.append(_attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds)))
         types[pb.NodeType.Name(ntype)] += 1
         hole: _Hole | None = None
         if kind in ("collective", "send", "recv"):

@@ -762,6 +762,56 @@ def _sync_edges(
 # -- Chakra and op timelines -------------------------------------------------------------------
 
 
+def _prism_edges(events: pl.DataFrame, ids: pl.DataFrame) -> tuple[pl.DataFrame, list[int]]:
+    """The edges prism's Chakra export recorded exactly (``prism_deps``/``prism_dep_kinds``).
+
+    Chakra's ``data_deps`` lose an edge's kind, anchor and delay; prism's export keeps them in
+    two node attributes, so that a read-back run emulates as the exported one did. Returns the
+    edges and the ranks that carry them (a rank of prism's export has them on every node with
+    an incoming edge).
+    """
+    empty = pl.DataFrame(schema=EDGE_SCHEMA)
+    if "prism_deps" not in events.columns:
+        return empty, []
+    own = events.filter(
+        pl.col("prism_deps").is_not_null() & pl.col("prism_dep_kinds").is_not_null()
+    )
+    if own.height == 0:
+        return empty, []
+    ex = (
+        own.select(
+            pl.col("rank").cast(pl.Int32),
+            pl.col("event_id").cast(pl.Int64).alias("dst_event_id"),
+            pl.col("prism_deps").list.gather_every(2).alias("src_event_id"),
+            pl.col("prism_deps").list.gather_every(2, offset=1).alias("delay"),
+            pl.col("prism_dep_kinds").alias("kk"),
+        )
+        .explode(["src_event_id", "delay", "kk"])
+        .with_columns(pl.col("kk").str.split_exact("@", 1).struct.rename_fields(["kind", "anchor"]))
+        .unnest("kk")
+        .join(
+            ids.rename({"event_id": "src_event_id", "node_id": "src"}),
+            on=["rank", "src_event_id"],
+            how="left",
+        )
+        .join(
+            ids.rename({"event_id": "dst_event_id", "node_id": "dst"}),
+            on=["rank", "dst_event_id"],
+            how="left",
+        )
+        .filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
+        .select(
+            pl.col("rank"),
+            pl.col("src").cast(pl.Int64),
+            pl.col("dst").cast(pl.Int64),
+            pl.col("kind"),
+            pl.col("anchor"),
+            pl.col("delay").cast(pl.Int64),
+        )
+    )
+    return ex.select(list(EDGE_SCHEMA)).cast(EDGE_SCHEMA), sorted(own["rank"].unique().to_list())
+
+
 def chakra_graph(
     events: pl.DataFrame, flows: pl.DataFrame, collectives: pl.DataFrame, p2p: pl.DataFrame
 ) -> GraphFrames:
@@ -806,10 +856,14 @@ def chakra_graph(
         on=["rank", "dst_event_id"],
         how="left",
     )
+    own, own_ranks = _prism_edges(events, ids)
+    if own_ranks:  # prism's own export: its exact edges replace the flows
+        fl = fl.filter(~pl.col("rank").is_in(own_ranks))
     dep_edges = [
         _edges(fl.filter(pl.col("kind") == k), k, "end", pl.lit(0))
         for k in ("data", "ctrl", "sync")  # sync: prism's own export (its ``sync_deps``)
     ]
+    dep_edges.append(own)
     ck = comm.join(ids.rename({"node_id": "src"}), on=["rank", "event_id"], how="inner").join(
         ids.rename({"event_id": "kernel_event_id", "node_id": "dst"}),
         on=["rank", "kernel_event_id"],
@@ -1122,7 +1176,10 @@ def build_graph(store: Store, run: str) -> GraphReport:
             events = _frame(
                 store,
                 f"SELECT {_EVENT_COLS},"
-                " TRY_CAST(json_extract(args, '$.is_cpu_op') AS BOOLEAN) AS is_cpu_op"
+                " TRY_CAST(json_extract(args, '$.is_cpu_op') AS BOOLEAN) AS is_cpu_op,"
+                " TRY_CAST(json_extract(args, '$.prism_deps') AS BIGINT[]) AS prism_deps,"
+                " TRY_CAST(json_extract(args, '$.prism_dep_kinds') AS VARCHAR[])"
+                " AS prism_dep_kinds"
                 f" FROM event WHERE {where}",
                 run_id,
                 ranks,

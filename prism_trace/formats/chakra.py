@@ -419,7 +419,8 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             g.names.append(node.name)
             g.types.append(ntype)
             g.durs.append(node.duration_micros)
-            g.starts.append(node.start_time_micros)
+            # A metadata node has no time (a 0 would read as the epoch in a timed file).
+            g.starts.append(0 if ntype == pb.METADATA_NODE else node.start_time_micros)
             g.args.append(json.dumps(a, separators=(",", ":"), default=str))
             tid = a.get("tid")
             if isinstance(tid, int) and not isinstance(tid, bool):
@@ -488,7 +489,14 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
     # events
     timed = any(g.starts)
     dur_ns = [d * 1000 if d else None for d in g.durs]
-    ts_ns = [s * 1000 for s in g.starts] if timed else [None] * n
+    ts_ns = (
+        [
+            s * 1000 if s or t != pb.METADATA_NODE else None
+            for s, t in zip(g.starts, g.types, strict=True)
+        ]
+        if timed
+        else [None] * n
+    )
     events = pl.DataFrame(
         {
             "rank": [r] * n,

@@ -121,11 +121,14 @@ def graph_nodes(store: Store, rid: int, rank: int) -> dict[int, dict[str, Any]]:
     return {r[0]: dict(zip(cols, r, strict=True)) for r in rows}
 
 
-def graph_edges(store: Store, rid: int, rank: int) -> list[tuple[int, int, str]]:
+def graph_edges(store: Store, rid: int, rank: int) -> list[tuple[int, int, str, str, int]]:
     return [
-        (int(s), int(d), k)
-        for s, d, k in q(
-            store, "SELECT src, dst, kind FROM graph_edge WHERE run_id = ? AND rank = ?", rid, rank
+        (int(s), int(d), k, a, int(w or 0))
+        for s, d, k, a, w in q(
+            store,
+            "SELECT src, dst, kind, anchor, delay FROM graph_edge WHERE run_id = ? AND rank = ?",
+            rid,
+            rank,
         )
     ]
 
@@ -200,16 +203,25 @@ def roundtrip(
             if o["kind"] in ("send", "recv"):
                 want_peer = o["peer"] if member_peer is None else member_peer(rank, o["peer"])
                 assert n["peer"] == want_peer, (rank, nid)
-        # Same dependencies, one to one, kinds mapped to data/ctrl.
+        # Same edges, one to one: kind, anchor and delay (prism_deps), not only Chakra's deps.
         node_of = {n["node_id"]: n["event_id"] for n in new.values()}
         want_edges = Counter(
-            (s, d, k if k in CTRL_EDGE_KINDS + SYNC_EDGE_KINDS else "data")
-            for s, d, k in graph_edges(store, src_id, graph_rank)
+            (s, d, k, a or "end", w) for s, d, k, a, w in graph_edges(store, src_id, graph_rank)
         )
         got_edges = Counter(
-            (node_of[s], node_of[d], k) for s, d, k in graph_edges(store, back_id, rank)
+            (node_of[s], node_of[d], k, a, w) for s, d, k, a, w in graph_edges(store, back_id, rank)
         )
         assert got_edges == want_edges, rank
+    # In the files, each edge is one Chakra dependency by the mapping's table (plus order_deps).
+    want_deps: Counter[str] = Counter()
+    for rank, class_id in ranks:
+        for _, _, k, _, _ in graph_edges(store, src_id, rank if class_id is None else class_id):
+            kind = "data_deps"
+            kind = "ctrl_deps" if k in CTRL_EDGE_KINDS else kind
+            kind = "sync_deps" if k in SYNC_EDGE_KINDS else kind
+            want_deps[kind] += 1
+    want_deps["data_deps"] += report.order_deps
+    assert +want_deps == Counter(report.deps)
     # Every p2p send finds its receive across the files.
     unpaired = q(store, "SELECT count(*) FROM p2p_pair WHERE run_id = ? AND NOT paired", back_id)
     assert unpaired == [(0,)]
