@@ -665,11 +665,24 @@ def export_group() -> None:
 @click.option("--run", "run_name", required=True, help="Run to export (recorded or sliced).")
 @click.option("-o", "--out-dir", required=True, type=click.Path(path_type=Path))
 @click.option("--prefix", default=None, help="File prefix (default: the run name).")
+@click.option(
+    "--size-bandwidth",
+    type=float,
+    default=50.0,
+    show_default=True,
+    help="GB/s of the size rule for communication without a recorded size (docs/export.md).",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
 def export_chakra_cmd(
-    db: Path, run_name: str, out_dir: Path, prefix: str | None, quiet: bool, as_json: bool
+    db: Path,
+    run_name: str,
+    out_dir: Path,
+    prefix: str | None,
+    size_bandwidth: float,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """One Chakra ET protobuf per rank, `<prefix>.<rank>.et`, streamed (8192 ranks included)."""
     from prism_trace.export import export_chakra
@@ -682,11 +695,14 @@ def export_chakra_cmd(
             out_dir=out_dir,
             prefix=prefix,
             progress=not quiet and sys.stderr.isatty(),
+            size_bandwidth_gbps=size_bandwidth,
         )
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     elif not quiet:
         click.echo(report.summary())
+    elif report.warnings():
+        click.echo("\n".join(report.warnings()), err=True)
 
 
 @export_group.command("perfetto")

@@ -39,6 +39,8 @@ __all__ = [
     "CHAKRA_SCHEMA",
     "CTRL_EDGE_KINDS",
     "PG_INIT_NAME",
+    "SIZE_BANDWIDTH_GBPS",
+    "SYNC_EDGE_KINDS",
     "ChakraExportError",
     "ExportReport",
     "export_chakra",
@@ -57,13 +59,41 @@ PG_INIT_NAME = "## process_group:init ##"
 CHAKRA_NODE_TYPE: dict[str, int] = {
     "host": pb.COMP_NODE,
     "kernel": pb.COMP_NODE,
-    "memcpy": pb.MEM_LOAD_NODE,
-    "memset": pb.MEM_STORE_NODE,
+    "memcpy": pb.COMP_NODE,
+    "memset": pb.COMP_NODE,
     "collective": pb.COMM_COLL_NODE,
     "send": pb.COMM_SEND_NODE,
     "recv": pb.COMM_RECV_NODE,
 }
-"""``graph_node.kind`` → Chakra ``NodeType``."""
+"""``graph_node.kind`` → Chakra ``NodeType``. Copies are COMP_NODEs: ASTRA-sim runs a
+MEM_LOAD/MEM_STORE node as a remote-memory transfer, which a recorded device copy is not (and
+the graph has no copy size). A collective on a group of one member is a COMP_NODE too."""
+
+PRISM_DEPS_ATTR = "prism_deps"
+"""Node attribute (int64 list): ``src, delay`` of each incoming ``graph_edge``, in the order of
+``prism_dep_kinds``, so that prism's reader restores every edge exactly."""
+
+PRISM_DEP_KINDS_ATTR = "prism_dep_kinds"
+"""Node attribute (string list): ``kind@anchor`` of each incoming ``graph_edge``."""
+
+PRISM_KIND_ATTR = "prism_kind"
+"""Node attribute (string) naming the ``graph_node.kind`` where the Chakra type loses it."""
+
+ASTRA_COMM_TYPE: dict[str, tuple[int, str]] = {
+    "reduce": (pb.ALL_REDUCE, "ALL_REDUCE"),
+    "gather": (pb.ALL_GATHER, "ALL_GATHER"),
+    "scatter": (pb.ALL_GATHER, "ALL_GATHER"),
+    "barrier": (pb.ALL_REDUCE, "ALL_REDUCE"),
+}
+"""Collective kinds ASTRA-sim (c459ab6) does not simulate (the rank hangs), → the simulated
+kind of the same ring traffic written instead. The recorded kind stays in ``prism_comm_kind``."""
+
+SIZE_BANDWIDTH_GBPS = 50.0
+"""Default bus bandwidth (GB/s) of the size rule for communication without a recorded size."""
+
+MIN_COMM_BYTES = 4096
+"""Smallest ``comm_size`` written: ASTRA-sim splits a collective into chunks per step and
+member, and a 0-byte chunk never completes."""
 
 CHAKRA_COMM_TYPE: dict[str, int] = {
     "all_reduce": pb.ALL_REDUCE,
@@ -78,8 +108,13 @@ CHAKRA_COMM_TYPE: dict[str, int] = {
 }
 """``graph_node.comm_kind`` of a collective → Chakra ``CollectiveCommType`` (``comm_type``)."""
 
-CTRL_EDGE_KINDS = ("sync", "ctrl")
-"""Edge kinds written as ``ctrl_deps``; every other kind becomes a ``data_dep``."""
+CTRL_EDGE_KINDS = ("ctrl",)
+"""Edge kinds written as ``ctrl_deps``; ``sync`` goes to ``sync_deps`` and every other kind
+becomes a ``data_dep``."""
+
+SYNC_EDGE_KINDS = ("sync",)
+"""Edge kinds written as the ``sync_deps`` attribute (an int64 list): "the end of this node
+waits for that one" has no Chakra form, and as a dependency it closes cycles."""
 
 _VARINT_CACHE = 1 << 14
 
@@ -109,9 +144,30 @@ class ExportReport:
     """Nodes written by Chakra ``NodeType`` name."""
     bytes: int = 0
     built_graph: bool = False
-    unsized_comm: int = 0
-    """Communication nodes without a size, written with ``comm_size`` 0."""
+    sized_by_rule: int = 0
+    """Communication nodes without a recorded size, whose ``comm_size`` the size rule gave."""
+    size_bandwidth_gbps: float = SIZE_BANDWIDTH_GBPS
+    """Bus bandwidth of the size rule."""
+    single_member: int = 0
+    """Collectives on a one-member group, written as COMP_NODEs."""
+    substituted: dict[str, int] = field(default_factory=dict)
+    """Collectives ASTRA-sim does not simulate, by recorded kind, written as another kind."""
+    order_deps: int = 0
+    """``data_deps`` added so that every rank issues its communication in the recorded order."""
+    comm_groups: int = 0
+    """Groups written to ``comm_groups.json``."""
     elapsed_s: float = 0.0
+
+    def warnings(self) -> list[str]:
+        """What ASTRA-sim will not see as recorded (one line each)."""
+        out = []
+        for kind, n in sorted(self.substituted.items()):
+            astra = ASTRA_COMM_TYPE[kind][1]
+            out.append(
+                f"warning: {n} {kind} collectives written as {astra} (ASTRA-sim simulates no"
+                f" {kind.upper()}); the recorded kind is in attribute prism_comm_kind"
+            )
+        return out
 
     def summary(self) -> str:
         """One paragraph: what was written where, and how fast."""
@@ -122,11 +178,25 @@ class ExportReport:
             f" files {self.out_dir}/{self.prefix}.<rank>.et, {self.bytes / 1e6:.1f} MB,"
             f" {self.elapsed_s:.2f} s",
             f"{self.templates} graphs encoded, {self.nodes} nodes written ({types}); {deps}",
+            f"{self.comm_groups} communicator groups in {self.out_dir}/comm_groups.json"
+            f" (pg_name = its key; run: astra-sim --workload {self.out_dir}/{self.prefix}"
+            f" --npus {self.world_size} --comm-groups {self.out_dir}/comm_groups.json)",
         ]
         if self.built_graph:
             lines.append("the run had no graph: build_graph wrote it first")
-        if self.unsized_comm:
-            lines.append(f"{self.unsized_comm} communication nodes have no size: comm_size 0")
+        if self.sized_by_rule:
+            lines.append(
+                f"{self.sized_by_rule} communication nodes have no recorded size: comm_size ="
+                f" {self.size_bandwidth_gbps:g} GB/s x the shortest duration among the"
+                " instance's members / the ring's traffic factor (docs/export.md)"
+            )
+        if self.single_member:
+            lines.append(f"{self.single_member} collectives on one-member groups: COMP_NODEs")
+        if self.order_deps:
+            lines.append(
+                f"{self.order_deps} data_deps added to issue communication in the recorded order"
+            )
+        lines.extend(self.warnings())
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -145,7 +215,13 @@ class ExportReport:
             "node_types": dict(self.node_types),
             "bytes": self.bytes,
             "built_graph": self.built_graph,
-            "unsized_comm": self.unsized_comm,
+            "sized_by_rule": self.sized_by_rule,
+            "size_bandwidth_gbps": self.size_bandwidth_gbps,
+            "single_member": self.single_member,
+            "substituted": dict(self.substituted),
+            "order_deps": self.order_deps,
+            "comm_groups": self.comm_groups,
+            "warnings": self.warnings(),
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -327,7 +403,8 @@ _NODE_SQL = (
     " FROM graph_node WHERE run_id = $1 AND rank = $2 ORDER BY node_id"
 )
 _EDGE_SQL = (
-    "SELECT src, dst, kind FROM graph_edge WHERE run_id = $1 AND rank = $2 ORDER BY dst, src"
+    "SELECT src, dst, kind, anchor, delay FROM graph_edge WHERE run_id = $1 AND rank = $2"
+    " ORDER BY dst, src, kind"
 )
 
 
@@ -357,9 +434,70 @@ class _Template:
     nodes: int
     node_types: Counter[str]
     deps: Counter[str]
-    unsized_comm: int
+    sized_by_rule: int
+    single_member: int
+    substituted: Counter[str]
+    order_deps: int
     group_ids: set[int]
     """Groups the graph's nodes use (the graph rank's ids)."""
+
+
+@dataclass
+class _CommPlan:
+    """What the size rule and the issue order need across ranks (one small query per run).
+
+    ``coll``: (group, seq) → (last recorded start among the members, shortest member duration);
+    ``p2p``: (sender class, receiver class, seq) → shortest duration of the send and its receive.
+    Classes are ranks in a recorded run and class exemplars in a sliced one.
+    """
+
+    coll: dict[tuple[int, int], tuple[int | None, int | None]]
+    p2p: dict[tuple[int, int, int], int | None]
+    bandwidth: float
+    """Bytes per ns of the size rule (GB/s)."""
+
+
+def _comm_plan(store: Store, rd: _Run, bandwidth_gbps: float) -> _CommPlan:
+    con = store.con
+    coll = {
+        (int(g), int(q)): (ts, dur)
+        for g, q, ts, dur in con.execute(
+            "SELECT group_id, seq, max(ts), min(dur) FROM graph_node WHERE run_id = ?"
+            " AND kind = 'collective' AND group_id IS NOT NULL AND seq IS NOT NULL"
+            " GROUP BY ALL",
+            [rd.run_id],
+        ).fetchall()
+    }
+    p2p = {
+        (int(src), int(dst), int(q)): dur
+        for src, dst, q, dur in con.execute(
+            "WITH n AS (SELECT n.kind, n.rank, n.seq, n.dur,"
+            " coalesce(r.class_id, n.peer) AS peer_cls FROM graph_node n LEFT JOIN rank r"
+            " ON r.run_id = n.run_id AND r.rank = n.peer WHERE n.run_id = ?"
+            " AND n.kind IN ('send', 'recv') AND n.peer IS NOT NULL AND n.seq IS NOT NULL)"
+            " SELECT CASE WHEN kind = 'send' THEN rank ELSE peer_cls END,"
+            " CASE WHEN kind = 'send' THEN peer_cls ELSE rank END, seq, min(dur)"
+            " FROM n GROUP BY ALL",
+            [rd.run_id],
+        ).fetchall()
+    }
+    return _CommPlan(coll, p2p, bandwidth_gbps)
+
+
+def _ring_factor(kind: str, n: int) -> float:
+    """Bytes each member moves per byte of ``comm_size`` on a ring of ``n`` (nccl-tests' busbw)."""
+    if kind in ("send", "recv") or n < 2:
+        return 1.0
+    if kind in ("all_reduce", "reduce"):
+        return 2.0 * (n - 1) / n
+    return (n - 1) / n
+
+
+def _rule_size(dur: int | None, kind: str, n: int, bandwidth: float) -> int:
+    """The size rule: the bytes a ring moves in ``dur`` ns at ``bandwidth`` GB/s (≥ the floor)."""
+    if kind == "barrier" or not dur or dur <= 0:
+        return MIN_COMM_BYTES
+    return max(MIN_COMM_BYTES, round(bandwidth * dur / _ring_factor(kind, n)))
 
 
 def _node_label(run: str, rank: int, row: dict[str, Any]) -> str:
@@ -369,33 +507,39 @@ def _node_label(run: str, rank: int, row: dict[str, Any]) -> str:
     )
 
 
-def _topo_order(ids: list[int], deps: dict[int, list[int]]) -> list[int]:
-    """Node ids in a topological order of ``deps`` (smallest ready id first; cycles by id)."""
+def _topo_order(
+    ids: list[int], deps: dict[int, list[int]], prio: dict[int, int] | None = None
+) -> list[int]:
+    """Node ids in a topological order of ``deps``: the ready node of smallest (prio, id) first.
+
+    A cycle cannot be ordered: its nodes follow by (prio, id).
+    """
+    prio = prio or {}
     known = set(ids)
     indeg = dict.fromkeys(ids, 0)
     children: dict[int, list[int]] = defaultdict(list)
     for dst, srcs in deps.items():
         for s in srcs:
-            if s in known and s != dst:
+            if s in known and s != dst and dst in indeg:
                 indeg[dst] += 1
                 children[s].append(dst)
-    heap = [i for i, k in indeg.items() if k == 0]
+    heap = [(prio.get(i, 0), i) for i, k in indeg.items() if k == 0]
     heapq.heapify(heap)
     order: list[int] = []
     while heap:
-        i = heapq.heappop(heap)
+        _, i = heapq.heappop(heap)
         order.append(i)
         for c in children.get(i, ()):
             indeg[c] -= 1
             if indeg[c] == 0:
-                heapq.heappush(heap, c)
+                heapq.heappush(heap, (prio.get(c, 0), c))
     if len(order) < len(ids):
         seen = set(order)
-        order.extend(sorted(i for i in ids if i not in seen))
+        order.extend(sorted((i for i in ids if i not in seen), key=lambda i: (prio.get(i, 0), i)))
     return order
 
 
-def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
+def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Template:
     con = store.con
     cols = ("node_id", "kind", "track_id", "name", "ts", "dur", "group_id", "seq", "peer")
     cols += ("msg_bytes", "comm_kind")
@@ -405,21 +549,69 @@ def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
     ]
     data: dict[int, list[int]] = defaultdict(list)
     ctrl: dict[int, list[int]] = defaultdict(list)
+    sync: dict[int, list[int]] = defaultdict(list)
     deps: Counter[str] = Counter()
-    for src, dst, kind in con.sql(_EDGE_SQL, params=[rd.run_id, graph_rank]).fetchall():
-        bucket = ctrl if kind in CTRL_EDGE_KINDS else data
+    # Every edge as recorded (kind, anchor, delay) for prism's reader: Chakra's dependencies
+    # say only "after the end", and an emulation of the read-back run needs the rest.
+    exact: dict[int, tuple[list[int], list[str]]] = defaultdict(lambda: ([], []))
+    for src, dst, kind, anchor, delay in con.sql(
+        _EDGE_SQL, params=[rd.run_id, graph_rank]
+    ).fetchall():
+        ints, kinds = exact[dst]
+        ints.extend((int(src), int(delay or 0)))
+        kinds.append(f"{kind}@{anchor or 'end'}")
+        if kind in SYNC_EDGE_KINDS:
+            bucket, name = sync, "sync_deps"
+        elif kind in CTRL_EDGE_KINDS:
+            bucket, name = ctrl, "ctrl_deps"
+        else:
+            bucket, name = data, "data_deps"
         if src not in bucket[dst]:
             bucket[dst].append(int(src))
-            deps["ctrl_deps" if bucket is ctrl else "data_deps"] += 1
+            deps[name] += 1
     by_id = {n["node_id"]: n for n in nodes}
-    order = _topo_order(list(by_id), data)
+
+    def group_size(gid: int | None) -> int:
+        if gid is None or gid not in rd.groups:
+            return rd.world_size
+        g = rd.groups[gid]
+        return int(g.size) if g.size is not None else len(g.ranks or ()) or rd.world_size
+
+    # What ASTRA-sim runs as communication (one at a time per rank, matched by issue order),
+    # and when each was issued: the last member's recorded start for a collective (no member
+    # can finish it earlier), the node's own start otherwise.
+    prio: dict[int, int] = {}
+    slot: set[int] = set()
+    for n in nodes:
+        nid, kind = n["node_id"], n["kind"]
+        t = int(n["ts"]) if n["ts"] is not None else 0
+        if kind == "collective" and group_size(n["group_id"]) > 1:
+            slot.add(nid)
+            key = plan.coll.get((n["group_id"], n["seq"])) if n["group_id"] is not None else None
+            if key is not None and key[0] is not None:
+                t = max(t, int(key[0]))
+        elif kind == "send":
+            slot.add(nid)
+        prio[nid] = t
+    both = {k: data.get(k, []) + ctrl.get(k, []) for k in set(data) | set(ctrl)}
+    order = _topo_order(list(by_id), both, prio)
+    # Chain the communication in that order: ASTRA-sim then issues it as recorded on every
+    # rank, whatever else is ready first. The added deps are listed in ``order_deps``.
+    added: dict[int, int] = {}
+    prev: int | None = None
+    for nid in order:
+        if nid in slot:
+            if prev is not None and prev not in data.get(nid, ()):
+                added[nid] = prev
+            prev = nid
     pg_init_id = (max(by_id) + 1) if by_id else 0
 
     runs: list[bytes] = []
     holes: list[_Hole] = []
     current: list[bytes] = []
     types: Counter[str] = Counter()
-    unsized = 0
+    sized = single = 0
+    subst: Counter[str] = Counter()
     used_groups: set[int] = set()
     for nid in order:
         row = by_id[nid]
@@ -428,11 +620,19 @@ def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
         if ntype is None:
             msg = f"{store.path}: {_node_label(rd.name, graph_rank, row)}: no Chakra node type"
             raise ChakraExportError(msg)
+        gid = row["group_id"]
+        n_members = group_size(gid)
+        if kind == "collective" and n_members <= 1:
+            ntype = pb.COMP_NODE
+            single += 1
+        dd = list(data.get(nid, []))
+        if nid in added:
+            dd.append(added[nid])
         node = pb.Node(
             id=nid,
             name=row["name"] or "",
             type=ntype,
-            data_deps=data.get(nid, []),
+            data_deps=dd,
             ctrl_deps=ctrl.get(nid, []),
             duration_micros=_micros(row["dur"]),
         )
@@ -441,14 +641,34 @@ def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
         node.attr.append(_attr("is_cpu_op", bool_val=kind == "host"))
         if row["track_id"] is not None:
             node.attr.append(_attr("tid", int64_val=int(row["track_id"])))
+        if kind in ("memcpy", "memset") or ntype != CHAKRA_NODE_TYPE[kind]:
+            node.attr.append(_attr(PRISM_KIND_ATTR, string_val=kind))
+        if nid in added:
+            node.attr.append(_attr("order_deps", int64_list=pb.Int64List(values=[added[nid]])))
+        if nid in sync:
+            node.attr.append(_attr("sync_deps", int64_list=pb.Int64List(values=sync[nid])))
+        if nid in exact:
+            ints, kinds = exact[nid]
+            node.attr.append(_attr(PRISM_DEPS_ATTR, int64_list=pb.Int64List(values=ints)))
+            node.attr.append(_attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds)))
         types[pb.NodeType.Name(ntype)] += 1
         hole: _Hole | None = None
         if kind in ("collective", "send", "recv"):
             size = row["msg_bytes"]
-            if size is None:
-                unsized += 1
-            node.attr.append(_attr("comm_size", int64_val=int(size or 0)))
-            gid = row["group_id"]
+            if size is None or size <= 0:
+                if kind == "collective":
+                    k = plan.coll.get((gid, row["seq"])) if gid is not None else None
+                    t = k[1] if k is not None and k[1] is not None else row["dur"]
+                else:
+                    peer = row["peer"]
+                    pcls = rd.graph_rank.get(int(peer), int(peer)) if peer is not None else -1
+                    key = (graph_rank, pcls) if kind == "send" else (pcls, graph_rank)
+                    t = plan.p2p.get((*key, int(row["seq"] or 0)), row["dur"])
+                ck = row["comm_kind"] if kind == "collective" else kind
+                size = _rule_size(t, ck or "", n_members, plan.bandwidth)
+                sized += 1
+                node.attr.append(_attr("comm_size_rule", bool_val=True))
+            node.attr.append(_attr("comm_size", int64_val=int(size)))
             if gid is not None:
                 gid = int(gid)
                 if gid not in rd.groups:
@@ -459,7 +679,8 @@ def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
                     raise ChakraExportError(msg)
                 used_groups.add(gid)
             if kind == "collective":
-                ct = CHAKRA_COMM_TYPE.get(row["comm_kind"] or "")
+                ck = row["comm_kind"] or ""
+                ct = CHAKRA_COMM_TYPE.get(ck)
                 if ct is None:
                     msg = (
                         f"{store.path}: {_node_label(rd.name, graph_rank, row)}: collective kind"
@@ -473,6 +694,10 @@ def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
                         " without a communicator has no pg_name"
                     )
                     raise ChakraExportError(msg)
+                if ck in ASTRA_COMM_TYPE and ntype == pb.COMM_COLL_NODE:
+                    ct = ASTRA_COMM_TYPE[ck][0]
+                    subst[ck] += 1
+                    node.attr.append(_attr("prism_comm_kind", string_val=ck))
                 node.attr.append(_attr("comm_type", int64_val=ct))
                 hole = _Hole(b"", "coll", gid, None)
             else:
@@ -493,6 +718,7 @@ def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
             current = []
             holes.append(hole)
     runs.append(b"".join(current))
+    deps["data_deps"] += len(added)
     return _Template(
         graph_rank=graph_rank,
         runs=runs,
@@ -501,7 +727,10 @@ def _template(store: Store, rd: _Run, graph_rank: int) -> _Template:
         nodes=len(order),
         node_types=types,
         deps=deps,
-        unsized_comm=unsized,
+        sized_by_rule=sized,
+        single_member=single,
+        substituted=subst,
+        order_deps=len(added),
         group_ids=used_groups,
     )
 
@@ -519,6 +748,8 @@ class _Writer:
         self.prefix = prefix
         self._pg_attr: dict[int, bytes] = {}
         self._pg_json: dict[int, str] = {}
+        self.astra_id = {gid: i + 1 for i, gid in enumerate(sorted(rd.groups))}
+        """group_id → ASTRA-sim's decimal communicator id (≥ 1: its feeder needs one)."""
 
     def path(self, rank: int) -> Path:
         return self.out_dir / f"{self.prefix}.{rank}.et"
@@ -567,7 +798,7 @@ class _Writer:
         b = self._pg_attr.get(gid)
         if b is None:
             b = self._pg_attr[gid] = _attrs_bytes(
-                _attr("pg_name", string_val=self.rd.groups[gid].name)
+                _attr("pg_name", string_val=str(self.astra_id[gid]))
             )
         return b
 
@@ -585,8 +816,9 @@ class _Writer:
             )
             s = self._pg_json[gid] = json.dumps(
                 {
-                    "pg_name": g.name,
-                    "pg_desc": g.description or "undefined",
+                    "pg_name": str(self.astra_id[gid]),
+                    "pg_desc": g.name,
+                    "description": g.description,
                     "backend_config": config,
                     # A world-sized group lists no ranks (the converter's convention).
                     "ranks": [] if world else list(g.ranks or []),
@@ -596,6 +828,33 @@ class _Writer:
                 }
             )
         return s
+
+    def members(self, gid: int) -> list[int] | None:
+        """The group's ranks (a world-sized group without a list: every rank)."""
+        g = self.rd.groups[gid]
+        if g.ranks is not None:
+            return sorted(int(r) for r in g.ranks)
+        if g.size is not None and g.size == self.rd.world_size:
+            return list(range(self.rd.world_size))
+        return None
+
+    def write_comm_groups(self) -> int:
+        """``comm_groups.json``: ASTRA-sim's ``--comm-group-configuration`` (id → ranks).
+
+        Written one group at a time (12 292 groups at 8192 ranks), never as one dict.
+        """
+        path = self.out_dir / "comm_groups.json"
+        n = 0
+        with path.open("w") as fh:
+            fh.write("{")
+            for gid in sorted(self.rd.groups):
+                ranks = self.members(gid)
+                if ranks is None:
+                    continue
+                fh.write(("," if n else "") + f'\n"{self.astra_id[gid]}": {json.dumps(ranks)}')
+                n += 1
+            fh.write("\n}\n")
+        return n
 
     # records
 
@@ -676,6 +935,7 @@ def export_chakra(
     out_dir: Path,
     prefix: str | None = None,
     progress: bool = False,
+    size_bandwidth_gbps: float = SIZE_BANDWIDTH_GBPS,
 ) -> ExportReport:
     """Write every rank of ``run`` as a Chakra ET file ``<out_dir>/<prefix>.<rank>.et``.
 
@@ -690,6 +950,8 @@ def export_chakra(
         prefix: file-name prefix (default: the run name with other characters than
             ``[A-Za-z0-9_-]`` replaced by ``_``).
         progress: show a progress bar (stderr).
+        size_bandwidth_gbps: bus bandwidth of the size rule for communication without a
+            recorded size (docs/export.md).
 
     Returns:
         What was written.
@@ -745,12 +1007,18 @@ def export_chakra(
         world_size=rd.world_size,
         built_graph=built,
     )
+    if not size_bandwidth_gbps > 0:
+        msg = f"{out_dir}: size bandwidth {size_bandwidth_gbps!r} GB/s is not positive"
+        raise ChakraExportError(msg)
+    report.size_bandwidth_gbps = size_bandwidth_gbps
     writer = _Writer(store, rd, out_dir, prefix)
+    plan = _comm_plan(store, rd, size_bandwidth_gbps)
     types: Counter[str] = Counter()
     deps: Counter[str] = Counter()
+    subst: Counter[str] = Counter()
     with tqdm(total=len(rd.ranks), unit="rank", disable=not progress, desc="export") as bar:
         for graph_rank in sorted(members):
-            tpl = _template(store, rd, graph_rank)
+            tpl = _template(store, rd, graph_rank, plan)
             report.templates += 1
             n = len(members[graph_rank])
             for r in members[graph_rank]:
@@ -758,13 +1026,19 @@ def export_chakra(
                 bar.update(1)
             report.files += n
             report.nodes += tpl.nodes * n
-            report.unsized_comm += tpl.unsized_comm * n
+            report.sized_by_rule += tpl.sized_by_rule * n
+            report.single_member += tpl.single_member * n
+            report.order_deps += tpl.order_deps * n
+            for k, v in tpl.substituted.items():
+                subst[k] += v * n
             for k, v in tpl.node_types.items():
                 types[k] += v * n
             for k, v in tpl.deps.items():
                 deps[k] += v * n
             del tpl
+    report.comm_groups = writer.write_comm_groups()
     report.node_types = dict(types)
     report.deps = dict(deps)
+    report.substituted = dict(subst)
     report.elapsed_s = time.perf_counter() - t0
     return report

@@ -38,7 +38,8 @@ Kineto ranks (the rules, in order):
 
 Chakra ranks: every event is a node (``collective``/``send``/``recv`` when it has a collective or
 p2p row, ``memcpy`` for memory nodes, ``kernel`` when ``is_cpu_op`` is false, else ``host``);
-flows ``data``/``ctrl`` become edges of the same kind (anchor ``end``, delay 0), and a collective
+flows ``data``/``ctrl`` (and ``sync``, read from prism's own export) become edges of the same kind
+(anchor ``end``, delay 0), and a collective
 whose kernel is another node gets a ``comm`` edge (anchor ``start``, delay 0).
 
 Op-timeline ranks: every event is a node (``collective``/``send``/``recv`` when it has a row, else
@@ -778,6 +779,56 @@ def _sync_edges(
 # -- Chakra and op timelines -------------------------------------------------------------------
 
 
+def _prism_edges(events: pl.DataFrame, ids: pl.DataFrame) -> tuple[pl.DataFrame, list[int]]:
+    """The edges prism's Chakra export recorded exactly (``prism_deps``/``prism_dep_kinds``).
+
+    Chakra's ``data_deps`` lose an edge's kind, anchor and delay; prism's export keeps them in
+    two node attributes, so that a read-back run emulates as the exported one did. Returns the
+    edges and the ranks that carry them (a rank of prism's export has them on every node with
+    an incoming edge).
+    """
+    empty = pl.DataFrame(schema=EDGE_SCHEMA)
+    if "prism_deps" not in events.columns:
+        return empty, []
+    own = events.filter(
+        pl.col("prism_deps").is_not_null() & pl.col("prism_dep_kinds").is_not_null()
+    )
+    if own.height == 0:
+        return empty, []
+    ex = (
+        own.select(
+            pl.col("rank").cast(pl.Int32),
+            pl.col("event_id").cast(pl.Int64).alias("dst_event_id"),
+            pl.col("prism_deps").list.gather_every(2).alias("src_event_id"),
+            pl.col("prism_deps").list.gather_every(2, offset=1).alias("delay"),
+            pl.col("prism_dep_kinds").alias("kk"),
+        )
+        .explode(["src_event_id", "delay", "kk"])
+        .with_columns(pl.col("kk").str.split_exact("@", 1).struct.rename_fields(["kind", "anchor"]))
+        .unnest("kk")
+        .join(
+            ids.rename({"event_id": "src_event_id", "node_id": "src"}),
+            on=["rank", "src_event_id"],
+            how="left",
+        )
+        .join(
+            ids.rename({"event_id": "dst_event_id", "node_id": "dst"}),
+            on=["rank", "dst_event_id"],
+            how="left",
+        )
+        .filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
+        .select(
+            pl.col("rank"),
+            pl.col("src").cast(pl.Int64),
+            pl.col("dst").cast(pl.Int64),
+            pl.col("kind"),
+            pl.col("anchor"),
+            pl.col("delay").cast(pl.Int64),
+        )
+    )
+    return ex.select(list(EDGE_SCHEMA)).cast(EDGE_SCHEMA), sorted(own["rank"].unique().to_list())
+
+
 def chakra_graph(
     events: pl.DataFrame, flows: pl.DataFrame, collectives: pl.DataFrame, p2p: pl.DataFrame
 ) -> GraphFrames:
@@ -786,7 +837,8 @@ def chakra_graph(
     Args:
         events: ``rank, event_id, track_id, category, name, ts, dur, iteration, is_cpu_op``
             (``is_cpu_op`` from the node's attributes, null when absent).
-        flows: ``rank, kind, src_event_id, dst_event_id`` (kinds ``data`` and ``ctrl`` used).
+        flows: ``rank, kind, src_event_id, dst_event_id`` (kinds ``data``, ``ctrl`` and
+            ``sync`` used).
         collectives: see ``comm_rows``.
         p2p: see ``comm_rows``.
 
@@ -807,7 +859,7 @@ def chakra_graph(
     )
     nodes = _mint(_node_frame(ev, kind))
     ids = nodes.select("rank", "event_id", "node_id")
-    fl = flows.filter(pl.col("kind").is_in(["data", "ctrl"])).with_columns(
+    fl = flows.filter(pl.col("kind").is_in(["data", "ctrl", "sync"])).with_columns(
         pl.col("rank").cast(pl.Int32),
         pl.col("src_event_id").cast(pl.Int64),
         pl.col("dst_event_id").cast(pl.Int64),
@@ -821,9 +873,14 @@ def chakra_graph(
         on=["rank", "dst_event_id"],
         how="left",
     )
+    own, own_ranks = _prism_edges(events, ids)
+    if own_ranks:  # prism's own export: its exact edges replace the flows
+        fl = fl.filter(~pl.col("rank").is_in(own_ranks))
     dep_edges = [
-        _edges(fl.filter(pl.col("kind") == k), k, "end", pl.lit(0)) for k in ("data", "ctrl")
+        _edges(fl.filter(pl.col("kind") == k), k, "end", pl.lit(0))
+        for k in ("data", "ctrl", "sync")  # sync: prism's own export (its ``sync_deps``)
     ]
+    dep_edges.append(own)
     ck = comm.join(ids.rename({"node_id": "src"}), on=["rank", "event_id"], how="inner").join(
         ids.rename({"event_id": "kernel_event_id", "node_id": "dst"}),
         on=["rank", "kernel_event_id"],
@@ -1065,7 +1122,10 @@ def build_graph(store: Store, run: str) -> GraphReport:
             events = _frame(
                 store,
                 f"SELECT {_EVENT_COLS},"
-                " TRY_CAST(json_extract(args, '$.is_cpu_op') AS BOOLEAN) AS is_cpu_op"
+                " TRY_CAST(json_extract(args, '$.is_cpu_op') AS BOOLEAN) AS is_cpu_op,"
+                " TRY_CAST(json_extract(args, '$.prism_deps') AS BIGINT[]) AS prism_deps,"
+                " TRY_CAST(json_extract(args, '$.prism_dep_kinds') AS VARCHAR[])"
+                " AS prism_dep_kinds"
                 f" FROM event WHERE {where}",
                 run_id,
                 ranks,

@@ -72,12 +72,17 @@ class DeadlockError(PrismError, RuntimeError):
     Attributes:
         pending: number of graph nodes that never complete.
         waiting: one line per blocked instance: who waits, for whom.
+        cycle: the waits around one cycle, in order: each line names a node (rank, node, name)
+            or instance and what it waits for; the last waits for the first.
     """
 
-    def __init__(self, msg: str, *, pending: int, waiting: list[str]) -> None:
+    def __init__(
+        self, msg: str, *, pending: int, waiting: list[str], cycle: list[str] | None = None
+    ) -> None:
         super().__init__(msg)
         self.pending = pending
         self.waiting = waiting
+        self.cycle = cycle or []
 
 
 @dataclass(frozen=True)
@@ -284,12 +289,67 @@ def _raise_deadlock(
         if len(waiting) >= 3:
             break
     units = np.unique(graph.unit[np.flatnonzero(indeg[n : 2 * n] > 0)])
+    cycle = _cycle(graph, comm, indeg > 0, n, name)
+    shown = cycle if len(cycle) <= 8 else [*cycle[:8], f"... {len(cycle) - 8} more"]
     msg = (
         f"deadlock: no progress with {pending_nodes} nodes pending on {units.size} units"
-        + (f"; {'; '.join(waiting)}" if waiting else "")
-        + " [communication issued in a different order on different ranks?]"
+        + (f"; cycle: {'; '.join(shown)}" if cycle else "")
+        + (f"; {'; '.join(waiting)}" if waiting and not cycle else "")
+        + " [a dependency cycle, or communication issued in a different order on different"
+        " ranks]"
     )
-    raise DeadlockError(msg, pending=pending_nodes, waiting=waiting)
+    raise DeadlockError(msg, pending=pending_nodes, waiting=waiting, cycle=cycle)
+
+
+def _cycle(
+    graph: EmulatorGraph,
+    comm: CommInstances,
+    stuck: np.ndarray,
+    n: int,
+    name: Callable[[int], str],
+) -> list[str]:
+    """One cycle among the points that never became ready, as "X waits for Y" lines.
+
+    Every stuck point has a stuck predecessor (else it would have become ready), so walking
+    from one stuck point to a stuck predecessor, again and again, must come back to a point
+    already seen: those points form a cycle. Only the error path pays for this.
+    """
+    src, dst = _i64(graph.src), _i64(graph.dst)
+    from_end = np.asarray(graph.from_end, dtype=bool)
+    holds_end = np.asarray(graph.holds_end, dtype=bool)
+    sync_node, inst = _i64(comm.node), _i64(comm.instance)
+    nodes = np.arange(n, dtype=np.int64)
+    p_src = np.concatenate([src + n * from_end, nodes, sync_node, inst + 2 * n])
+    p_dst = np.concatenate([dst + n * holds_end, nodes + n, inst + 2 * n, sync_node + n])
+    keep = stuck[p_src] & stuck[p_dst]
+    pred = np.full(stuck.size, -1, dtype=np.int64)
+    pred[p_dst[keep]] = p_src[keep]
+    start = np.flatnonzero(stuck)
+    if start.size == 0:
+        return []
+    seen: dict[int, int] = {}
+    walk: list[int] = []
+    p = int(start[0])
+    while p >= 0 and p not in seen:
+        seen[p] = len(walk)
+        walk.append(p)
+        p = int(pred[p])
+    if p < 0:
+        return []
+    ring = walk[seen[p] :]
+
+    def point(q: int) -> str:
+        if q < n:
+            return f"the start of {name(q)}"
+        if q < 2 * n:
+            return f"the end of {name(q - n)}"
+        members = sync_node[inst == q - 2 * n]
+        who = ", ".join(name(int(v)) for v in members[:4])
+        more = f" and {members.size - 4} more" if members.size > 4 else ""
+        return f"communication instance {q - 2 * n} (all of {who}{more} arriving)"
+
+    after = ring[1:] + ring[:1]
+    return [f"{point(a)} waits for {point(b)}" for a, b in zip(ring, after, strict=True)]
 
 
 # -- instance matching ---------------------------------------------------------------------------

@@ -76,6 +76,17 @@ _CATEGORY = {
     pb.MEM_STORE_NODE: "memcpy",
 }
 
+PRISM_SCHEMA_PREFIX = "prism-trace"
+"""``GlobalMetadata.schema`` of prism's own export, whose extra attributes are read back."""
+
+_OWN_TYPE = {
+    (pb.COMP_NODE, "memcpy"): pb.MEM_LOAD_NODE,
+    (pb.COMP_NODE, "memset"): pb.MEM_STORE_NODE,
+    (pb.COMP_NODE, "collective"): pb.COMM_COLL_NODE,
+}
+"""(Chakra type, ``prism_kind``) of prism's export → the type the node had before it was
+written for ASTRA-sim (docs/export.md)."""
+
 _COLL_KIND = {
     pb.ALL_REDUCE: "all_reduce",
     pb.REDUCE: "reduce",
@@ -330,7 +341,7 @@ class _Graph:
     deps: list[list[int]] = field(default_factory=list)  # data + ctrl deps of each node
     edge_src: list[int] = field(default_factory=list)
     edge_dst: list[int] = field(default_factory=list)
-    edge_data: list[bool] = field(default_factory=list)  # True: data dep, False: ctrl dep
+    edge_kind: list[str] = field(default_factory=list)  # data, ctrl or (prism's export) sync
     coll_nodes: list[tuple[int, dict[str, Any], bool | None]] = field(default_factory=list)
     p2p_nodes: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)
     host_coll: set[int] = field(default_factory=set)  # COMM_COLL_NODEs without comm_type
@@ -386,6 +397,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             raise TraceFormatError(msg)
         g.gm_attrs = _attrs(gm)
         g.gm_version = gm.version
+        own = str(g.gm_attrs.get("schema", "")).startswith(PRISM_SCHEMA_PREFIX)
         checked = False
         for rec in records:
             node = _parse(pb.Node, rec, path)
@@ -397,11 +409,18 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             nid = node.id
             a = _attrs(node)
             ntype = node.type
+            order_deps: list[int] = []
+            sync_deps: list[int] = []
+            if own:
+                ntype = _OWN_TYPE.get((ntype, a.get("prism_kind")), ntype)
+                order_deps = list(a.get("order_deps") or [])
+                sync_deps = list(a.get("sync_deps") or [])
             g.ids.append(nid)
             g.names.append(node.name)
             g.types.append(ntype)
             g.durs.append(node.duration_micros)
-            g.starts.append(node.start_time_micros)
+            # A metadata node has no time (a 0 would read as the epoch in a timed file).
+            g.starts.append(0 if ntype == pb.METADATA_NODE else node.start_time_micros)
             g.args.append(json.dumps(a, separators=(",", ":"), default=str))
             tid = a.get("tid")
             if isinstance(tid, int) and not isinstance(tid, bool):
@@ -411,11 +430,15 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             dd = list(node.data_deps)
             cd = list(node.ctrl_deps)
             g.deps.append(dd + cd)
+            if order_deps:  # added by prism's export for ASTRA-sim's issue order only
+                dd = [d for d in dd if d not in order_deps]
             g.edge_src.extend(dd)
             g.edge_src.extend(cd)
-            g.edge_dst.extend([nid] * (len(dd) + len(cd)))
-            g.edge_data.extend([True] * len(dd))
-            g.edge_data.extend([False] * len(cd))
+            g.edge_src.extend(sync_deps)
+            g.edge_dst.extend([nid] * (len(dd) + len(cd) + len(sync_deps)))
+            g.edge_kind.extend(["data"] * len(dd))
+            g.edge_kind.extend(["ctrl"] * len(cd))
+            g.edge_kind.extend(["sync"] * len(sync_deps))
             if ntype == pb.COMM_COLL_NODE:
                 if "comm_type" in a:
                     g.coll_nodes.append((nid, a, a.get("is_cpu_op")))
@@ -466,7 +489,14 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
     # events
     timed = any(g.starts)
     dur_ns = [d * 1000 if d else None for d in g.durs]
-    ts_ns = [s * 1000 for s in g.starts] if timed else [None] * n
+    ts_ns = (
+        [
+            s * 1000 if s or t != pb.METADATA_NODE else None
+            for s, t in zip(g.starts, g.types, strict=True)
+        ]
+        if timed
+        else [None] * n
+    )
     events = pl.DataFrame(
         {
             "rank": [r] * n,
@@ -488,12 +518,9 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         {
             "src_event_id": pl.Series(g.edge_src, dtype=pl.UInt64),
             "dst_event_id": pl.Series(g.edge_dst, dtype=pl.UInt64),
-            "kind": pl.Series(g.edge_data, dtype=pl.Boolean),
+            "kind": pl.Series(g.edge_kind, dtype=pl.Utf8),
         }
-    ).with_columns(
-        pl.col("src_event_id", "dst_event_id").cast(pl.Int64),
-        pl.when(pl.col("kind")).then(pl.lit("data")).otherwise(pl.lit("ctrl")).alias("kind"),
-    )
+    ).with_columns(pl.col("src_event_id", "dst_event_id").cast(pl.Int64))
     flows = (
         edges.filter(pl.col("src_event_id") != pl.col("dst_event_id"))
         .join(pl.DataFrame({"src_event_id": id_col}), on="src_event_id", how="semi")
@@ -508,6 +535,7 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
     world = gm_attrs.get("world_size")
     world_size: int | None = int(world) if isinstance(world, int) else None
     groups: dict[str, dict[str, Any]] = {}
+    renamed: dict[str, str] = {}
     if groups_raw is not None:
         default = next(
             (pg for pg in groups_raw if pg.get("pg_desc") == "default_pg"),
@@ -515,15 +543,19 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         )
         if world_size is None and default is not None and default.get("group_size"):
             world_size = int(default["group_size"])
+        own = str(gm_attrs.get("schema", "")).startswith(PRISM_SCHEMA_PREFIX)
         for pg in groups_raw:
             name = str(pg.get("pg_name"))
+            if own and pg.get("pg_desc") is not None:
+                # prism's export: pg_name is ASTRA-sim's decimal id, pg_desc the group's name.
+                renamed[name] = name = str(pg["pg_desc"])
             size = pg.get("group_size")
             members = [int(x) for x in pg.get("ranks") or []]
             if not members and size and world_size and int(size) == world_size:
                 members = list(range(world_size))
             groups[name] = {
                 "name": name,
-                "description": pg.get("pg_desc"),
+                "description": pg.get("description") if own else pg.get("pg_desc"),
                 "backend": _backend(pg.get("backend_config")),
                 "size": int(size) if size is not None else (len(members) or None),
                 "ranks": members or None,
@@ -550,6 +582,8 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
             msg = f"{path}: unknown comm_type {ct!r} at node {nid}"
             raise TraceFormatError(msg)
         gname = str(a.get("pg_name") or DEFAULT_GROUP)
+        gname = renamed.get(gname, gname)
+        kind = str(a.get("prism_comm_kind") or kind)
         grp = group(gname)
         size = a.get("comm_size")
         gsize = grp["size"]
@@ -599,7 +633,7 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         p2p_rows.append(
             {
                 "event_id": nid,
-                "group_name": str(pg) if pg is not None else None,
+                "group_name": renamed.get(str(pg), str(pg)) if pg is not None else None,
                 "direction": "send" if is_send else "recv",
                 "peer": peer,
                 "bytes": a.get("comm_size"),

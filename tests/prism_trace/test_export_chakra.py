@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from prism_trace.errors import PrismError
 from prism_trace.export import (
     CTRL_EDGE_KINDS,
     PG_INIT_NAME,
+    SYNC_EDGE_KINDS,
     ChakraExportError,
     ExportReport,
     export_chakra,
@@ -79,7 +81,21 @@ def scorecard(path: Path) -> Counter[str]:
             assert a["comm_size"][0] == "int64_val"
     fh.close()
     assert seen[pb.NodeType.Name(pb.METADATA_NODE)] <= 1
+    assert_acyclic(path)
     return seen
+
+
+def assert_acyclic(path: Path) -> None:
+    """No cycle over ``data_deps`` and ``ctrl_deps``: a feeder that follows both never stalls."""
+    fh = openFileRd(str(path))
+    decodeMessage(fh, pb.GlobalMetadata())
+    deps: dict[int, list[int]] = {}
+    node = pb.Node()
+    while decodeMessage(fh, node):
+        deps[node.id] = list(node.data_deps) + list(node.ctrl_deps)
+        assert all(d in deps for d in deps[node.id]), (path, node.id)  # parents come first
+        node = pb.Node()
+    fh.close()
 
 
 def scorecard_dir(folder: Path) -> int:
@@ -105,11 +121,14 @@ def graph_nodes(store: Store, rid: int, rank: int) -> dict[int, dict[str, Any]]:
     return {r[0]: dict(zip(cols, r, strict=True)) for r in rows}
 
 
-def graph_edges(store: Store, rid: int, rank: int) -> list[tuple[int, int, str]]:
+def graph_edges(store: Store, rid: int, rank: int) -> list[tuple[int, int, str, str, int]]:
     return [
-        (int(s), int(d), k)
-        for s, d, k in q(
-            store, "SELECT src, dst, kind FROM graph_edge WHERE run_id = ? AND rank = ?", rid, rank
+        (int(s), int(d), k, a, int(w or 0))
+        for s, d, k, a, w in q(
+            store,
+            "SELECT src, dst, kind, anchor, delay FROM graph_edge WHERE run_id = ? AND rank = ?",
+            rid,
+            rank,
         )
     ]
 
@@ -168,9 +187,11 @@ def roundtrip(
             assert n["kind"] == KIND_AFTER.get(o["kind"], o["kind"]), (rank, nid)
             assert n["name"] == o["name"]
             assert n["dur"] == micros_ns(o["dur"]), (rank, nid, o["dur"], n["dur"])
+            if o["kind"] in ("collective", "send", "recv"):
+                # A recorded size comes back; a missing one comes back as the size rule's.
+                assert n["msg_bytes"] == o["msg_bytes"] if o["msg_bytes"] else n["msg_bytes"] > 0
             if o["kind"] == "collective":
                 assert n["comm_kind"] == o["comm_kind"]
-                assert n["msg_bytes"] == (o["msg_bytes"] or 0)
                 if member_group is None:
                     want = src_groups[o["group_id"]]
                     want_name, want_ranks = want[0], want[2]
@@ -182,17 +203,25 @@ def roundtrip(
             if o["kind"] in ("send", "recv"):
                 want_peer = o["peer"] if member_peer is None else member_peer(rank, o["peer"])
                 assert n["peer"] == want_peer, (rank, nid)
-                assert n["msg_bytes"] == (o["msg_bytes"] or 0)
-        # Same dependencies, one to one, kinds mapped to data/ctrl.
+        # Same edges, one to one: kind, anchor and delay (prism_deps), not only Chakra's deps.
         node_of = {n["node_id"]: n["event_id"] for n in new.values()}
         want_edges = Counter(
-            (s, d, "ctrl" if k in CTRL_EDGE_KINDS else "data")
-            for s, d, k in graph_edges(store, src_id, graph_rank)
+            (s, d, k, a or "end", w) for s, d, k, a, w in graph_edges(store, src_id, graph_rank)
         )
         got_edges = Counter(
-            (node_of[s], node_of[d], k) for s, d, k in graph_edges(store, back_id, rank)
+            (node_of[s], node_of[d], k, a, w) for s, d, k, a, w in graph_edges(store, back_id, rank)
         )
         assert got_edges == want_edges, rank
+    # In the files, each edge is one Chakra dependency by the mapping's table (plus order_deps).
+    want_deps: Counter[str] = Counter()
+    for rank, class_id in ranks:
+        for _, _, k, _, _ in graph_edges(store, src_id, rank if class_id is None else class_id):
+            kind = "data_deps"
+            kind = "ctrl_deps" if k in CTRL_EDGE_KINDS else kind
+            kind = "sync_deps" if k in SYNC_EDGE_KINDS else kind
+            want_deps[kind] += 1
+    want_deps["data_deps"] += report.order_deps
+    assert +want_deps == Counter(report.deps)
     # Every p2p send finds its receive across the files.
     unpaired = q(store, "SELECT count(*) FROM p2p_pair WHERE run_id = ? AND NOT paired", back_id)
     assert unpaired == [(0,)]
@@ -212,7 +241,8 @@ def test_sample_roundtrip(sample_store: Store, tmp_path: Path) -> None:
     assert report.as_dict()["files"] == 8
     assert "8 Chakra ET files" in report.summary()
     names = sorted(p.name for p in (tmp_path / "sample_et").iterdir())
-    assert names == [f"sample.{r}.et" for r in sorted(range(8), key=str)]
+    want = ["comm_groups.json", *(f"sample.{r}.et" for r in sorted(range(8), key=str))]
+    assert names == want
 
 
 def test_sliced_roundtrip_members_own_groups_and_peers(sample_store: Store, tmp_path: Path) -> None:
@@ -258,9 +288,13 @@ def test_sliced_roundtrip_members_own_groups_and_peers(sample_store: Store, tmp_
         if "pg_name" in a:
             names.add(a["pg_name"][1])
     fh.close()
+    # pg_name is ASTRA-sim's decimal id: the n-th group by group_id, listed in comm_groups.json.
+    table = json.loads((tmp_path / "sample_x16_et" / "comm_groups.json").read_text())
+    astra_name = {str(i + 1): sliced_groups[g][0] for i, g in enumerate(sorted(sliced_groups))}
     own = {n for n, _, rs in sliced_groups.values() if member in rs}
     assert names
-    assert names <= own
+    assert all(member in table[n] for n in names)
+    assert {astra_name[n] for n in names} <= own
 
 
 def test_unknown_collective_kind_is_named(sample_store: Store, tmp_path: Path) -> None:
@@ -311,8 +345,9 @@ def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path
 def test_dlrm_roundtrip(shared_store: Store, tmp_path: Path) -> None:
     report = roundtrip(shared_store, "dlrm", tmp_path)
     # GPU graph: kernels, memcpy/memset, launch/stream/sync edges all make it through.
-    assert report.node_types["MEM_LOAD_NODE"] > 0
-    assert report.deps["ctrl_deps"] > 0  # the sync edges
+    assert "MEM_LOAD_NODE" not in report.node_types  # copies are COMP_NODEs for ASTRA-sim
+    assert report.deps["sync_deps"] > 0
+    assert "ctrl_deps" not in report.deps
 
 
 @pytest.mark.shared_data
