@@ -680,7 +680,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         .astype(np.int64),
         0,
     )
-    delay = edges["delay"].fill_null(0).to_numpy().astype(np.int64)
+    delay = np.maximum(edges["delay"].fill_null(0).to_numpy().astype(np.int64), 0)
     skew = sync["skew"].fill_null(0).to_numpy().astype(np.int64)
     if config.replay.completion == "common":
         skew = np.zeros_like(skew)
