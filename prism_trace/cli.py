@@ -547,6 +547,11 @@ def replay_cmd(
     help="Also emulate the slice with each replica drawing its durations (seeded).",
 )
 @click.option("--seeds", type=int, default=5, show_default=True, help="Seeds of --variance.")
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="A run missing ranks: replay the recorded ones (collectives over the ranks present).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
 def validate_cmd(
@@ -556,6 +561,7 @@ def validate_cmd(
     slice_ranks: list[int] | None,
     variance: str | None,
     seeds: int,
+    allow_partial: bool,
     as_json: bool,
 ) -> None:
     """Iteration-time error of emulating RUN from all its ranks, and from a slice of them."""
@@ -579,6 +585,7 @@ def validate_cmd(
             slice_ranks=slice_ranks,
             variance=variance,  # type: ignore[arg-type]
             seeds=seeds,
+            allow_partial=allow_partial,
         )
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
 

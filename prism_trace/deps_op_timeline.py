@@ -27,9 +27,10 @@ StragglerAnalysis's dependency model, written anew here on polars frames):
 
 Every edge is anchored at the source's end. An op's **own delay** (StragglerAnalysis's launch
 delay) is its recorded start minus the latest recorded end of *all* its dependencies, stored on
-each of its in-edges (negative where the model is looser than the recording, so that replay is
-exact). Waiting for peers is never stored: the emulator recomputes communication ends from the
-participants' arrivals.
+each of its in-edges. A start before a dependency's end (clock jitter of a few µs; at most 15 µs
+on ST) is no own time: the delay is 0, so that a recording whose durations were changed (or a
+what-if) moves what depends on them. Waiting for peers is never stored: the emulator recomputes
+communication ends from the participants' arrivals.
 """
 
 from __future__ import annotations
@@ -243,7 +244,9 @@ def op_timeline_edges(nodes: pl.DataFrame) -> pl.DataFrame:
     e = edges.join(ends, on=["rank", "src"]).join(starts, on=["rank", "dst"])
     return (
         e.with_columns(
-            (pl.col("ts") - pl.col("src_end").max().over(["rank", "dst"])).alias("delay"),
+            (pl.col("ts") - pl.col("src_end").max().over(["rank", "dst"]))
+            .clip(lower_bound=0)
+            .alias("delay"),
             pl.lit("end").alias("anchor"),
         )
         .select(

@@ -915,8 +915,7 @@ def timeline_graph(
     Waiting is never stored: communication ops end where the emulator's instance says (the
     participants' last arrival plus the transfer), so a wait grows or shrinks when an arrival
     moves. Nodes whose recorded start is earlier than the end of one of their dependencies
-    (the model is looser than the recording, or clock jitter) keep that negative own delay and are
-    counted as ``overlaps``.
+    (clock jitter) get own delay 0 and are counted as ``overlaps``.
 
     Args:
         events: ``rank, event_id, track_id, category, name, ts, dur, iteration``, optionally
@@ -966,7 +965,17 @@ def timeline_graph(
         else nodes
     )
     edges = op_timeline_edges(with_mc)
-    overlaps = edges.filter(pl.col("delay") < 0).unique(["rank", "dst"]).select("rank")
+    ends = nodes.select(
+        "rank", pl.col("node_id").alias("src"), (pl.col("ts") + pl.col("dur")).alias("e")
+    )
+    starts = nodes.select("rank", pl.col("node_id").alias("dst"), pl.col("ts").alias("s"))
+    overlaps = (
+        edges.join(ends, on=["rank", "src"])
+        .join(starts, on=["rank", "dst"])
+        .filter(pl.col("s") < pl.col("e"))
+        .unique(["rank", "dst"])
+        .select("rank")
+    )
     no_kernel = nodes.filter(pl.col("kind").is_in(["collective", "send", "recv"])).select("rank")
     return GraphFrames(
         nodes, edges, _stats(ranks, overlaps=overlaps, comm_without_kernel=no_kernel)

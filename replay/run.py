@@ -680,7 +680,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         .astype(np.int64),
         0,
     )
-    delay = edges["delay"].fill_null(0).to_numpy().astype(np.int64)
+    delay = np.maximum(edges["delay"].fill_null(0).to_numpy().astype(np.int64), 0)
     skew = sync["skew"].fill_null(0).to_numpy().astype(np.int64)
     if config.replay.completion == "common":
         skew = np.zeros_like(skew)
@@ -693,9 +693,17 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         replace = np.ones(nodes.height, dtype=bool)
         if inputs.keep_recorded is not None:
             replace = ~inputs.keep_recorded
-        dur = typical_durations(nodes["name"], dur, replace)
+        held = np.zeros(nodes.height, dtype=bool)
+        held[edges.filter(pl.col("kind") == "sync")["d"].to_numpy()] = True
+        dur = typical_durations(nodes["name"], dur, replace, held)
         host = sync["idx"].to_numpy().astype(np.int64)
-        per_part = typical_transfers(sync["name"], per_part, replace[host])
+        # a communication's type: its name and message size (one kernel name serves all sizes)
+        kind_key = sync.select(
+            pl.concat_str(
+                [pl.col("name"), pl.col("msg_bytes").cast(pl.Utf8).fill_null("")], separator="|"
+            )
+        ).to_series()
+        per_part = typical_transfers(kind_key, per_part, replace[host])
     if w.no_launch_delay:  # no own delay: every op starts as soon as its dependencies allow
         delay = np.zeros_like(delay)
         release = np.zeros_like(release)

@@ -4,8 +4,9 @@ The ``no-stragglers`` what-if (StragglerAnalysis's ``step_t_noblk``) replaces ev
 typical op of its type, so that what is left of the step is the schedule itself. The type of an
 op is its name (an op-timeline ``optype``, a kernel or host-op name). Computation takes the
 **mean** duration of its type over every rank and every step: a slow rank or step then counts
-for what it adds on average. Communication takes the **median** transfer of its type (its time
-from the last participant's arrival to its own completion), because a collective's recorded
+for what it adds on average. Communication takes the **median** transfer of its type (its name
+and message size: one NCCL kernel name serves every size; its time from the last participant's
+arrival to its own completion), because a collective's recorded
 duration is mostly waiting and its spread comes from the peers, not from the wire.
 
 Own delays (``prism_trace.deps_op_timeline``) are not durations: ``replay.run`` keeps those before
@@ -24,20 +25,37 @@ import polars as pl
 __all__ = ["typical_durations", "typical_transfers"]
 
 
-def typical_durations(names: pl.Series, dur: np.ndarray, replace: np.ndarray) -> np.ndarray:
+def typical_durations(
+    names: pl.Series, dur: np.ndarray, replace: np.ndarray, held: np.ndarray | None = None
+) -> np.ndarray:
     """Each op's duration, the rows in ``replace`` set to the mean of their name.
+
+    A host op that blocks in a synchronising call (the destination of a ``sync`` edge) recorded
+    its wait for the device, and through the device for other ranks, in its duration; the
+    emulator produces that wait from the ``sync`` edge. Such ops are left out of the means, and
+    take the mean of the ops of their name that did not block, or, when every one blocked, the
+    shortest of them (the one that waited least).
 
     Args:
         names: op names, one per row.
         dur: recorded (or already changed) durations, ns.
         replace: bool per row: take the typical duration.
+        held: bool per row: the op's end is held by a ``sync`` edge (None: none is).
 
     Returns:
         int64 durations, ns.
     """
-    df = pl.DataFrame({"name": names, "dur": dur})
-    mean = df.select(pl.col("dur").mean().over("name")).to_series().to_numpy()
-    return np.where(replace, np.rint(mean), dur).astype(np.int64)
+    held = np.zeros(dur.size, dtype=bool) if held is None else held
+    df = pl.DataFrame({"name": names, "dur": dur, "held": held})
+    free = pl.col("dur").filter(~pl.col("held"))
+    typ = (
+        df.select(
+            pl.coalesce(free.mean().over("name"), pl.col("dur").min().over("name")).alias("t")
+        )
+        .to_series()
+        .to_numpy()
+    )
+    return np.where(replace, np.rint(typ), dur).astype(np.int64)
 
 
 def typical_transfers(names: pl.Series, transfer: np.ndarray, replace: np.ndarray) -> np.ndarray:

@@ -324,6 +324,7 @@ def validate_run(
     config: EmulationConfig | None = None,
     variance: Literal["iteration", "op"] | None = None,
     seeds: int = 5,
+    allow_partial: bool = False,
 ) -> ValidationReport:
     """Measure emulation fidelity on a run whose every rank was recorded.
 
@@ -343,6 +344,9 @@ def validate_run(
         variance: also emulate the slice in this variance mode (``replay.whatif``), once per
             seed ``0 .. seeds-1``, and compare the per-iteration mean over seeds.
         seeds: number of seeds of the variance check.
+        allow_partial: a run missing ranks is replayed from the ranks it has (collectives and
+            sends resolved over the participants present, ``ReplayConfig.allow_partial``) and
+            compared on those ranks; the slice check is skipped.
 
     Returns:
         The per-iteration errors of both checks.
@@ -366,12 +370,17 @@ def validate_run(
         ).fetchall()
     ]
     world = int(world or len(ranks))
-    if len(ranks) != world:
+    partial = len(ranks) != world
+    if partial and not allow_partial:
         msg = (
             f"{store.path}: run {run!r} recorded {len(ranks)} of {world} ranks; validation"
-            " needs every rank as ground truth"
+            " needs every rank as ground truth (--allow-partial replays the recorded ones)"
         )
         raise PrismError(msg)
+    if partial:
+        config = dataclasses.replace(
+            config, replay=dataclasses.replace(config.replay, allow_partial=True)
+        )
     recorded = store.con.sql(
         "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]
     ).pl()
@@ -396,12 +405,18 @@ def validate_run(
     layout_spec: str | None = None
     sliced: list[IterationError] | None = None
     variance_errors: list[IterationError] | None = None
-    try:
-        layout = infer_layout(store, run)
-        layout_spec = layout.spec
-    except PrismError as exc:
-        notes.append(f"slice check skipped: no layout ({exc})")
-        layout = None
+    layout = None
+    if partial:
+        notes.append(
+            f"{len(ranks)} of {world} ranks recorded: replayed with partial instances;"
+            " slice check skipped"
+        )
+    else:
+        try:
+            layout = infer_layout(store, run)
+            layout_spec = layout.spec
+        except PrismError as exc:
+            notes.append(f"slice check skipped: no layout ({exc})")
     if layout is not None and slice_ranks is None:
         dp = layout.coords(np.asarray(ranks))[ParallelAxis.DP]
         slice_ranks = [r for r, d in zip(ranks, dp.tolist(), strict=True) if d == 0]

@@ -93,3 +93,22 @@ def test_hta_nccl_rank_replays_kernel_starts(shared_datasets: Path, tmp_path: Pa
     # every device op within 0.1 ms of its recorded start; without the waits one starts early
     assert with_waits < 100_000
     assert without > 4 * with_waits
+
+
+@pytest.mark.shared_data
+def test_hta_nccl_rank_validates_with_partial_instances(
+    shared_datasets: Path, tmp_path: Path
+) -> None:
+    from prism_trace.replay import validate_run
+
+    from prism_trace.errors import PrismError
+
+    store = open_store(tmp_path / "h.duckdb")
+    ingest(store, [shared_datasets / "hta-nccl-rank0"], run="h", progress=False)
+    with pytest.raises(PrismError, match="--allow-partial"):
+        validate_run(store, run="h")
+    d = validate_run(store, run="h", allow_partial=True).as_dict()
+    assert d["replay_iteration_time_error_pct"] < 0.1
+    assert d["replay_op_start_error_p99_pct"] < 1.0  # measured 0.011 %
+    assert d["replay_comm_time_error_pct"] < 1.0  # measured 0.0000 %
+    assert d["slice_iteration_time_error_pct"] is None
