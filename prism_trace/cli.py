@@ -274,6 +274,14 @@ def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
             f"collectives: {m['complete']}/{m['instances']} instances complete;"
             f" p2p: {m['p2p_pairs']} pairs, {m['p2p_unpaired']} unpaired"
         )
+        for entry in match.matching:
+            mode = entry["mode"]
+            how = "left unmatched" if mode == "unmatched" else f"matched by {mode}"
+            click.echo(
+                f"  group {entry['group']!r}: {entry['calls']} calls {how} ({entry['reason']})"
+            )
+        if match.mixed:
+            click.echo(f"warning: {match.mixed} instances join calls of different kinds or sizes")
         if not match.ok:
             click.echo(f"warning: {match.message()}")
         click.echo(layout_text)
