@@ -84,6 +84,9 @@ def kineto_variant(
             info["rank"] = rank
         if world_size is not None:
             info["world_size"] = world_size
+            for g in info.get("pg_config") or []:  # the default group is the world
+                if isinstance(g, dict) and g.get("pg_desc") == "default_pg":
+                    g.update(ranks=list(range(world_size)), pg_size=world_size)
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(gzip.compress(orjson.dumps(data), compresslevel=1))
     return dst

@@ -60,6 +60,13 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
+@click.option(
+    "--layout",
+    "layout_spec",
+    default=None,
+    help="The recorded job's layout, e.g. tp=8 (when the trace does not say it).",
+)
+@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
 @_one_line_errors
 def ingest_cmd(
     paths: tuple[Path, ...],
@@ -71,11 +78,16 @@ def ingest_cmd(
     jobs: int,
     quiet: bool,
     as_json: bool,
+    layout_spec: str | None,
+    order: str | None,
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
     from prism_trace.ingest import ingest
+    from prism_trace.layout import declare_layout
+    from prism_trace.parallel import ParallelLayout
     from prism_trace.store import open_store
 
+    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
     name = run_name or paths[0].resolve().name.split(".")[0]
     with open_store(db) as store:
         report = ingest(
@@ -88,6 +100,15 @@ def ingest_cmd(
             progress=not quiet and sys.stderr.isatty(),
             jobs=jobs,
         )
+        if declared is not None:
+            try:
+                declare_layout(store, name, declared)
+            except PrismError:
+                from prism_trace.ingest import _delete_run
+
+                with store.transaction() as con:  # all or nothing, like the ingest itself
+                    _delete_run(con, report.run_id)
+                raise
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     elif not quiet:
@@ -241,26 +262,51 @@ def analyze_cmd(
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", required=True, help="Recorded run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--layout",
+    "layout_spec",
+    default=None,
+    help="Declare (or correct) the recorded layout, e.g. tp=8.",
+)
+@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
 @_one_line_errors
-def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
+def graph_cmd(
+    db: Path, run_name: str, as_json: bool, layout_spec: str | None, order: str | None
+) -> None:
     """Build the per-rank execution graph of a run and check collectives match across ranks."""
     from prism_trace.collectives import match_comms
     from prism_trace.graph import build_graph
-    from prism_trace.parallel import assign_axes, infer_layout
+    from prism_trace.layout import choose_layout, declare_layout
+    from prism_trace.parallel import ParallelLayout, assign_axes
     from prism_trace.store import open_store
+    from prism_trace.symmetry import missing_ranks
 
+    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
     with open_store(db) as store:
+        if declared is not None:
+            declare_layout(store, run_name, declared)
         report = build_graph(store, run_name)
         match = match_comms(store, run_name)
         # Give every rank its role coordinates and every group its axis, when the groups allow.
-        try:
-            layout = infer_layout(store, run_name)
-            assign_axes(store, run_name, layout)
-            layout_text = f"layout {layout.spec} (order {layout.order_spec})"
-        except PrismError as exc:
-            layout_text = f"layout not inferred: {str(exc).splitlines()[0]}"
+        choice = choose_layout(store, run_name)
+        if choice.layout is not None:
+            try:
+                assign_axes(store, run_name, choice.layout)
+            except PrismError as exc:
+                choice.error = str(exc).splitlines()[0]
+                choice.layout = None
+        layout_text = choice.text()
+        ((world,),) = store.con.execute(
+            "SELECT world_size FROM run WHERE run_id = ?", [report.run_id]
+        ).fetchall()
+        missing = missing_ranks(int(world or 0), list(report.ranks), choice.layout)
     if as_json:
-        out = {"graph": report.as_dict(), "comms": match.as_dict(), "layout": layout_text}
+        out = {
+            "graph": report.as_dict(),
+            "comms": match.as_dict(),
+            "layout": choice.as_dict(),
+            "missing_ranks": missing,
+        }
         click.echo(json.dumps(out, indent=2))
     else:
         click.echo(
@@ -274,8 +320,16 @@ def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
             f"collectives: {m['complete']}/{m['instances']} instances complete;"
             f" p2p: {m['p2p_pairs']} pairs, {m['p2p_unpaired']} unpaired"
         )
+        by_trace = [e for e in match.matching if e["mode"] == "trace"]
+        if by_trace:
+            click.echo(
+                f"  {len(by_trace)} groups ({sum(int(e['calls']) for e in by_trace)} calls)"  # type: ignore[call-overload]
+                " matched by trace: group and sequence from the trace"
+            )
         for entry in match.matching:
             mode = entry["mode"]
+            if mode == "trace":
+                continue
             how = "left unmatched" if mode == "unmatched" else f"matched by {mode}"
             click.echo(
                 f"  group {entry['group']!r}: {entry['calls']} calls {how} ({entry['reason']})"
@@ -284,6 +338,8 @@ def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
             click.echo(f"warning: {match.mixed} instances join calls of different kinds or sizes")
         if not match.ok:
             click.echo(f"warning: {match.message()}")
+        if missing:
+            click.echo(f"partial recording: {missing}")
         click.echo(layout_text)
 
 
@@ -361,6 +417,11 @@ def slice_cmd(
     help="Transfer times: recorded, carried to a new scale by the model, or the pure model.",
 )
 @click.option("--calibrate", is_flag=True, help="Fit the network model to recorded collectives.")
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="A recording of some ranks: complete each collective over the ranks present.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
 def emulate_cmd(
@@ -373,14 +434,17 @@ def emulate_cmd(
     system: str,
     timing_model: str,
     calibrate: bool,
+    partial: bool,
     as_json: bool,
 ) -> None:
     """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
     from prism_trace.replay import EmulationConfig, TimingConfig, Topology, emulate_run
+    from prism_trace.replay.run import ReplayConfig
     from prism_trace.replay.whatif import parse_what_if
     from prism_trace.store import open_store
 
     config = EmulationConfig(
+        replay=ReplayConfig(allow_partial=partial),
         what_if=parse_what_if(what_ifs),
         seed=seed,
         topology=Topology(system=system),

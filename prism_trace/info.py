@@ -100,7 +100,15 @@ def describe_run(store: Store, name: str) -> dict[str, Any]:
         "time_span_ns": None if span is None or span[0] is None else span[1] - span[0],
         "start_ns": None if span is None else span[0],
         "unmatched_collectives": 0 if unmatched is None else unmatched[0],
+        "layout": _layout(store, name),
     }
+
+
+def _layout(store: Store, name: str) -> dict[str, Any]:
+    """The run's layout and where it came from (``layout.choose_layout``)."""
+    from prism_trace.layout import choose_layout
+
+    return choose_layout(store, name).as_dict()
 
 
 def _ms(ns: float | None) -> str:

@@ -621,7 +621,10 @@ def _infer(
 
 
 def infer_layout(store: Store, run: str, *, order: str | None = None) -> ParallelLayout:
-    """The parallel layout of a recorded run, from its groups and its ranks' coordinates.
+    """The parallel layout of a recorded run: the declared one, else from its groups and ranks.
+
+    A layout declared for the run (``layout.declare_layout``) wins; ``layout.choose_layout``
+    gives the same answer with its reasons.
 
     Sizes come from groups whose description names one axis (``tp``, ``data``, ``dp_stage0``,
     ...), else from the largest coordinate in the ``rank`` table; ``dp`` takes whatever part of
@@ -642,12 +645,12 @@ def infer_layout(store: Store, run: str, *, order: str | None = None) -> Paralle
             combination under any order (the message names the group).
         PrismError: no such run.
     """
-    run_id = store.require_run(run)
-    (row,) = store.con.execute("SELECT world_size FROM run WHERE run_id = ?", [run_id]).fetchall()
-    groups = _read_groups(store.con, run_id)
-    ranks, coords = _read_coords(store.con, run_id)
-    world = row[0] if row and row[0] else (int(ranks.max()) + 1 if ranks.size else 1)
-    return _infer(int(world), groups, ranks, coords, run=run, order=order)
+    from prism_trace.layout import choose_layout  # it builds on this module
+
+    choice = choose_layout(store, run, order=order)
+    if choice.layout is None:
+        raise LayoutError(choice.error or f"run {run!r}: no layout fits")
+    return choice.layout
 
 
 def _write_axes(
