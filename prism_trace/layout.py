@@ -13,8 +13,9 @@ headers), and ``choose_layout`` says why and when the answer is ambiguous:
 - the run has no group but the default one: then the sizes come from *when* its collectives
   run. Tensor-parallel all-reduces run inside the forward compute (every layer, one activation
   size again and again); data-parallel gradient all-reduces run in the backward pass and after
-  it. All-reduces in the first third of their step, most of one repeated size, read as
-  ``tp=world``; otherwise ``dp=world``. Either way the answer is ambiguous and says so.
+  it. At least a quarter of the all-reduces in the first third of their step, and at least half
+  of one size, read as ``tp=world``; otherwise ``dp=world``. Either way the answer is
+  ambiguous and says so.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ _FORWARD_SHARE = 1 / 3
 """All-reduces starting in this first share of their step run inside the forward compute."""
 _TP_LIKE = 0.25
 """Share of a default group's all-reduces that must run in the forward for a tp reading."""
+_ONE_SIZE = 0.5
+"""Share of them that must have one size (the activations') for a tp reading; gradient buckets
+vary."""
 
 
 @dataclass
@@ -249,7 +253,7 @@ def choose_layout(store: Store, run: str, *, order: str | None = None) -> Layout
     only_world = described <= {"world", None} and all(len(g.ranks) in (0, 1, world) for g in groups)
     if only_world and world > 1 and not (coords[ParallelAxis.TP] > 0).any():
         reading = _phase_reading(store, run_id)
-        if reading is not None and reading[0] >= _TP_LIKE:
+        if reading is not None and reading[0] >= _TP_LIKE and reading[2] >= _ONE_SIZE:
             share, n, top = reading
             layout = ParallelLayout(tp=world)
             reasons = [

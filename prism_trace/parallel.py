@@ -376,6 +376,17 @@ _DESCRIPTIONS: dict[str, str] = {
     "tensor_and_data_parallel": "tp-dp",
     "tensor_and_context_parallel": "tp-cp",
     "tensor_and_expert_parallel": "tp-ep",
+    "tensor_and_data_parallel_with_cp": "tp-dp-cp",
+    "expert_data_parallel": "dp",  # the expert mesh's dp (see the module docstring)
+    # torchtitan's DeviceMesh dims (described `mesh_<dim>`): FSDP shards over dp; HSDP's
+    # replicate dim is only part of dp, so it names no size on its own.
+    "dp_shard": "dp",
+    "dp_shard_cp": "dp-cp",
+    "dp_replicate": "",
+    # DeepSpeed: Ulysses sequence parallelism splits the sequence, as context parallelism does.
+    "sequence_parallel": "cp",
+    "sequence_data_parallel": "dp-cp",
+    "sp": "cp",
     "embedding": EMBD,
     "embd": EMBD,
     "default_pg": WORLD,
@@ -390,9 +401,13 @@ def _described_axis(description: str | None) -> str | None:
     if not description:
         return None
     text = description.strip().lower()
-    text = re.sub(r"[\s_-]*(group|pg)$", "", text) if text != "default_pg" else text
+    if text != "default_pg":
+        # Megatron's `DATA_PARALLEL_GROUP_WITH_CP`, torchtitan's `mesh_tp`: drop the
+        # `group`/`pg` words and the `mesh_` prefix.
+        text = re.sub(r"[\s_-]*(groups?|pg)(?=[\s_-]|$)", "", text)
+        text = re.sub(r"^mesh[\s_-]+", "", text)
     if text in _DESCRIPTIONS:
-        return _DESCRIPTIONS[text]
+        return _DESCRIPTIONS[text] or None
     # Leading axis tokens: `tp`, `dp-cp`, `dp_stage0` (→ dp), `pp_dp0` (→ pp; `dp0` is no token).
     tokens = re.split(r"[-_\s]+", text)
     axes: list[str] = []

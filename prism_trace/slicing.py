@@ -235,10 +235,16 @@ def _check_dp_recorded(
         if value == WORLD or (value != EMBD and ParallelAxis.DP in parse_axes(value)):
             spans_dp = spans_dp or recorded.dp > 1
     if not spans_dp:
+        need = (
+            "its data-parallel calls must be matched across the replicas (see `prism graph`:"
+            " calls left unmatched run alone)"
+            if recorded.dp > 1
+            else "record at least two data-parallel replicas (or declare the recorded layout"
+            " with `prism graph --layout`)"
+        )
         msg = (
-            f"axis `dp`: the recording (layout {recorded.spec}) has no data-parallel"
-            f" communication, so dp={target.dp} cannot be built from it; record at least two"
-            " data-parallel replicas (or declare the recorded layout with `prism graph --layout`)"
+            f"axis `dp`: the recording (layout {recorded.spec}) has no matched data-parallel"
+            f" communication, so dp={target.dp} cannot be built from it; {need}"
         )
         raise SliceError(msg)
 

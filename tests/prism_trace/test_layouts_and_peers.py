@@ -156,7 +156,8 @@ def test_declared_layout_from_ingest_to_validate(tp_pair: Path, tmp_path: Path) 
         assert info["layout"]["spec"] == "tp=2,cp=1,ep=1,dp=1,pp=1"
         axes = store.con.execute("SELECT DISTINCT axis FROM comm_group").fetchall()
         assert axes == [("world",)]
-        with pytest.raises(SliceError, match=r"^axis `dp`: the recording .* has no data-parallel"):
+        refused = r"^axis `dp`: the recording .* no matched data-parallel.*two data-parallel"
+        with pytest.raises(SliceError, match=refused):
             slice_run(
                 store, run="pair", layout=ParallelLayout.parse("tp=2,dp=4"), world=8, out_run="b"
             )
@@ -202,3 +203,27 @@ def test_two_of_eight_ranks(tmp_path: Path, shared_datasets: Path) -> None:
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(main, ["graph", str(tmp_path / "d2.duckdb"), "--run", "d2"])
     assert "partial recording: 2 of 8 ranks recorded; not recorded: 2..7" in res.output
+
+
+@pytest.mark.parametrize(
+    ("description", "axis"),
+    [
+        ("TENSOR_MODEL_PARALLEL_GROUP", "tp"),
+        ("DATA_PARALLEL_GROUP_WITH_CP", "dp-cp"),
+        ("TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP", "tp-dp-cp"),
+        ("EXPERT_DATA_PARALLEL_GROUP", "dp"),
+        ("POSITION_EMBEDDING_GROUP", None),
+        ("mesh_tp", "tp"),
+        ("mesh_dp_shard", "dp"),
+        ("mesh_dp_shard_cp", "dp-cp"),
+        ("mesh_dp_replicate", None),
+        ("sequence_parallel", "cp"),
+        ("sequence_data_parallel", "dp-cp"),
+        ("default_pg", "world"),
+        ("undefined", None),
+    ],
+)
+def test_group_descriptions_of_other_frameworks(description: str, axis: str | None) -> None:
+    from prism_trace.parallel import _described_axis
+
+    assert _described_axis(description) == axis
