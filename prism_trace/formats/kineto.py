@@ -18,9 +18,15 @@ Conventions:
   otherwise; ``track_id`` and ``event_id`` are minted densely in (track, ts, -dur) order.
 - Collectives come from, in order of preference, ``prism_comm:`` annotations (our generator's),
   ``record_param_comms`` ops with ``Collective name`` (PyTorch >= 2.1), and older
-  ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks). A
-  comm op inside another one on the same thread is not counted again. ``wait``, coalescing markers
-  and unknown names are not collectives. ``Seq`` (1-based per group) becomes 0-based ``seq``.
+  ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks),
+  then the ``c10d::<op>`` op itself where nothing better describes the call (its input tensor's
+  size). A call whose host record names no group takes the group (and ``Seq``) from its NCCL
+  kernel's args when they have them. Call names are normalised (``c10d::_allgather_base_``,
+  ``nccl:_all_gather_base``, ``all_gather_into_tensor``, the ``_coalesced`` forms, ``isend``).
+  A comm op inside another one on the same thread is not counted again. ``wait``, coalescing
+  markers (``coalesced``) and unknown names are not collectives. ``Seq`` (1-based per group)
+  becomes 0-based ``seq``; calls without one are numbered in order at ingest and matched across
+  ranks only where the ranks agree (``prism_trace.collectives``).
   A p2p call whose peer the trace does not state has a null ``peer``.
 - Memory: the ``traceEvents`` args are held once (in ``raw``, with the three ids moved to typed
   columns); every join between events is an equi-join, an ASOF join, a window or a sorted search,
