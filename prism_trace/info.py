@@ -131,6 +131,9 @@ def render_run(info: dict[str, Any]) -> str:
             f"{r['rank']:>5} {r['backend'] or '-':<8} {r['events']:>8} {r['kernels']:>8}"
             f" {r['collectives']:>6} {r['p2p']:>5} {et:>12} {_ms(r['mean_iteration_ns']):>15}"
         )
+    layout = info.get("layout") or {}
+    if layout.get("spec"):
+        lines += ["", f"layout {layout['spec']} (order {layout['order']}, {layout['source']})"]
     lines += ["", "process groups:"]
     for g in info["comm_groups"]:
         lines.append(

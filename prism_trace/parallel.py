@@ -439,6 +439,14 @@ def _fits(layout: ParallelLayout, members: np.ndarray, value: str) -> bool:
     return bool(np.array_equal(layout.groups(value)[row], members))
 
 
+def _world_axis(layout: ParallelLayout) -> str:
+    """The role of an all-rank group: the one axis of size > 1 when there is only one (a TP8 job
+    on 8 GPUs: its default group is its TP group, and what-ifs and slicing treat it so), else
+    ``world``."""
+    big = [a for a in AXES if layout.size(a) > 1]
+    return big[0].value if len(big) == 1 else WORLD
+
+
 def group_axis(
     layout: ParallelLayout,
     ranks: Sequence[int] | np.ndarray,
@@ -449,7 +457,8 @@ def group_axis(
     """The axis value of a communicator with these member ranks under ``layout``.
 
     The description decides when it names a role that fits (``tp``, ``data``, ``default_pg``,
-    ``dp_stage0``, ``embd``, ...); otherwise the whole world is ``world``, Megatron's embedding
+    ``dp_stage0``, ``embd``, ...); otherwise the whole world is ``world`` (or its one axis of
+    size > 1, when it has only one: ``_world_axis``), Megatron's embedding
     pair is ``embd``, and any other group is named by the axes its members differ on. A one-rank
     group without a usable description gets the first size-1 axis (any fits).
 
@@ -475,6 +484,8 @@ def group_axis(
         msg = f"{label}: a member is outside the world of {layout.world_size} ranks of {layout}"
         raise LayoutError(msg)
     described = _described_axis(description)
+    if described == WORLD and members.size == layout.world_size:
+        return _world_axis(layout)
     if described is not None:
         if _fits(layout, members, described):
             return described
@@ -484,7 +495,7 @@ def group_axis(
         )
         raise LayoutError(msg)
     if members.size == layout.world_size:
-        return WORLD
+        return _world_axis(layout)
     c = layout.coords(members)
     varying = [a for a in AXES if np.unique(c[a]).size > 1]
     if varying:

@@ -155,7 +155,7 @@ def test_declared_layout_from_ingest_to_validate(tp_pair: Path, tmp_path: Path) 
         assert info["layout"]["source"] == "declared"
         assert info["layout"]["spec"] == "tp=2,cp=1,ep=1,dp=1,pp=1"
         axes = store.con.execute("SELECT DISTINCT axis FROM comm_group").fetchall()
-        assert axes == [("world",)]
+        assert axes == [("tp",)]  # the default group of a tp-only job is its TP group
         refused = r"^axis `dp`: the recording .* no matched data-parallel.*two data-parallel"
         with pytest.raises(SliceError, match=refused):
             slice_run(
