@@ -279,16 +279,19 @@ def graph_cmd(
     from prism_trace.layout import choose_layout, declare_layout
     from prism_trace.parallel import ParallelLayout, assign_axes
     from prism_trace.store import open_store
-    from prism_trace.symmetry import missing_ranks
+    from prism_trace.symmetry import missing_ranks, symmetric_partners
 
     declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
     with open_store(db) as store:
         if declared is not None:
             declare_layout(store, run_name, declared)
         report = build_graph(store, run_name)
-        match = match_comms(store, run_name)
         # Give every rank its role coordinates and every group its axis, when the groups allow.
         choice = choose_layout(store, run_name)
+        copies: list[int] = []
+        if choice.layout is not None:
+            copies = symmetric_partners(choice.layout, list(report.ranks))[0].tolist()
+        match = match_comms(store, run_name, copies=copies)
         if choice.layout is not None:
             try:
                 assign_axes(store, run_name, choice.layout)
@@ -316,8 +319,13 @@ def graph_cmd(
         for note in report.notes():
             click.echo(f"  {note}")
         m = match.as_dict()
+        with_copies = (
+            f" ({m['complete_with_copies']} with the TP/CP copies)"
+            if m["complete_with_copies"] != m["complete"]
+            else ""
+        )
         click.echo(
-            f"collectives: {m['complete']}/{m['instances']} instances complete;"
+            f"collectives: {m['complete']}/{m['instances']} instances complete{with_copies};"
             f" p2p: {m['p2p_pairs']} pairs, {m['p2p_unpaired']} unpaired"
         )
         by_trace = [e for e in match.matching if e["mode"] == "trace"]

@@ -95,6 +95,21 @@ class CommMatchReport:
     p2p: pl.DataFrame
     mixed: int = 0
     matching: list[dict[str, object]] = field(default_factory=list)
+    copies: list[int] = field(default_factory=list)
+
+    @property
+    def complete_with_copies(self) -> int:
+        """Instances complete once the unrecorded TP/CP peers that copy a recorded partner
+        (``copies``, see ``prism_trace.symmetry``) count as present."""
+        if not self.copies or self.problems.is_empty():
+            return self.complete
+        covered = self.problems.filter(
+            ~pl.col("mismatch")
+            & pl.col("missing_ranks").list.set_difference(pl.lit(self.copies)).list.len().eq(0)
+            & pl.col("extra_ranks").list.len().eq(0)
+            & pl.col("odd_ranks").list.len().eq(0)
+        )
+        return self.complete + covered.height
 
     @property
     def mismatched(self) -> pl.DataFrame:
@@ -176,6 +191,7 @@ class CommMatchReport:
             "instances": self.instances,
             "complete": self.complete,
             "incomplete": self.instances - self.complete,
+            "complete_with_copies": self.complete_with_copies,
             "mismatched": self.mismatched.height,
             "p2p_pairs": self.pairs,
             "p2p_unpaired": self.unpaired.height,
@@ -186,12 +202,13 @@ class CommMatchReport:
         }
 
 
-def match_comms(store: Store, run: str) -> CommMatchReport:
+def match_comms(store: Store, run: str, *, copies: list[int] | None = None) -> CommMatchReport:
     """Match a run's collectives and p2p calls across its ranks.
 
     Args:
         store: an open store.
         run: the run name.
+        copies: unrecorded ranks that copy a recorded TP/CP peer (for ``complete_with_copies``).
 
     Returns:
         The instances and pairs, with what is missing or inconsistent.
@@ -246,6 +263,7 @@ def match_comms(store: Store, run: str) -> CommMatchReport:
     return CommMatchReport(
         mixed=int(mixed),
         matching=matching,
+        copies=sorted(copies or []),
         run=run,
         run_id=run_id,
         recorded_ranks=recorded,

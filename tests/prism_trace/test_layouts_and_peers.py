@@ -22,6 +22,8 @@ from prism_trace.replay.emulator import MissingParticipantError
 from prism_trace.replay.validate import validate_run
 
 from prism_trace.cli import main
+from prism_trace.collectives import match_comms
+from prism_trace.graph import build_graph
 from prism_trace.info import describe_run
 from prism_trace.ingest import ingest
 from prism_trace.layout import choose_layout, declare_layout
@@ -98,6 +100,11 @@ def test_sample_without_tp_peers(tmp_path: Path) -> None:
         for kind in ("kineto", "et"):
             shutil.copy(SAMPLE / f"rank{r}.{kind}.json.gz", src)
     store = _store(tmp_path, "s", [src])
+    build_graph(store, "s")
+    copies = symmetric_partners(ParallelLayout.parse("tp=2,dp=2,pp=2"), [0, 2, 4, 6])[0]
+    match = match_comms(store, "s", copies=copies.tolist())
+    assert match.complete < match.instances == match.complete_with_copies
+    assert match.mixed == 0
     report = validate_run(store, run="s")
     assert report.replay_iteration_time_error_pct is not None
     assert report.replay_iteration_time_error_pct < 0.1
