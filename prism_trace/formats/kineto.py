@@ -842,6 +842,7 @@ class _Reader:
         rpc_dtype = _dtype_sql("e.args->>'dtype'")
         old_dtype = _dtype_sql("a.args->'Input type'->>0")
         c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
+        k_dtype = _dtype_sql("ka.args->>'dtype'")
         launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
         self.sql(
             rf"""CREATE TABLE comm_raw AS
@@ -978,7 +979,19 @@ class _Reader:
                                 ELSE c.group_size END AS group_size,
                            CASE WHEN c.source >= 2
                                 THEN coalesce(TRY_CAST(ka.args->>'Seq' AS BIGINT) - 1, c.seq)
-                                ELSE c.seq END AS seq),
+                                ELSE c.seq END AS seq,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(c.in_bytes,
+                                              TRY_CAST(ka.args->>'In msg nelems' AS BIGINT)
+                                              * ({_dtype_size_sql(k_dtype)}))
+                                ELSE c.in_bytes END AS in_bytes,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(c.out_bytes,
+                                              TRY_CAST(ka.args->>'Out msg nelems' AS BIGINT)
+                                              * ({_dtype_size_sql(k_dtype)}))
+                                ELSE c.out_bytes END AS out_bytes,
+                           CASE WHEN c.source >= 2 AND coalesce(c.dtype, '') = ''
+                                THEN {k_dtype} ELSE c.dtype END AS dtype),
                        l.kernel_event_id, k.ts AS kernel_ts, k.dur AS kernel_dur,
                        i.iteration::INTEGER AS iteration
                 FROM kept c

@@ -177,3 +177,24 @@ def test_uneven_all_to_all_splits_still_match() -> None:
     sized = _calls([(0, 0, "all_reduce", 3072), (1, 0, "all_reduce", 3076)])
     _, _, matching = settle_order_matching(sized, _GROUPS, [0, 1])
     assert matching[0]["mode"] == UNMATCHED
+
+
+def test_kernel_args_stand_in_for_stripped_host_records(
+    tmp_path: Path, shared_datasets: Path
+) -> None:
+    """HTA's NCCL trace with record_param_comms args removed: the NCCL kernels' args still say
+    the group, the sizes and the element type, and the calls come out as before."""
+    src = shared_datasets / "hta-nccl-rank0" / "nccl_data.json.gz"
+    kineto_variant(src, tmp_path / "stripped" / "rank0.json.gz", strip_comm_args=True)
+    store = open_store(tmp_path / "h.duckdb")
+    ingest(store, [src], run="h", progress=False)
+    ingest(store, [tmp_path / "stripped"], run="hs", progress=False)
+    sql = (
+        "SELECT c.seq, c.kind, c.in_bytes, c.out_bytes, c.dtype, g.name, g.description, g.ranks"
+        " FROM collective c JOIN run r USING (run_id) JOIN comm_group g USING (run_id, group_id)"
+        " WHERE r.name = ? ORDER BY c.seq"
+    )
+    original = store.con.execute(sql, ["h"]).fetchall()
+    stripped = store.con.execute(sql, ["hs"]).fetchall()
+    assert len(original) == 21
+    assert stripped == original
