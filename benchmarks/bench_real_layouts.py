@@ -9,7 +9,7 @@ Builds, in a temporary folder, the inputs the issue names from the shared traces
   all-to-alls 1000 times larger (different exchanges: they must not be matched);
 - ``sample-tp0``: the generated tp=2 sample without its TP peers' files (ranks 0, 2, 4, 6);
 - ``st-tp2`` / ``st-cp2``: the ST op timeline whose meta says ``tp_size: 2`` / ``dsp_size: 2``
-  (ranks renumbered as a recording of one rank per TP/CP group has them);
+  and ``world_size: 16`` (the parquet unchanged: its ranks 0..7 are read as one per TP/CP group);
 - ``pair-declared``: the sample's TP pair showing only the default group, ingested with
   ``--layout tp=2``;
 
@@ -34,7 +34,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import polars as pl
 import yaml
 from _common import REPO, SHARED, host_kind, write_note
 from prism_trace.datasets.variants import kineto_variant
@@ -89,8 +88,7 @@ def _sample_tp0(out: Path) -> None:
 def _st(key: str) -> Callable[[Path], None]:
     def make(out: Path) -> None:
         out.mkdir(parents=True)
-        df = pl.read_parquet(ST / "trace-ST.parquet")
-        df.with_columns(pl.col("rank") * 2).write_parquet(out / "trace-ST.parquet")
+        shutil.copy(ST / "trace-ST.parquet", out / "trace-ST.parquet")  # ranks 0..7 as they are
         meta = yaml.safe_load((ST / "meta-ST.yaml").read_text())
         meta.update({key: 2, "world_size": 16})
         (out / "meta-ST.yaml").write_text(yaml.safe_dump(meta))

@@ -347,7 +347,8 @@ def graph_cmd(
         if not match.ok:
             click.echo(f"warning: {match.message()}")
         if missing:
-            click.echo(f"partial recording: {missing}")
+            label = "partial recording" if "not recorded" in missing else "recording"
+            click.echo(f"{label}: {missing}")
         click.echo(layout_text)
 
 

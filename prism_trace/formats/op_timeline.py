@@ -47,7 +47,9 @@ meta's ``cp_size`` or ``dsp_size`` (context parallelism). The file usually holds
 (dp_rank, stage) cell, i.e. one per TP/CP group; the groups ``tp_stage<s>_dp<d>`` and (cp > 1)
 ``cp_stage<s>_dp<d>`` still list the peers, whose timing is their recorded partner's. Ranks of
 (dp_rank, stage) cells absent from the file are filled in with that formula so that groups list
-the whole world.
+the whole world. A file whose ranks are the cell indices ``stage * dp_size + dp_rank`` while the
+meta says tp or cp > 1 (a logger that numbered the ranks it recorded) is renumbered by the
+formula.
 """
 
 from __future__ import annotations
@@ -246,6 +248,18 @@ def read_op_timeline(path: Path, *, rank: int | None = None) -> TraceTables:
         raise TraceFormatError(msg)
 
     layout = _layout(df, meta, parquet)
+    if layout["renumber"]:
+        # The file numbers its (dp_rank, stage) cells 0.. although each stands for a TP x CP
+        # group: the global rank of the recorded one is the cell index times tp * cp.
+        df = df.with_columns(
+            (
+                (pl.col("stage").cast(pl.Int64) * layout["dp"] + pl.col("dp_rank"))
+                * (layout["tp"] * layout["cp"])
+            )
+            .cast(df.schema["rank"])
+            .alias("rank")
+        )
+        layout = _layout(df, meta, parquet)
     dp_size, pp_size, tp_size, cp_size = layout["dp"], layout["pp"], layout["tp"], layout["cp"]
     cell_rank: dict[tuple[int, int], int] = layout["cells"]  # (dp_rank, stage) -> rank
     world_size = int(meta.get("world_size") or dp_size * pp_size * tp_size * cp_size)
@@ -408,10 +422,13 @@ def _layout(df: pl.DataFrame, meta: dict[str, Any], parquet: Path) -> dict[str, 
         msg = f"{parquet}: rank {row['rank']} has dp_rank/stage outside dp_size={dp}, pp_size={pp}"
         raise TraceFormatError(msg)
     observed = {(d, s): r for d, s, r in cells.iter_rows()}
+    renumber = (
+        tp * cp > 1 and len(observed) > 1 and all(r == s * dp + d for (d, s), r in observed.items())
+    )
     full = {
         (d, s): observed.get((d, s), (s * dp + d) * tp * cp) for d in range(dp) for s in range(pp)
     }
-    return {"dp": dp, "pp": pp, "tp": tp, "cp": cp, "cells": full}
+    return {"dp": dp, "pp": pp, "tp": tp, "cp": cp, "cells": full, "renumber": renumber}
 
 
 def _groups(

@@ -35,11 +35,15 @@ from prism_trace.symmetry import missing_ranks, ranges, symmetric_partners
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 
-def _st_variant(shared: Path, out: Path, key: str) -> Path:
+def _st_variant(shared: Path, out: Path, key: str, *, global_ranks: bool = False) -> Path:
+    """ST with ``key: 2`` in its meta; its ranks stay the cell indices 0..7 (the reader
+    renumbers them) unless ``global_ranks``, which writes them as global ranks 0, 2, .., 14."""
     src = shared / "megatron-straggler-st-8rank"
     out.mkdir(parents=True)
     df = pl.read_parquet(src / "trace-ST.parquet")
-    df.with_columns(pl.col("rank") * 2).write_parquet(out / "trace-ST.parquet")
+    if global_ranks:
+        df = df.with_columns(pl.col("rank") * 2)
+    df.write_parquet(out / "trace-ST.parquet")
     meta = yaml.safe_load((src / "meta-ST.yaml").read_text())
     meta.update({key: 2, "world_size": 16})
     (out / "meta-ST.yaml").write_text(yaml.safe_dump(meta))
@@ -66,9 +70,18 @@ def test_symmetric_partners_and_ranges() -> None:
     )
 
 
-@pytest.mark.parametrize(("key", "spec"), [("tp_size", "tp=2"), ("dsp_size", "cp=2")])
-def test_st_one_rank_per_group(tmp_path: Path, shared_datasets: Path, key: str, spec: str) -> None:
-    store = _store(tmp_path, "st", [_st_variant(shared_datasets, tmp_path / "in", key)])
+@pytest.mark.parametrize(
+    ("key", "spec", "global_ranks"),
+    [("tp_size", "tp=2", False), ("dsp_size", "cp=2", False), ("tp_size", "tp=2", True)],
+)
+def test_st_one_rank_per_group(
+    tmp_path: Path, shared_datasets: Path, key: str, spec: str, global_ranks: bool
+) -> None:
+    src = _st_variant(shared_datasets, tmp_path / "in", key, global_ranks=global_ranks)
+    store = _store(tmp_path, "st", [src])
+    assert store.con.execute("SELECT list(rank ORDER BY rank) FROM rank").fetchall() == [
+        (list(range(0, 16, 2)),)
+    ]
     choice = choose_layout(store, "st")
     assert choice.layout == ParallelLayout.parse(f"{spec},dp=2,pp=4")
     assert any(r.startswith(spec) for r in choice.reasons)
