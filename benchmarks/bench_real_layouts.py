@@ -48,7 +48,7 @@ from prism_trace.layout import choose_layout, declare_layout
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import open_store
-from prism_trace.symmetry import missing_ranks
+from prism_trace.symmetry import missing_ranks, symmetric_partners
 
 SAMPLE = REPO / "datasets" / "sample"
 DLRM = SHARED / "param-dlrm-8rank" / "kineto"
@@ -136,20 +136,24 @@ def _path(store: Any, name: str, declared: str | None) -> dict[str, str]:
     if declared is not None:
         declare_layout(store, name, ParallelLayout.parse(declared))
     build_graph(store, name)
-    m = match_comms(store, name)
-    modes = sorted({str(e["mode"]) for e in m.matching})
-    row["instances"] = f"{m.complete}/{m.instances} complete, {m.mixed} mixed"
-    row["matching"] = ", ".join(modes)
     choice = choose_layout(store, name)
     layout = choice.layout
-    row["layout"] = f"{layout.spec if layout else '-'} ({choice.source})"
-    ((world,),) = store.con.execute("SELECT world_size FROM run WHERE name = ?", [name]).fetchall()
     ranks = [
         r
         for (r,) in store.con.execute(
             "SELECT rank FROM rank JOIN run USING (run_id) WHERE run.name = ?", [name]
         ).fetchall()
     ]
+    copies = [] if layout is None else symmetric_partners(layout, ranks)[0].tolist()
+    m = match_comms(store, name, copies=copies)
+    modes = sorted({str(e["mode"]) for e in m.matching})
+    row["instances"] = (
+        f"{m.complete}/{m.instances} complete ({m.complete_with_copies} with the TP/CP copies),"
+        f" {m.mixed} mixed"
+    )
+    row["matching"] = ", ".join(modes)
+    row["layout"] = f"{layout.spec if layout else '-'} ({choice.source})"
+    ((world,),) = store.con.execute("SELECT world_size FROM run WHERE name = ?", [name]).fetchall()
     row["missing"] = missing_ranks(int(world), ranks, layout) or "none"
     if layout is not None:
         target = dataclasses.replace(layout, dp=layout.dp * 2)  # refused when dp=1

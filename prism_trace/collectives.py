@@ -28,6 +28,7 @@ import polars as pl
 from prism_trace import schema
 from prism_trace.errors import CollectiveMismatchError
 from prism_trace.store import Store
+from prism_trace.symmetry import ranges
 
 __all__ = [
     "SIZED_KINDS",
@@ -360,7 +361,7 @@ def settle_order_matching(
         dropped), the groups with those one-rank groups appended, and one entry per group that
         calls use: ``group``, ``mode`` (``trace``: group and sequence from the trace; ``order``:
         numbered in order, every recorded member issued the same kinds and sizes;
-        ``unmatched``), ``calls``, ``ranks`` and ``reason``.
+        ``unmatched``), ``calls``, ``ranks`` (compact ranges: ``0..7``) and ``reason``.
     """
     if calls.is_empty():
         return calls.drop("seq_by_order", strict=False), groups, []
@@ -398,7 +399,7 @@ def settle_order_matching(
     unmatched: list[str] = []
     for row in stats.iter_rows(named=True):
         name, issuing = row["group_name"], [int(r) for r in row["ranks"]]
-        entry: dict[str, object] = {"group": name, "calls": int(row["n"]), "ranks": issuing}
+        entry: dict[str, object] = {"group": name, "calls": int(row["n"]), "ranks": ranges(issuing)}
         if not row["ordered"]:
             how = "group and sequence from the trace"
             matching.append({**entry, "mode": "trace", "reason": how})
