@@ -72,6 +72,13 @@ def main() -> None:
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
+@click.option(
+    "--layout",
+    "layout_spec",
+    default=None,
+    help="The recorded job's layout, e.g. tp=8 (when the trace does not say it).",
+)
+@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
 @_one_line_errors
 def ingest_cmd(
     paths: tuple[Path, ...],
@@ -83,11 +90,16 @@ def ingest_cmd(
     jobs: int,
     quiet: bool,
     as_json: bool,
+    layout_spec: str | None,
+    order: str | None,
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
     from prism_trace.ingest import ingest
+    from prism_trace.layout import declare_layout
+    from prism_trace.parallel import ParallelLayout
     from prism_trace.store import open_store
 
+    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
     name = run_name or paths[0].resolve().name.split(".")[0]
     with open_store(db) as store:
         report = ingest(
@@ -100,6 +112,15 @@ def ingest_cmd(
             progress=not quiet and sys.stderr.isatty(),
             jobs=jobs,
         )
+        if declared is not None:
+            try:
+                declare_layout(store, name, declared)
+            except PrismError:
+                from prism_trace.ingest import _delete_run
+
+                with store.transaction() as con:  # all or nothing, like the ingest itself
+                    _delete_run(con, report.run_id)
+                raise
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     elif not quiet:
@@ -288,26 +309,54 @@ def analyze_cmd(
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", required=True, help="Recorded run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--layout",
+    "layout_spec",
+    default=None,
+    help="Declare (or correct) the recorded layout, e.g. tp=8.",
+)
+@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
 @_one_line_errors
-def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
+def graph_cmd(
+    db: Path, run_name: str, as_json: bool, layout_spec: str | None, order: str | None
+) -> None:
     """Build the per-rank execution graph of a run and check collectives match across ranks."""
     from prism_trace.collectives import match_comms
     from prism_trace.graph import build_graph
-    from prism_trace.parallel import assign_axes, infer_layout
+    from prism_trace.layout import choose_layout, declare_layout
+    from prism_trace.parallel import ParallelLayout, assign_axes
     from prism_trace.store import open_store
+    from prism_trace.symmetry import missing_ranks, symmetric_partners
 
+    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
     with open_store(db) as store:
+        if declared is not None:
+            declare_layout(store, run_name, declared)
         report = build_graph(store, run_name)
-        match = match_comms(store, run_name)
         # Give every rank its role coordinates and every group its axis, when the groups allow.
-        try:
-            layout = infer_layout(store, run_name)
-            assign_axes(store, run_name, layout)
-            layout_text = f"layout {layout.spec} (order {layout.order_spec})"
-        except PrismError as exc:
-            layout_text = f"layout not inferred: {str(exc).splitlines()[0]}"
+        choice = choose_layout(store, run_name)
+        copies: list[int] = []
+        if choice.layout is not None:
+            copies = symmetric_partners(choice.layout, list(report.ranks))[0].tolist()
+        match = match_comms(store, run_name, copies=copies)
+        if choice.layout is not None:
+            try:
+                assign_axes(store, run_name, choice.layout)
+            except PrismError as exc:
+                choice.error = str(exc).splitlines()[0]
+                choice.layout = None
+        layout_text = choice.text()
+        ((world,),) = store.con.execute(
+            "SELECT world_size FROM run WHERE run_id = ?", [report.run_id]
+        ).fetchall()
+        missing = missing_ranks(int(world or 0), list(report.ranks), choice.layout)
     if as_json:
-        out = {"graph": report.as_dict(), "comms": match.as_dict(), "layout": layout_text}
+        out = {
+            "graph": report.as_dict(),
+            "comms": match.as_dict(),
+            "layout": choice.as_dict(),
+            "missing_ranks": missing,
+        }
         click.echo(json.dumps(out, indent=2))
     else:
         click.echo(
@@ -317,12 +366,36 @@ def graph_cmd(db: Path, run_name: str, as_json: bool) -> None:
         for note in report.notes():
             click.echo(f"  {note}")
         m = match.as_dict()
+        with_copies = (
+            f" ({m['complete_with_copies']} with the TP/CP copies)"
+            if m["complete_with_copies"] != m["complete"]
+            else ""
+        )
         click.echo(
-            f"collectives: {m['complete']}/{m['instances']} instances complete;"
+            f"collectives: {m['complete']}/{m['instances']} instances complete{with_copies};"
             f" p2p: {m['p2p_pairs']} pairs, {m['p2p_unpaired']} unpaired"
         )
+        by_trace = [e for e in match.matching if e["mode"] == "trace"]
+        if by_trace:
+            click.echo(
+                f"  {len(by_trace)} groups ({sum(int(e['calls']) for e in by_trace)} calls)"  # type: ignore[call-overload]
+                " matched by trace: group and sequence from the trace"
+            )
+        for entry in match.matching:
+            mode = entry["mode"]
+            if mode == "trace":
+                continue
+            how = "left unmatched" if mode == "unmatched" else f"matched by {mode}"
+            click.echo(
+                f"  group {entry['group']!r}: {entry['calls']} calls {how} ({entry['reason']})"
+            )
+        if match.mixed:
+            click.echo(f"warning: {match.mixed} instances join calls of different kinds or sizes")
         if not match.ok:
             click.echo(f"warning: {match.message()}")
+        if missing:
+            label = "partial recording" if "not recorded" in missing else "recording"
+            click.echo(f"{label}: {missing}")
         click.echo(layout_text)
 
 
@@ -408,6 +481,11 @@ def slice_cmd(
     default=None,
     help="TOML of the emulation's sections (docs/network.md); flags given override it.",
 )
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="A recording of some ranks: complete each collective over the ranks present.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
 def emulate_cmd(
@@ -421,6 +499,7 @@ def emulate_cmd(
     timing_model: str,
     calibrate: bool,
     config_file: Path | None,
+    partial: bool,
     as_json: bool,
 ) -> None:
     """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
@@ -443,6 +522,8 @@ def emulate_cmd(
         config = with_(config, timing=with_(config.timing, model=timing_model))
     if calibrate:
         config = with_(config, timing=with_(config.timing, calibrate=True))
+    if partial:
+        config = with_(config, replay=with_(config.replay, allow_partial=True))
     with open_store(db) as store:
         report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())

@@ -159,7 +159,15 @@ def describe_run(store: Store, name: str, *, ranks: Sequence[int] | None = None)
     out["time_span_ns"] = None if span is None or span[0] is None else span[1] - span[0]
     out["start_ns"] = None if span is None else span[0]
     out["unmatched_collectives"] = 0 if unmatched is None else unmatched[0]
+    out["layout"] = _layout(store, name)
     return out
+
+
+def _layout(store: Store, name: str) -> dict[str, Any]:
+    """The run's layout and where it came from (``layout.choose_layout``)."""
+    from prism_trace.layout import choose_layout
+
+    return choose_layout(store, name).as_dict()
 
 
 def _ms(ns: float | None) -> str:
@@ -218,6 +226,9 @@ def render_run(info: dict[str, Any]) -> str:
                 f"{r['rank']:>5} {r['backend'] or '-':<8} {r['events']:>8} {r['kernels']:>8}"
                 f" {r['collectives']:>6} {r['p2p']:>5} {et:>12} {_ms(r['mean_iteration_ns']):>15}"
             )
+    layout = info.get("layout") or {}
+    if layout.get("spec"):
+        lines += ["", f"layout {layout['spec']} (order {layout['order']}, {layout['source']})"]
     lines += ["", *_groups(info["comm_groups"])]
     if info["unmatched_collectives"]:
         lines.append(

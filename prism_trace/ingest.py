@@ -25,6 +25,7 @@ import polars as pl
 from tqdm import tqdm
 
 from prism_trace import schema
+from prism_trace.collectives import settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
 from prism_trace.errors import DuplicateRankError, DuplicateRunError, PrismError
 from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
@@ -139,14 +140,20 @@ def _merge_groups(frames: list[pl.DataFrame], comm_names: set[str], world: int) 
 
 
 def _number(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Fill a null ``seq`` by host-time order within ``keys`` (all rows of a key, or none)."""
+    """Fill a null ``seq`` by host-time order within ``keys`` (all rows of a key, or none).
+
+    ``seq_by_order`` says which rows were numbered here: across ranks they are one instance
+    only if ``collectives.settle_order_matching`` finds the ranks' sequences agree.
+    """
     if df.is_empty() or df["seq"].null_count() == 0:
-        return df
+        return df.with_columns(seq_by_order=pl.lit(value=False))
+    by_order = pl.col("seq").null_count().over(keys) > 0
     return df.sort([*keys, "host_ts", "event_id"], nulls_last=True).with_columns(
-        seq=pl.when(pl.col("seq").null_count().over(keys) > 0)
+        seq=pl.when(by_order)
         .then(pl.int_range(pl.len()).over(keys))
         .otherwise(pl.col("seq"))
-        .cast(pl.Int64)
+        .cast(pl.Int64),
+        seq_by_order=by_order,
     )
 
 
@@ -458,8 +465,10 @@ def _ingest_files(
     ranks = sorted(set(book.timeline) | set(book.host_et))
     world = max([*sizes, max(ranks) + 1])
     groups = _merge_groups(group_frames, comm_names, world)
+    colls, groups, matching = settle_order_matching(_concat(coll_frames), groups, ranks)
+    coll_frames = [colls]
     rank_rows = _rank_rows(rank_frames, et_counts)
-    config = {"paths": [str(p) for p in paths], "format": format}
+    config = {"paths": [str(p) for p in paths], "format": format, "comm_matching": matching}
     source_format = formats.pop() if len(formats) == 1 else "mixed"
     con.execute(
         "INSERT INTO run (run_id, name, kind, created_at, config_json, world_size,"

@@ -376,6 +376,17 @@ _DESCRIPTIONS: dict[str, str] = {
     "tensor_and_data_parallel": "tp-dp",
     "tensor_and_context_parallel": "tp-cp",
     "tensor_and_expert_parallel": "tp-ep",
+    "tensor_and_data_parallel_with_cp": "tp-dp-cp",
+    "expert_data_parallel": "dp",  # the expert mesh's dp (see the module docstring)
+    # torchtitan's DeviceMesh dims (described `mesh_<dim>`): FSDP shards over dp; HSDP's
+    # replicate dim is only part of dp, so it names no size on its own.
+    "dp_shard": "dp",
+    "dp_shard_cp": "dp-cp",
+    "dp_replicate": "",
+    # DeepSpeed: Ulysses sequence parallelism splits the sequence, as context parallelism does.
+    "sequence_parallel": "cp",
+    "sequence_data_parallel": "dp-cp",
+    "sp": "cp",
     "embedding": EMBD,
     "embd": EMBD,
     "default_pg": WORLD,
@@ -390,9 +401,13 @@ def _described_axis(description: str | None) -> str | None:
     if not description:
         return None
     text = description.strip().lower()
-    text = re.sub(r"[\s_-]*(group|pg)$", "", text) if text != "default_pg" else text
+    if text != "default_pg":
+        # Megatron's `DATA_PARALLEL_GROUP_WITH_CP`, torchtitan's `mesh_tp`: drop the
+        # `group`/`pg` words and the `mesh_` prefix.
+        text = re.sub(r"[\s_-]*(groups?|pg)(?=[\s_-]|$)", "", text)
+        text = re.sub(r"^mesh[\s_-]+", "", text)
     if text in _DESCRIPTIONS:
-        return _DESCRIPTIONS[text]
+        return _DESCRIPTIONS[text] or None
     # Leading axis tokens: `tp`, `dp-cp`, `dp_stage0` (→ dp), `pp_dp0` (→ pp; `dp0` is no token).
     tokens = re.split(r"[-_\s]+", text)
     axes: list[str] = []
@@ -424,6 +439,14 @@ def _fits(layout: ParallelLayout, members: np.ndarray, value: str) -> bool:
     return bool(np.array_equal(layout.groups(value)[row], members))
 
 
+def _world_axis(layout: ParallelLayout) -> str:
+    """The role of an all-rank group: the one axis of size > 1 when there is only one (a TP8 job
+    on 8 GPUs: its default group is its TP group, and what-ifs and slicing treat it so), else
+    ``world``."""
+    big = [a for a in AXES if layout.size(a) > 1]
+    return big[0].value if len(big) == 1 else WORLD
+
+
 def group_axis(
     layout: ParallelLayout,
     ranks: Sequence[int] | np.ndarray,
@@ -434,7 +457,8 @@ def group_axis(
     """The axis value of a communicator with these member ranks under ``layout``.
 
     The description decides when it names a role that fits (``tp``, ``data``, ``default_pg``,
-    ``dp_stage0``, ``embd``, ...); otherwise the whole world is ``world``, Megatron's embedding
+    ``dp_stage0``, ``embd``, ...); otherwise the whole world is ``world`` (or its one axis of
+    size > 1, when it has only one: ``_world_axis``), Megatron's embedding
     pair is ``embd``, and any other group is named by the axes its members differ on. A one-rank
     group without a usable description gets the first size-1 axis (any fits).
 
@@ -460,6 +484,8 @@ def group_axis(
         msg = f"{label}: a member is outside the world of {layout.world_size} ranks of {layout}"
         raise LayoutError(msg)
     described = _described_axis(description)
+    if described == WORLD and members.size == layout.world_size:
+        return _world_axis(layout)
     if described is not None:
         if _fits(layout, members, described):
             return described
@@ -469,7 +495,7 @@ def group_axis(
         )
         raise LayoutError(msg)
     if members.size == layout.world_size:
-        return WORLD
+        return _world_axis(layout)
     c = layout.coords(members)
     varying = [a for a in AXES if np.unique(c[a]).size > 1]
     if varying:
@@ -621,7 +647,10 @@ def _infer(
 
 
 def infer_layout(store: Store, run: str, *, order: str | None = None) -> ParallelLayout:
-    """The parallel layout of a recorded run, from its groups and its ranks' coordinates.
+    """The parallel layout of a recorded run: the declared one, else from its groups and ranks.
+
+    A layout declared for the run (``layout.declare_layout``) wins; ``layout.choose_layout``
+    gives the same answer with its reasons.
 
     Sizes come from groups whose description names one axis (``tp``, ``data``, ``dp_stage0``,
     ...), else from the largest coordinate in the ``rank`` table; ``dp`` takes whatever part of
@@ -642,12 +671,12 @@ def infer_layout(store: Store, run: str, *, order: str | None = None) -> Paralle
             combination under any order (the message names the group).
         PrismError: no such run.
     """
-    run_id = store.require_run(run)
-    (row,) = store.con.execute("SELECT world_size FROM run WHERE run_id = ?", [run_id]).fetchall()
-    groups = _read_groups(store.con, run_id)
-    ranks, coords = _read_coords(store.con, run_id)
-    world = row[0] if row and row[0] else (int(ranks.max()) + 1 if ranks.size else 1)
-    return _infer(int(world), groups, ranks, coords, run=run, order=order)
+    from prism_trace.layout import choose_layout  # it builds on this module
+
+    choice = choose_layout(store, run, order=order)
+    if choice.layout is None:
+        raise LayoutError(choice.error or f"run {run!r}: no layout fits")
+    return choice.layout
 
 
 def _write_axes(

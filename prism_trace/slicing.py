@@ -21,10 +21,14 @@ from prism_trace import schema
 from prism_trace.errors import DuplicateRunError, PrismError
 from prism_trace.parallel import (
     AXES,
+    EMBD,
+    WORLD,
     ParallelAxis,
     ParallelLayout,
     _write_axes,
+    group_axis,
     infer_layout,
+    parse_axes,
 )
 
 if TYPE_CHECKING:
@@ -81,6 +85,8 @@ class SliceClass:
     ep: int
     step: int
     """Rank distance between successive members (the dp stride)."""
+    symmetric: bool = False
+    """The representative has another TP/CP coordinate than the class (a symmetric peer)."""
 
     @property
     def ranks(self) -> str:
@@ -98,6 +104,7 @@ class SliceClass:
             "cp": self.cp,
             "ep": self.ep,
             "ranks": self.ranks,
+            "symmetric": self.symmetric,
         }
 
 
@@ -124,8 +131,21 @@ class SliceReport:
 
     @property
     def mapping(self) -> dict[int, str]:
-        """Recorded rank → the target ranks it represents, compactly."""
-        return {c.representative: c.ranks for c in sorted(self.classes, key=lambda c: c.exemplar)}
+        """Recorded rank → the target ranks it represents, compactly (``; `` between classes)."""
+        out: dict[int, list[str]] = {}
+        for c in sorted(self.classes, key=lambda c: c.exemplar):
+            out.setdefault(c.representative, []).append(c.ranks)
+        return {k: "; ".join(v) for k, v in out.items()}
+
+    @property
+    def notes(self) -> list[str]:
+        """Classes whose representative is a symmetric TP/CP peer, one line each."""
+        return [
+            f"rank {c.representative} stands in for tp={c.tp}, cp={c.cp} (pp={c.pp}, ep={c.ep}):"
+            " no recorded rank has that coordinate; its TP/CP peers run the same program"
+            for c in self.classes
+            if c.symmetric
+        ]
 
     def summary(self) -> str:
         """The mapping report as text: which recorded rank stands for which target ranks."""
@@ -137,6 +157,7 @@ class SliceReport:
             "recorded rank -> target ranks:",
         ]
         lines += [f"  {rep:>6} -> {ranks}" for rep, ranks in self.mapping.items()]
+        lines += [f"  note: {n}" for n in self.notes]
         if self.rescaled:
             rules = ", ".join(f"{k} {v}" for k, v in sorted(self.rescaled.items()))
             lines.append(f"communication ops by size rule: {rules}")
@@ -156,6 +177,7 @@ class SliceReport:
             "world_size": self.world_size,
             "classes": [c.as_dict() for c in self.classes],
             "mapping": {str(k): v for k, v in self.mapping.items()},
+            "notes": self.notes,
             "groups": self.groups,
             "nodes": self.nodes,
             "edges": self.edges,
@@ -186,6 +208,47 @@ def _check_layouts(recorded: ParallelLayout, target: ParallelLayout, world: int)
             raise SliceError(msg)
 
 
+def _check_dp_recorded(
+    con: duckdb.DuckDBPyConnection, rec_id: int, recorded: ParallelLayout, target: ParallelLayout
+) -> None:
+    """Refuse a new dp when the recording holds no data-parallel communication to scale.
+
+    A dp=1 recording (or one whose calls all stay inside a replica) says nothing about the
+    gradient reductions of a larger dp: building them from another axis's groups would be wrong.
+    """
+    if target.dp == recorded.dp:
+        return
+    rows = con.execute(
+        "SELECT g.name, g.description, g.ranks FROM comm_group g WHERE g.run_id = ?"
+        " AND g.ranks IS NOT NULL AND (EXISTS (SELECT 1 FROM collective c"
+        " WHERE c.run_id = g.run_id AND c.group_id = g.group_id) OR EXISTS (SELECT 1 FROM p2p p"
+        " WHERE p.run_id = g.run_id AND p.group_id = g.group_id) OR EXISTS (SELECT 1"
+        " FROM graph_node n WHERE n.run_id = g.run_id AND n.group_id = g.group_id))",
+        [rec_id],
+    ).fetchall()
+    spans_dp = False
+    for name, desc, ranks in rows:
+        try:
+            value = group_axis(recorded, ranks, desc, name=name)
+        except PrismError:
+            continue
+        if value == WORLD or (value != EMBD and ParallelAxis.DP in parse_axes(value)):
+            spans_dp = spans_dp or recorded.dp > 1
+    if not spans_dp:
+        need = (
+            "its data-parallel calls must be matched across the replicas (see `prism graph`:"
+            " calls left unmatched run alone)"
+            if recorded.dp > 1
+            else "record at least two data-parallel replicas (or declare the recorded layout"
+            " with `prism graph --layout`)"
+        )
+        msg = (
+            f"axis `dp`: the recording (layout {recorded.spec}) has no matched data-parallel"
+            f" communication, so dp={target.dp} cannot be built from it; {need}"
+        )
+        raise SliceError(msg)
+
+
 def _classes(
     recorded: ParallelLayout,
     target: ParallelLayout,
@@ -212,9 +275,16 @@ def _classes(
     # Sort key: role, then dp != 0, then rank → the first of each role is its representative.
     best: dict[tuple[int, ...], int] = {}
     order = np.lexsort((cand, cc[ParallelAxis.DP] != 0))
+    # Of another TP/CP coordinate, by (ep, pp): TP and CP peers run one program (symmetry).
+    peer: dict[tuple[int, int], int] = {}
+    sym_order = np.lexsort(
+        (cand, cc[ParallelAxis.DP] != 0, cc[ParallelAxis.CP], cc[ParallelAxis.TP])
+    )
     for i in order:
         key = tuple(int(cc[a][i]) for a in _KEPT)
         best.setdefault(key, int(cand[i]))
+    for i in sym_order:
+        peer.setdefault((int(cc[ParallelAxis.EP][i]), int(cc[ParallelAxis.PP][i])), int(cand[i]))
     dp_groups = target.groups((ParallelAxis.DP,))
     exemplars = dp_groups[:, 0]
     ec = target.coords(exemplars)
@@ -225,12 +295,23 @@ def _classes(
         key = tuple(int(ec[a][i]) for a in _KEPT)
         role = dict(zip((a.value for a in _KEPT), key, strict=True))
         rep = best.get(key)
+        symmetric = rep is None
+        if rep is None:
+            rep = peer.get((role["ep"], role["pp"]))
         if rep is None:
             missing.append(",".join(f"{a}={v}" for a, v in role.items()))
             continue
         classes.append(
             SliceClass(
-                int(ex), rep, target.dp, role["pp"], role["tp"], role["cp"], role["ep"], step
+                int(ex),
+                rep,
+                target.dp,
+                role["pp"],
+                role["tp"],
+                role["cp"],
+                role["ep"],
+                step,
+                symmetric=symmetric,
             )
         )
     if missing:
@@ -406,6 +487,7 @@ def slice_run(
         dtype=np.int64,
     )
     classes = _classes(recorded, layout, recorded_ranks, from_ranks)
+    _check_dp_recorded(con, rec_id, recorded, layout)
     reps = [c.representative for c in classes]
 
     # Built in its own transaction, before ours (DuckDB has no nested transactions); only after
@@ -442,59 +524,65 @@ def slice_run(
             " GROUP BY ALL ORDER BY rank, node_id",
             [rec_id, reps],
         )
-        by_rep = {c.representative: c for c in classes}
+        by_rep: dict[int, list[SliceClass]] = {}
+        for c in classes:
+            by_rep.setdefault(c.representative, []).append(c)
         group_rows: dict[tuple[int, int], int] = {}
         peer_rows: dict[tuple[int, int], int] = {}
         rescaled = dict.fromkeys(RULES, 0)
         other_ops: set[str] = set()
         for row in comm.iter_rows(named=True):
             rep = int(row["rank"])
-            cls = by_rep[rep]
-            where = f"{_op_label(row)} on recorded rank {rep}"
-            gid = row["group_id"]
-            axis = None
-            n_rec = n_tgt = 1
-            if gid is None:
-                if row["kind"] == "collective":
-                    msg = f"{where}: a collective without a communicator cannot be sliced"
-                    raise SliceError(msg)
-            else:
-                gid = int(gid)
-                name, desc, _, members = rec_groups.get(gid, (None, None, None, []))
-                axis = rec_axes.get(gid)
-                if axis is None:
-                    msg = (
-                        f"{where}: group {gid} ({name!r}, description {desc!r}) has no axis"
-                        " (no member list); it cannot be mapped to the target world"
-                    )
-                    raise SliceError(msg)
-                if rep not in members:
-                    msg = f"{where}: rank {rep} is not a member of its group {name!r} {members}"
-                    raise SliceError(msg)
-                new = tgt.group_id(layout, axis, cls.exemplar)
-                if new < 0:
-                    msg = f"{where}: exemplar {cls.exemplar} is in no `{axis}` group of {layout}"
-                    raise SliceError(msg)
-                group_rows[(rep, gid)] = new
-                n_rec = len(members)
-                n_tgt = tgt.members[axis].shape[1]
-            if row["peer"] is not None:
-                new_peer = _map_peer(recorded, layout, rep, cls.exemplar, int(row["peer"]), where)
-                if axis is not None:
-                    row_members = tgt.members[axis][group_rows[(rep, gid)] - tgt.base[axis]]
-                    if new_peer not in row_members:
+            # One representative may stand for several classes (symmetric TP/CP peers).
+            for k, cls in enumerate(by_rep[rep]):
+                first = k == 0
+                where = f"{_op_label(row)} on recorded rank {rep}"
+                gid = row["group_id"]
+                axis = None
+                n_rec = n_tgt = 1
+                if gid is None:
+                    if row["kind"] == "collective":
+                        msg = f"{where}: a collective without a communicator cannot be sliced"
+                        raise SliceError(msg)
+                else:
+                    gid = int(gid)
+                    name, desc, _, members = rec_groups.get(gid, (None, None, None, []))
+                    axis = rec_axes.get(gid)
+                    if axis is None:
                         msg = (
-                            f"{where}: peer {row['peer']} maps to {new_peer}, outside the"
-                            f" exemplar's `{axis}` group {row_members.tolist()}"
+                            f"{where}: group {gid} ({name!r}, description {desc!r}) has no axis"
+                            " (no member list); it cannot be mapped to the target world"
                         )
                         raise SliceError(msg)
-                peer_rows[(rep, int(row["peer"]))] = new_peer
-            if row["kind"] in _COMM_KINDS:
-                rule = _rule(axis or "", row["kind"], row["comm_kind"], n_rec, n_tgt)
-                rescaled[rule] += int(row["n"])
-                if rule == "other":
-                    other_ops.add(f"{row['comm_kind']} {row['name']!r} on `{axis}`")
-
+                    if rep not in members:
+                        msg = f"{where}: rank {rep} is not a member of its group {name!r} {members}"
+                        raise SliceError(msg)
+                    new = tgt.group_id(layout, axis, cls.exemplar)
+                    if new < 0:
+                        ex = cls.exemplar
+                        msg = f"{where}: exemplar {ex} is in no `{axis}` group of {layout}"
+                        raise SliceError(msg)
+                    group_rows[(cls.exemplar, gid)] = new
+                    n_rec = len(members)
+                    n_tgt = tgt.members[axis].shape[1]
+                if row["peer"] is not None:
+                    old_peer = int(row["peer"])
+                    new_peer = _map_peer(recorded, layout, rep, cls.exemplar, old_peer, where)
+                    if axis is not None:
+                        at = group_rows[(cls.exemplar, gid)] - tgt.base[axis]
+                        row_members = tgt.members[axis][at]
+                        if new_peer not in row_members:
+                            msg = (
+                                f"{where}: peer {row['peer']} maps to {new_peer}, outside the"
+                                f" exemplar's `{axis}` group {row_members.tolist()}"
+                            )
+                            raise SliceError(msg)
+                    peer_rows[(cls.exemplar, int(row["peer"]))] = new_peer
+                if row["kind"] in _COMM_KINDS and first:
+                    rule = _rule(axis or "", row["kind"], row["comm_kind"], n_rec, n_tgt)
+                    rescaled[rule] += int(row["n"])
+                    if rule == "other":
+                        other_ops.add(f"{row['comm_kind']} {row['name']!r} on `{axis}`")
         ((next_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
         if old_id is not None:
             _delete_run(con, old_id)
@@ -629,6 +717,8 @@ def _write_graph(
     group_rows: dict[tuple[int, int], int],
     peer_rows: dict[tuple[int, int], int],
 ) -> tuple[int, int]:
+    """Copy each class's representative graph under its exemplar; ``group_rows`` and
+    ``peer_rows`` map ``(exemplar, recorded group or peer)`` to the target's."""
     cls = pl.DataFrame(
         {
             "rep": [c.representative for c in classes],
@@ -638,19 +728,19 @@ def _write_graph(
     )
     gmap = pl.DataFrame(
         {
-            "rep": [k[0] for k in group_rows],
+            "ex": [k[0] for k in group_rows],
             "old": [k[1] for k in group_rows],
             "new": list(group_rows.values()),
         },
-        schema={"rep": pl.Int32, "old": pl.Int32, "new": pl.Int32},
+        schema={"ex": pl.Int32, "old": pl.Int32, "new": pl.Int32},
     )
     pmap = pl.DataFrame(
         {
-            "rep": [k[0] for k in peer_rows],
+            "ex": [k[0] for k in peer_rows],
             "old": [k[1] for k in peer_rows],
             "new": list(peer_rows.values()),
         },
-        schema={"rep": pl.Int32, "old": pl.Int32, "new": pl.Int32},
+        schema={"ex": pl.Int32, "old": pl.Int32, "new": pl.Int32},
     )
     con.register("_slice_class", cls.to_arrow())
     con.register("_slice_group", gmap.to_arrow())
@@ -663,8 +753,8 @@ def _write_graph(
             " SELECT $1, c.exemplar, n.node_id, n.kind, n.track_id, n.event_id, n.name, n.ts,"
             " n.dur, n.iteration, g.new, n.seq, p.new, n.msg_bytes, n.comm_kind"
             " FROM graph_node n JOIN _slice_class c ON n.rank = c.rep"
-            " LEFT JOIN _slice_group g ON g.rep = n.rank AND g.old = n.group_id"
-            " LEFT JOIN _slice_peer p ON p.rep = n.rank AND p.old = n.peer"
+            " LEFT JOIN _slice_group g ON g.ex = c.exemplar AND g.old = n.group_id"
+            " LEFT JOIN _slice_peer p ON p.ex = c.exemplar AND p.old = n.peer"
             " WHERE n.run_id = $2",
             [run_id, rec_id],
         )

@@ -342,6 +342,9 @@ def _load(store: Store, run_id: int, *, name: str) -> _Inputs:
     rank_unit = pl.DataFrame(
         {"rank": ranks["rank"].to_numpy().astype(np.int64), "unit": r_unit.astype(np.int64)}
     )
+    notes: list[str] = []
+    if kind == "recorded":
+        rank_unit, notes = _with_symmetric_peers(store, name, rank_unit)
     ts = nodes["ts"]
     origin = int(ts.min()) if ts.null_count() < ts.len() else 0  # type: ignore[arg-type]
     return _Inputs(
@@ -357,7 +360,32 @@ def _load(store: Store, run_id: int, *, name: str) -> _Inputs:
         nodes=nodes,
         edges=edges,
         origin=origin,
+        notes=notes,
     )
+
+
+def _with_symmetric_peers(
+    store: Store, name: str, rank_unit: pl.DataFrame
+) -> tuple[pl.DataFrame, list[str]]:
+    """``rank_unit`` plus the unrecorded TP/CP peers of recorded ranks, each on its partner's
+    unit (``prism_trace.symmetry``): a recording of one rank per TP/CP group is complete."""
+    from prism_trace.parallel import infer_layout
+    from prism_trace.symmetry import symmetric_partners
+
+    try:
+        layout = infer_layout(store, name)
+    except PrismError:
+        return rank_unit, []
+    copies, partners = symmetric_partners(layout, rank_unit["rank"].to_numpy())
+    if copies.size == 0:
+        return rank_unit, []
+    unit = _rank_lookup(rank_unit, partners)
+    extra = pl.DataFrame({"rank": copies, "unit": unit}).filter(pl.col("unit") >= 0)
+    note = (
+        f"{extra.height} unrecorded ranks run as copies of their recorded TP/CP peer"
+        f" (layout {layout.spec})"
+    )
+    return pl.concat([rank_unit, extra]).sort("rank"), [note]
 
 
 def _sync_frame(nodes: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
@@ -522,6 +550,13 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
             f"{lone_notes} collective nodes without a communicator run alone (recorded duration)"
         )
     sync = sync.filter(~((pl.col("kind") == "collective") & pl.col("group_id").is_null()))
+    # A send/recv whose peer the trace does not say (a bare `c10d::send`) cannot be paired.
+    lone_p2p = sync.filter(pl.col("kind").is_in(["send", "recv"]) & pl.col("peer").is_null())
+    if lone_p2p.height:
+        inputs.notes.append(
+            f"{lone_p2p.height} send/recv nodes without a known peer run alone (recorded duration)"
+        )
+        sync = sync.filter(~(pl.col("kind").is_in(["send", "recv"]) & pl.col("peer").is_null()))
     untimed = sync.filter(pl.col("transfer").is_null() & pl.col("dur").is_null()).height
     if untimed:
         inputs.notes.append(
@@ -538,6 +573,15 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     g_axis = dict(zip(groups["group_id"].to_list(), groups["axis"].to_list(), strict=True))
     unit_rank = inputs.unit_rank
     allow = config.replay.allow_partial
+    if allow and inputs.kind == "recorded":
+        from prism_trace.symmetry import missing_ranks
+
+        present = inputs.rank_unit.filter(pl.col("unit") >= 0)["rank"].to_numpy()
+        missing = missing_ranks(inputs.world_size, present, None)
+        if missing is not None:
+            inputs.notes.append(
+                f"partial: {missing}; their collectives complete over the ranks present"
+            )
 
     sidx = sync["sync_idx"].to_numpy().astype(np.int64)
     unit = sync["unit"].to_numpy().astype(np.int64)

@@ -316,6 +316,17 @@ def _compare(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[IterationEr
     ]
 
 
+def _symmetric_copies(store: Store, run: str, ranks: list[int]) -> int:
+    """How many unrecorded ranks copy a recorded TP/CP peer (0 without a layout)."""
+    from prism_trace.symmetry import symmetric_partners
+
+    try:
+        layout = infer_layout(store, run)
+    except PrismError:
+        return 0
+    return int(symmetric_partners(layout, ranks)[0].size)
+
+
 def validate_run(
     store: Store,
     *,
@@ -370,13 +381,24 @@ def validate_run(
         ).fetchall()
     ]
     world = int(world or len(ranks))
-    partial = len(ranks) != world
-    if partial and not allow_partial:
-        msg = (
-            f"{store.path}: run {run!r} recorded {len(ranks)} of {world} ranks; validation"
-            " needs every rank as ground truth (--allow-partial replays the recorded ones)"
-        )
-        raise PrismError(msg)
+    notes: list[str] = []
+    partial = False
+    if len(ranks) != world:
+        copies = _symmetric_copies(store, run, ranks)
+        if len(ranks) + copies == world:
+            notes.append(
+                f"{copies} unrecorded ranks are TP/CP peers of recorded ones (copies);"
+                f" compared on the {len(ranks)} recorded ranks"
+            )
+        elif not allow_partial:
+            msg = (
+                f"{store.path}: run {run!r} recorded {len(ranks)} of {world} ranks; validation"
+                " needs every rank as ground truth, or one per TP/CP group (--allow-partial"
+                " replays the recorded ones)"
+            )
+            raise PrismError(msg)
+        else:
+            partial = True
     if partial:
         config = dataclasses.replace(
             config, replay=dataclasses.replace(config.replay, allow_partial=True)
@@ -387,7 +409,6 @@ def validate_run(
     if recorded.is_empty():
         msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
         raise PrismError(msg)
-    notes: list[str] = []
     rec_peaks = store.con.sql(
         "SELECT rank, max(total_allocated)::BIGINT AS peak FROM memory WHERE run_id = $1"
         " GROUP BY rank",

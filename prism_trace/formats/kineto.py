@@ -18,9 +18,15 @@ Conventions:
   otherwise; ``track_id`` and ``event_id`` are minted densely in (track, ts, -dur) order.
 - Collectives come from, in order of preference, ``prism_comm:`` annotations (our generator's),
   ``record_param_comms`` ops with ``Collective name`` (PyTorch >= 2.1), and older
-  ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks). A
-  comm op inside another one on the same thread is not counted again. ``wait``, coalescing markers
-  and unknown names are not collectives. ``Seq`` (1-based per group) becomes 0-based ``seq``.
+  ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks),
+  then the ``c10d::<op>`` op itself where nothing better describes the call (its input tensor's
+  size). A call whose host record names no group takes the group (and ``Seq``) from its NCCL
+  kernel's args when they have them. Call names are normalised (``c10d::_allgather_base_``,
+  ``nccl:_all_gather_base``, ``all_gather_into_tensor``, the ``_coalesced`` forms, ``isend``).
+  A comm op inside another one on the same thread is not counted again. ``wait``, coalescing
+  markers (``coalesced``) and unknown names are not collectives. ``Seq`` (1-based per group)
+  becomes 0-based ``seq``; calls without one are numbered in order at ingest and matched across
+  ranks only where the ranks agree (``prism_trace.collectives``).
   A p2p call whose peer the trace does not state has a null ``peer``.
 - Memory: the ``traceEvents`` args are held once (in ``raw``, with the three ids moved to typed
   columns); every join between events is an equi-join, an ASOF join, a window or a sorted search,
@@ -281,6 +287,8 @@ CASE
 END
 """
 
+# ``coalesced`` (the record closing a ``_coalescing_manager`` block), ``_coalescing_manager`` and
+# ``batch_isend_irecv`` are no entries on purpose: they wrap calls that are recorded one by one.
 # Lookups by MAP, not ``CASE x WHEN ...``: DuckDB expands a simple CASE into one comparison per
 # branch, each with its own copy of ``x``, and the nested ones (the size of a normalised dtype)
 # multiplied the copies; planning them took longer than running the query.
@@ -300,8 +308,12 @@ MAP {'allreduce': 'all_reduce', 'all_reduce': 'all_reduce',
      'all_to_all_single': 'all_to_all', 'alltoallv': 'all_to_all',
      'all_to_allv': 'all_to_all', 'broadcast': 'broadcast', 'broadcast_oop': 'broadcast',
      'reduce': 'reduce', 'reduce_oop': 'reduce', 'gather': 'gather', 'scatter': 'scatter',
-     'barrier': 'barrier', 'send': 'send', 'isend': 'send', 'recv': 'recv',
-     'irecv': 'recv', 'recvanysource': 'recv', 'recv_any_source': 'recv'}
+     'barrier': 'barrier', 'monitored_barrier': 'barrier', 'send': 'send', 'isend': 'send',
+     'recv': 'recv', 'irecv': 'recv', 'recvanysource': 'recv', 'recv_any_source': 'recv',
+     'reduce_scatter_base_coalesced': 'reduce_scatter',
+     'reduce_scatter_coalesced': 'reduce_scatter', 'allgather_base_coalesced': 'all_gather',
+     'all_gather_coalesced': 'all_gather', 'all_gather_base_coalesced': 'all_gather',
+     'alltoall_base_coalesced': 'all_to_all', 'broadcast_coalesced': 'broadcast'}
 """
 
 # Lower-case element type names as torch prints them, and their sizes in bytes.
@@ -319,8 +331,16 @@ MAP {'float': 4, 'double': 8, 'half': 2, 'bfloat16': 2, 'int': 4, 'long': 8, 'sh
 
 
 def _op_kind_sql(x: str) -> str:
-    """SQL for the collective kind (``all_reduce``, ``send``...) of op name ``x``; NULL if none."""
-    return f"({_OP_KIND_MAP.strip()}[regexp_replace(lower(trim({x})), '^_+', '')])"
+    """SQL for the collective kind (``all_reduce``, ``send``...) of op name ``x``; NULL if none.
+
+    The name is normalised first: lower case, a ``c10d::``-style namespace and leading or
+    trailing underscores dropped, so the c10d op (``c10d::_allgather_base_``), the backend's
+    annotation (``nccl:_all_gather_base``) and ``Collective name`` (``_allgather_base``) of one
+    call all give ``all_gather``.
+    """
+    bare = f"regexp_replace(lower(trim({x})), '^[a-z0-9]+::?', '')"
+    norm = f"regexp_replace({bare}, '^_+|_+$', '', 'g')"
+    return f"({_OP_KIND_MAP.strip()}[{norm}])"
 
 
 def _dtype_sql(x: str) -> str:
@@ -675,7 +695,9 @@ class _Reader:
             """CREATE TABLE arg_row AS
                SELECT rowid AS ord, args FROM raw
                WHERE name = 'record_param_comms' OR lower(cat) = 'cuda_sync'
-                  OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')"""
+                  OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')
+                  OR starts_with(name, 'c10d::')
+                  OR (lower(cat) = 'kernel' AND name ILIKE '%nccl%')"""
         )
 
     def assign_iterations(self) -> None:
@@ -819,6 +841,8 @@ class _Reader:
         ws = self.world_size if self.world_size is not None else "NULL"
         rpc_dtype = _dtype_sql("e.args->>'dtype'")
         old_dtype = _dtype_sql("a.args->'Input type'->>0")
+        c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
+        k_dtype = _dtype_sql("ka.args->>'dtype'")
         launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
         self.sql(
             rf"""CREATE TABLE comm_raw AS
@@ -879,9 +903,35 @@ class _Reader:
                     FROM old_call e ASOF JOIN old_mark a
                       ON a.track_id = e.track_id AND a.event_id > e.event_id
                     WHERE a.ts + a.dur <= e.ts + e.dur),
-                cand AS (
+                c10d AS (
+                    -- the c10d op itself (`c10d::_allgather_base_`), for a call whose
+                    -- record_param_comms is absent or says nothing (no args, no annotation)
+                    SELECT e.event_id, e.track_id, e.ts, e.dur, 3 AS source,
+                           '0' AS group_name, NULL::VARCHAR AS group_desc,
+                           NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
+                           {_op_kind_sql("e.name")} AS op, NULL::BIGINT AS seq,
+                           list_aggregate(
+                               TRY_CAST(e.args->'Input Dims'->(c10d_in) AS BIGINT[]), 'product'
+                           )::BIGINT * ({_dtype_size_sql(c10d_dtype)}) AS in_bytes,
+                           NULL::BIGINT AS out_bytes, {c10d_dtype} AS dtype,
+                           NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                    FROM (SELECT *,
+                                 -- the input tensor: (output, input, ...) for the *_base_ and
+                                 -- *_tensor forms, whose output differs across ranks
+                                 CASE WHEN regexp_matches(name, '(_base_?|_tensor)$')
+                                      THEN 1 ELSE 0 END AS c10d_in
+                          FROM eva) e
+                    WHERE e.category = 'cpu_op' AND starts_with(e.name, 'c10d::')),
+                said AS (
                     SELECT * FROM prism UNION ALL SELECT * FROM rpc_new
                     UNION ALL SELECT * FROM rpc_old),
+                c10d_alone AS (
+                    -- only where no better-described call starts inside the op
+                    SELECT d.* FROM c10d d ASOF LEFT JOIN said o
+                      ON o.track_id = d.track_id AND o.ts >= d.ts
+                    WHERE o.ts IS NULL OR o.ts > d.ts + d.dur),
+                cand AS (
+                    SELECT * FROM said UNION ALL SELECT * FROM c10d_alone),
                 kept AS (
                     -- drop a call enclosed by an earlier one in (ts, -dur, source, event_id)
                     -- order on its track: a running max of the ends, not a range join
@@ -911,11 +961,43 @@ class _Reader:
                     WHERE f.launch_ts <= c.ts + c.dur
                        OR (p.category IN ('cpu_op', 'user_annotation')
                            AND f.launch_ts <= p.ts + p.dur))
-                SELECT c.*, l.kernel_event_id, k.ts AS kernel_ts, k.dur AS kernel_dur,
+                SELECT c.* REPLACE (
+                           -- a host record that names no group (sources 2, 3): the NCCL
+                           -- kernel's args may (newer Kineto copies them onto the kernel)
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(ka.args->>'Process Group Name', c.group_name)
+                                ELSE c.group_name END AS group_name,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(ka.args->>'Process Group Description', c.group_desc)
+                                ELSE c.group_desc END AS group_desc,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(ka.args->>'Process Group Ranks', c.group_ranks)
+                                ELSE c.group_ranks END AS group_ranks,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(TRY_CAST(ka.args->>'Group size' AS INTEGER),
+                                              c.group_size)
+                                ELSE c.group_size END AS group_size,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(TRY_CAST(ka.args->>'Seq' AS BIGINT) - 1, c.seq)
+                                ELSE c.seq END AS seq,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(c.in_bytes,
+                                              TRY_CAST(ka.args->>'In msg nelems' AS BIGINT)
+                                              * ({_dtype_size_sql(k_dtype)}))
+                                ELSE c.in_bytes END AS in_bytes,
+                           CASE WHEN c.source >= 2
+                                THEN coalesce(c.out_bytes,
+                                              TRY_CAST(ka.args->>'Out msg nelems' AS BIGINT)
+                                              * ({_dtype_size_sql(k_dtype)}))
+                                ELSE c.out_bytes END AS out_bytes,
+                           CASE WHEN c.source >= 2 AND coalesce(c.dtype, '') = ''
+                                THEN {k_dtype} ELSE c.dtype END AS dtype),
+                       l.kernel_event_id, k.ts AS kernel_ts, k.dur AS kernel_dur,
                        i.iteration::INTEGER AS iteration
                 FROM kept c
                 LEFT JOIN linked l USING (event_id)
                 LEFT JOIN ev k ON k.event_id = l.kernel_event_id
+                LEFT JOIN eva ka ON ka.event_id = l.kernel_event_id
                 LEFT JOIN ev_it i ON i.event_id = c.event_id"""
         )
         raw = self.frame("SELECT * FROM comm_raw ORDER BY ts, event_id")

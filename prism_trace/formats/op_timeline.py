@@ -42,8 +42,14 @@ Mapping:
 - ``ranks``: ``args`` JSON with ``dp_rank``, ``stage`` and the coordinates ``dp``, ``pp``, ``tp``.
 
 Rank layout. The ``rank`` column is trusted; the data follow Megatron's order (tp fastest, then dp,
-then pp): ``rank = (stage * dp_size + dp_rank) * tp_size``. Ranks of (dp_rank, stage) cells absent
-from the file are filled in with that formula so that groups list the whole world.
+then pp): ``rank = (stage * dp_size + dp_rank) * cp_size * tp_size``, where ``cp_size`` is the
+meta's ``cp_size`` or ``dsp_size`` (context parallelism). The file usually holds one rank per
+(dp_rank, stage) cell, i.e. one per TP/CP group; the groups ``tp_stage<s>_dp<d>`` and (cp > 1)
+``cp_stage<s>_dp<d>`` still list the peers, whose timing is their recorded partner's. Ranks of
+(dp_rank, stage) cells absent from the file are filled in with that formula so that groups list
+the whole world. A file whose ranks are the cell indices ``stage * dp_size + dp_rank`` while the
+meta says tp or cp > 1 (a logger that numbered the ranks it recorded) is renumbered by the
+formula.
 """
 
 from __future__ import annotations
@@ -242,9 +248,21 @@ def read_op_timeline(path: Path, *, rank: int | None = None) -> TraceTables:
         raise TraceFormatError(msg)
 
     layout = _layout(df, meta, parquet)
-    dp_size, pp_size, tp_size = layout["dp"], layout["pp"], layout["tp"]
+    if layout["renumber"]:
+        # The file numbers its (dp_rank, stage) cells 0.. although each stands for a TP x CP
+        # group: the global rank of the recorded one is the cell index times tp * cp.
+        df = df.with_columns(
+            (
+                (pl.col("stage").cast(pl.Int64) * layout["dp"] + pl.col("dp_rank"))
+                * (layout["tp"] * layout["cp"])
+            )
+            .cast(df.schema["rank"])
+            .alias("rank")
+        )
+        layout = _layout(df, meta, parquet)
+    dp_size, pp_size, tp_size, cp_size = layout["dp"], layout["pp"], layout["tp"], layout["cp"]
     cell_rank: dict[tuple[int, int], int] = layout["cells"]  # (dp_rank, stage) -> rank
-    world_size = int(meta.get("world_size") or dp_size * pp_size * tp_size)
+    world_size = int(meta.get("world_size") or dp_size * pp_size * tp_size * cp_size)
 
     # clock: recorded steps back to back
     df = df.with_columns(
@@ -323,11 +341,17 @@ def read_op_timeline(path: Path, *, rank: int | None = None) -> TraceTables:
         .sort("rank", "iteration")
     )
 
-    groups = _groups(cell_rank, dp_size, pp_size, tp_size)
+    groups = _groups(cell_rank, dp_size, pp_size, tp_size, cp_size)
     collectives, used_tp = _collectives(df, groups)
     p2p = _p2p(df, cell_rank, pp_size, parquet)
     comm_groups = pl.DataFrame(
-        [{"name": n, **g} for n, g in groups.items() if g["description"] != "tp" or n in used_tp],
+        # One-rank tp groups only when used; wider ones always, as they carry the tp size of a
+        # recording of one rank per TP group (the peers are not in the file).
+        [
+            {"name": n, **g}
+            for n, g in groups.items()
+            if g["description"] != "tp" or n in used_tp or tp_size > 1
+        ],
         schema={
             "name": pl.Utf8,
             "description": pl.Utf8,
@@ -349,6 +373,7 @@ def read_op_timeline(path: Path, *, rank: int | None = None) -> TraceTables:
                 pl.col("dp_rank").alias("dp"),
                 pl.col("stage").alias("pp"),
                 pl.lit(0).alias("tp"),
+                pl.lit(0).alias("cp"),
             )
             .struct.json_encode()
             .alias("args"),
@@ -389,18 +414,25 @@ def _layout(df: pl.DataFrame, meta: dict[str, Any], parquet: Path) -> dict[str, 
     dp = int(meta.get("dp_size") or (int(cells["dp_rank"].max()) + 1))  # type: ignore[arg-type]
     pp = int(meta.get("pp_size") or (int(cells["stage"].max()) + 1))  # type: ignore[arg-type]
     tp = int(meta.get("tp_size") or 1)
+    # Context parallelism: `cp_size`, or `dsp_size` as StragglerAnalysis's meta names it.
+    cp = int(meta.get("cp_size") or meta.get("dsp_size") or 1)
     bad = cells.filter((pl.col("dp_rank") >= dp) | (pl.col("stage") >= pp))
     if not bad.is_empty():
         row = bad.row(0, named=True)
         msg = f"{parquet}: rank {row['rank']} has dp_rank/stage outside dp_size={dp}, pp_size={pp}"
         raise TraceFormatError(msg)
     observed = {(d, s): r for d, s, r in cells.iter_rows()}
-    full = {(d, s): observed.get((d, s), (s * dp + d) * tp) for d in range(dp) for s in range(pp)}
-    return {"dp": dp, "pp": pp, "tp": tp, "cells": full}
+    renumber = (
+        tp * cp > 1 and len(observed) > 1 and all(r == s * dp + d for (d, s), r in observed.items())
+    )
+    full = {
+        (d, s): observed.get((d, s), (s * dp + d) * tp * cp) for d in range(dp) for s in range(pp)
+    }
+    return {"dp": dp, "pp": pp, "tp": tp, "cp": cp, "cells": full, "renumber": renumber}
 
 
 def _groups(
-    cell_rank: dict[tuple[int, int], int], dp: int, pp: int, tp: int
+    cell_rank: dict[tuple[int, int], int], dp: int, pp: int, tp: int, cp: int = 1
 ) -> dict[str, dict[str, Any]]:
     def g(desc: str, members: list[int]) -> dict[str, Any]:
         uniq = list(dict.fromkeys(members))
@@ -417,6 +449,8 @@ def _groups(
         for s in range(pp):
             base = cell_rank[(d, s)]
             out[f"tp_stage{s}_dp{d}"] = g("tp", [base + t for t in range(tp)])
+            if cp > 1:
+                out[f"cp_stage{s}_dp{d}"] = g("cp", [base + c * tp for c in range(cp)])
     return out
 
 

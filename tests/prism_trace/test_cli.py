@@ -68,7 +68,8 @@ def test_graph_command_assigns_roles(tmp_path: Path) -> None:
     db = tmp_path / "g.duckdb"
     invoke("ingest", sample, "--db", db, "--run", "sample", "--jobs", "2", "-q")
     out = json.loads(invoke("graph", db, "--run", "sample", "--json"))
-    assert out["layout"].startswith("layout tp=2,cp=1,ep=1,dp=2,pp=2")
+    assert out["layout"]["spec"] == "tp=2,cp=1,ep=1,dp=2,pp=2"
+    assert out["layout"]["source"] == "inferred"
     assert out["comms"]["ok"]
     axes = json.loads(
         invoke(

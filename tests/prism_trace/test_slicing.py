@@ -240,10 +240,11 @@ def test_replace(sample_store: Store) -> None:
         (
             "tp=2,dp=4,pp=2",
             16,
-            [0, 1, 4],
+            [0, 1],
             SliceError,
-            "no representative for the roles tp=1,cp=0,ep=0,pp=1",
+            "no representative for the roles tp=0,cp=0,ep=0,pp=1",
         ),
+        ("tp=2,dp=4,pp=2", 16, [], SliceError, "no representative for the roles"),
         ("tp=2,dp=4,pp=2", 16, [0, 1, 4, 9], SliceError, "--from-ranks [9] are not recorded"),
     ],
 )
