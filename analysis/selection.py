@@ -1,0 +1,119 @@
+"""Which ranks and iteration an analysis covers: parse ``--ranks``, check both against the run.
+
+Every analysis takes ``ranks`` and ``iteration``; a selection that names nothing in the run is an
+error with one line saying what the run has, so a typo never reads as "no waiting" or as the
+whole run's numbers.
+"""
+
+from __future__ import annotations
+
+import re
+
+from prism_trace.errors import PrismError
+from prism_trace.store import Store
+
+__all__ = ["check_selection", "describe_selection", "parse_ranks"]
+
+_PART = re.compile(r"^\s*(\d+)\s*(?:(?:-|\.\.)\s*(\d+)\s*)?$")
+
+
+def parse_ranks(text: str) -> list[int]:
+    """``"0,3,5-7"`` (or ``5..7``) as a sorted list of distinct ranks.
+
+    A local parser until the shared rank-list type of the CLI lands (issue 17).
+
+    Raises:
+        PrismError: a part is not a rank or a range ``a-b`` with ``a <= b``.
+    """
+    out: set[int] = set()
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        m = _PART.match(part)
+        if m is None:
+            msg = f"--ranks {text!r}: {part.strip()!r} is not a rank or a range a-b"
+            raise PrismError(msg)
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            msg = f"--ranks {text!r}: range {part.strip()!r} runs backwards"
+            raise PrismError(msg)
+        out.update(range(lo, hi + 1))
+    if not out:
+        msg = f"--ranks {text!r} names no rank"
+        raise PrismError(msg)
+    return sorted(out)
+
+
+def _spans(values: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5`` (at most a few spans, then a count)."""
+    spans: list[str] = []
+    start = prev = None
+    for v in values:
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:  # type: ignore[operator]
+            prev = v
+        else:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = v
+    if start is not None:
+        spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+    if len(spans) > 6:
+        return ", ".join(spans[:6]) + f", ... ({len(values)} in all)"
+    return ", ".join(spans)
+
+
+def check_selection(
+    store: Store, run: str, *, ranks: list[int] | None = None, iteration: int | None = None
+) -> None:
+    """Fail with one line when ``ranks`` or ``iteration`` name nothing in ``run``.
+
+    Raises:
+        PrismError: no run of that name; none of ``ranks`` is a rank of the run; the run has no
+            iteration ``iteration``.
+    """
+    run_id = store.require_run(run)
+    if ranks is not None:
+        have = [
+            r[0]
+            for r in store.con.execute(
+                "SELECT DISTINCT rank FROM rank WHERE run_id = ? AND list_contains(?, rank)"
+                " ORDER BY rank",
+                [run_id, list(ranks)],
+            ).fetchall()
+        ]
+        if not have:
+            all_ranks = [
+                r[0]
+                for r in store.con.execute(
+                    "SELECT DISTINCT rank FROM rank WHERE run_id = ? ORDER BY rank", [run_id]
+                ).fetchall()
+            ]
+            msg = (
+                f"run {run!r} has none of ranks {_spans(sorted(ranks))}"
+                f" (its ranks: {_spans(all_ranks) or 'none'})"
+            )
+            raise PrismError(msg)
+    if iteration is not None:
+        its = [
+            r[0]
+            for r in store.con.execute(
+                "SELECT DISTINCT iteration FROM iteration WHERE run_id = ? ORDER BY iteration",
+                [run_id],
+            ).fetchall()
+        ]
+        if iteration not in its:
+            have_its = f"its iterations: {_spans(its)}" if its else "it has no iterations"
+            msg = f"run {run!r} has no iteration {iteration} ({have_its})"
+            raise PrismError(msg)
+
+
+def describe_selection(run: str, *, ranks: list[int] | None, iteration: int | None) -> str:
+    """``run 'x', iteration 5, ranks 0-3``: what an empty result was asked about."""
+    parts = [f"run {run!r}"]
+    if iteration is not None:
+        parts.append(f"iteration {iteration}")
+    if ranks is not None:
+        parts.append(f"ranks {_spans(sorted(ranks))}")
+    return ", ".join(parts)
