@@ -24,7 +24,9 @@ __all__ = [
     "iteration_figure",
     "kernels_figure",
     "memory_figure",
+    "ms_text",
     "temporal_figure",
+    "time_unit",
     "timeline_figure",
     "wait_heatmap",
 ]
@@ -36,8 +38,9 @@ CATEGORY_COLORS: dict[str, str] = {
     "cuda_runtime": "#f58518",
     "cuda_driver": "#ffbf79",
     "kernel": "#54a24b",
-    "memcpy": "#e45756",
-    "memset": "#ff9d98",
+    "comm kernel": "#d62728",
+    "memcpy": "#e7ba52",
+    "memset": "#f2d98a",
     "gpu_user_annotation": "#88d27a",
     "cuda_sync": "#b279a2",
     "compute": "#54a24b",
@@ -45,7 +48,8 @@ CATEGORY_COLORS: dict[str, str] = {
     "instant": "#000000",
     "other": "#bab0ac",
 }
-"""Colour of each ``event.category`` in the timeline."""
+"""Colour of each ``event.category`` in the timeline: computation greens, communication red
+(NCCL kernels are ``comm kernel``, op-timeline communication ``comm``), memory copies yellow."""
 
 PART_COLORS = {
     "compute": "#54a24b",
@@ -59,12 +63,25 @@ _LANE_PX = 22
 _NAME_CHARS = 70
 
 
+def ms_text(ns: float | None) -> str:
+    """A duration in ms with 3 significant digits (``12.3 ms``, ``0.00412 ms``); ``-`` if none."""
+    if ns is None:
+        return "-"
+    return f"{ns / 1e6:.3g} ms"
+
+
 def esc(value: object, *, limit: int | None = None) -> str:
     """``value`` as text safe for plotly's pseudo-HTML, optionally cut to ``limit`` characters."""
     text = str(value)
     if limit is not None and len(text) > limit:
         text = text[: limit - 1] + "…"
     return html.escape(text, quote=False)
+
+
+def time_unit(span_ns: float) -> tuple[float, str]:
+    """Divisor and name of the time unit for an axis spanning ``span_ns``: seconds above 10 s,
+    else milliseconds (an axis never reads "0.5M ms")."""
+    return (1e9, "s") if span_ns > 10e9 else (1e6, "ms")
 
 
 def _layout(fig: go.Figure, title: str, *, height: int = 420, **kw: Any) -> go.Figure:
@@ -102,6 +119,8 @@ def timeline_figure(
     fig = go.Figure()
     trace_group: list[int] = []
     seen: set[str] = set()
+    span = float((events["ts"] + events["dur"]).max() - t0) if events.height else 0.0  # type: ignore[operator]
+    div, unit = time_unit(span)
     ev_by_rank = events.partition_by("rank", as_dict=True) if events.height else {}
     for gi, g in enumerate(groups):
         ev = ev_by_rank.get((g.rank,))
@@ -113,8 +132,8 @@ def timeline_figure(
         ev = ev.with_columns(pl.Series("lane", lanes)).filter(pl.col("lane") >= 0)
         for cat_key, part in ev.partition_by("category", as_dict=True).items():
             cat = str(cat_key[0])
-            start = (part["ts"].to_numpy() - t0) / 1e6
-            dur = part["dur"].to_numpy() / 1e6
+            start = (part["ts"].to_numpy() - t0) / div
+            dur = part["dur"].to_numpy() / div
             depth = np.minimum(part["depth"].to_numpy(), 5)
             names = [esc(n, limit=_NAME_CHARS) for n in part["name"].to_list()]
             iters = ["-" if i is None else str(i) for i in part["iteration"].to_list()]
@@ -132,11 +151,13 @@ def timeline_figure(
                         "color": CATEGORY_COLORS.get(cat, "#7f7f7f"),
                         "line": {"width": 0.3, "color": "rgba(0,0,0,0.35)"},
                     },
-                    customdata=np.column_stack([names, iters]),
+                    customdata=np.column_stack(
+                        [names, iters, [ms_text(d) for d in part["dur"].to_list()]]
+                    ),
                     hovertemplate=(
                         "<b>%{customdata[0]}</b><br>"
                         f"{esc(cat)} · {esc(g.label, limit=60)}<br>"
-                        "start %{base:.3f} ms · dur %{x:.4f} ms<br>"
+                        f"start %{{base:.4g}} {unit} · dur %{{customdata[2]}}<br>"
                         "iteration %{customdata[1]}<extra></extra>"
                     ),
                 )
@@ -147,7 +168,7 @@ def timeline_figure(
     height = int(min(max(220, 90 + _LANE_PX * n_lanes), 1600))
     _layout(
         fig,
-        "Timeline (ms from the first event)",
+        f"Timeline ({unit} from the first event)",
         height=height,
         barmode="overlay",
         bargap=0,
@@ -162,7 +183,7 @@ def timeline_figure(
         showgrid=False,
         zeroline=False,
     )
-    fig.update_xaxes(title_text="ms", zeroline=False)
+    fig.update_xaxes(title_text=unit, zeroline=False)
     for first, _last in spans[1:]:
         fig.add_hline(y=first - 0.5, line={"width": 1, "color": "#888"})
     if len(groups) > 1:
@@ -224,7 +245,9 @@ def temporal_figure(df: pl.DataFrame, labels: list[str]) -> go.Figure:
     return fig
 
 
-def kernels_figure(df: pl.DataFrame) -> go.Figure:
+def kernels_figure(
+    df: pl.DataFrame, *, title: str = "Top device kernels (total time over all ranks)"
+) -> go.Figure:
     """Top device kernels by total time over the run, coloured by kernel type."""
     df = df.sort("total_ns")
     fig = go.Figure()
@@ -246,7 +269,7 @@ def kernels_figure(df: pl.DataFrame) -> go.Figure:
         )
     _layout(
         fig,
-        "Top device kernels (total time over all ranks)",
+        esc(title),
         height=max(300, 60 + 24 * df.height),
         xaxis_title="ms",
         barmode="stack",
@@ -282,21 +305,33 @@ def host_ops_figure(df: pl.DataFrame, *, scope: str) -> go.Figure:
 
 
 def wait_heatmap(z: np.ndarray, ranks: list[str], instances: list[str]) -> go.Figure:
-    """Ranks x collective instances, coloured by the time each rank waited for the last one."""
+    """Lane groups x communication instances, coloured by the time each waited for the last one.
+
+    The colour scale runs from 0 to the 99th percentile of the waits (at least 1 µs), so a few
+    long waits do not wash the rest out and an all-zero map reads as "no waiting", not as a
+    -0.5..0.5 scale.
+    """
+    finite = z[np.isfinite(z)]
+    top = float(np.percentile(finite, 99)) if finite.size else 0.0
+    if top <= 0 and finite.size:
+        top = float(finite.max())  # sparse waits: most cells are 0
+    zmax = max(top, 1.0)
     fig = go.Figure(
         go.Heatmap(
             z=z,
             x=instances,
             y=ranks,
+            zmin=0.0,
+            zmax=zmax,
             colorscale="YlOrRd",
             colorbar={"title": {"text": "wait µs"}},
-            hovertemplate="%{y} · %{x}<br>waited %{z:.1f} µs<extra></extra>",
+            hovertemplate="%{y} · %{x}<br>waited %{z:.4g} µs<extra></extra>",
             hoverongaps=False,
         )
     )
     _layout(
         fig,
-        "Collective wait per rank and instance (last arrival - own arrival)",
+        "Wait per rank (or class) and communication instance (last arrival - own arrival)",
         height=int(min(max(260, 120 + 18 * len(ranks)), 1200)),
     )
     fig.update_xaxes(type="category", showticklabels=len(instances) <= 60, title_text="instance")
@@ -357,46 +392,55 @@ def iteration_figure(runs: list[tuple[str, pl.DataFrame]]) -> go.Figure:
 
 
 def memory_figure(series: pl.DataFrame, peaks: pl.DataFrame, t0: int) -> go.Figure:
-    """Allocated bytes over time per (rank, device), with each line's peak marked."""
+    """Allocated bytes over time per lane group (rank or class) and device, each peak marked.
+
+    ``peaks`` carries a ``label`` per (grp, device) line.
+    """
     fig = go.Figure()
+    span = float(series["ts"].max() - t0) if series.height else 0.0  # type: ignore[operator]
+    div, unit = time_unit(span)
     for row in peaks.iter_rows(named=True):
-        part = series.filter((pl.col("rank") == row["rank"]) & (pl.col("device") == row["device"]))
-        label = f"r{row['rank']} {esc(row['device'])}"
+        part = series.filter((pl.col("grp") == row["grp"]) & (pl.col("device") == row["device"]))
+        label = f"{esc(row['label'], limit=50)} {esc(row['device'])}"
         fig.add_trace(
             go.Scatter(
-                x=(part["ts"].to_numpy() - t0) / 1e6,
+                x=(part["ts"].to_numpy() - t0) / div,
                 y=part["bytes"].cast(pl.Float64).to_numpy() / 2**20,
                 mode="lines",
                 line={"shape": "hv", "width": 1.5},
                 name=label,
                 legendgroup=label,
-                hovertemplate=f"{label}<br>%{{x:.3f}} ms: %{{y:.3f}} MiB<extra></extra>",
+                hovertemplate=f"{label}<br>%{{x:.4g}} {unit}: %{{y:.3f}} MiB<extra></extra>",
             )
         )
     fig.add_trace(
         go.Scatter(
-            x=(peaks["ts"].to_numpy() - t0) / 1e6,
+            x=(peaks["ts"].to_numpy() - t0) / div,
             y=peaks["bytes"].cast(pl.Float64).to_numpy() / 2**20,
             mode="markers",
             marker={"symbol": "triangle-down", "size": 11, "color": "#d62728"},
             name="peak",
-            text=[f"r{r} {esc(d)}" for r, d in zip(peaks["rank"], peaks["device"], strict=True)],
-            hovertemplate="peak %{text}<br>%{y:.3f} MiB at %{x:.3f} ms<extra></extra>",
+            text=[
+                f"{esc(lb, limit=50)} {esc(d)} (rank {r})"
+                for lb, d, r in zip(peaks["label"], peaks["device"], peaks["rank"], strict=True)
+            ],
+            hovertemplate=f"peak %{{text}}<br>%{{y:.3f}} MiB at %{{x:.4g}} {unit}<extra></extra>",
         )
     )
     top = peaks.row(0, named=True)
     fig.add_annotation(
-        x=(top["ts"] - t0) / 1e6,
+        x=(top["ts"] - t0) / div,
         y=top["bytes"] / 2**20,
-        text=f"peak {top['bytes'] / 2**20:.2f} MiB (r{top['rank']} {esc(top['device'])})",
+        text=f"peak {top['bytes'] / 2**20:.3g} MiB ({esc(top['label'], limit=40)},"
+        f" rank {top['rank']})",
         showarrow=True,
         arrowhead=2,
         ay=-30,
     )
     _layout(
         fig,
-        "Memory: allocated bytes over time (ms from the first event)",
-        xaxis_title="ms",
+        f"Memory: allocated bytes over time ({unit} from the first event)",
+        xaxis_title=unit,
         yaxis_title="MiB allocated",
         legend={"orientation": "h", "y": -0.2},
     )
