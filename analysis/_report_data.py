@@ -27,6 +27,7 @@ __all__ = [
     "memory_source",
     "rank_ranges",
     "run_facts",
+    "sample_groups",
     "timeline_events",
     "timeline_tracks",
 ]
@@ -181,6 +182,42 @@ def lane_groups(store: Store, run_id: int) -> list[LaneGroup]:
         )
         for row in df.iter_rows(named=True)
     ]
+
+
+def sample_groups(store: Store, run_id: int, groups: list[LaneGroup], k: int) -> list[LaneGroup]:
+    """At most ``k`` lane groups spread over the pipeline stages and the rank range.
+
+    Taking the first ``k`` in rank order draws one stage only (a 256-group variance run showed 32
+    groups of stage 0). Groups are split by their exemplar's stage (``rank.pp``; 0 when
+    unknown), each stage gets an equal share (a stage with fewer groups gives its spare share to
+    the others), and within a stage the picks are evenly spaced in rank order.
+
+    Returns:
+        The chosen groups, in rank order.
+    """
+    if len(groups) <= k:
+        return groups
+    stage = dict(
+        _rows(
+            store,
+            "SELECT rank, coalesce(pp, 0) FROM rank WHERE run_id = $1 AND list_contains($2, rank)",
+            [run_id, [g.rank for g in groups]],
+        )
+    )
+    by_stage: dict[int, list[LaneGroup]] = {}
+    for g in groups:
+        by_stage.setdefault(int(stage.get(g.rank, 0)), []).append(g)
+    stages = sorted(by_stage, key=lambda st: len(by_stage[st]))
+    chosen: list[LaneGroup] = []
+    left = k
+    for i, st in enumerate(stages):
+        members = by_stage[st]
+        take = min(len(members), left // (len(stages) - i))
+        if take:
+            idx = {round(j * (len(members) - 1) / max(take - 1, 1)) for j in range(take)}
+            chosen += [members[j] for j in sorted(idx)]
+        left -= take
+    return sorted(chosen, key=lambda g: g.rank)
 
 
 def timeline_tracks(store: Store, run_id: int, ranks: list[int]) -> pl.DataFrame:

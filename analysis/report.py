@@ -129,7 +129,7 @@ def _timeline(
     store: Store, run_id: int, t0: int, limits: ReportLimits, notes: list[str]
 ) -> tuple[_Section, int, int, int]:
     groups_all = data.lane_groups(store, run_id)
-    groups = groups_all[: limits.timeline_groups]
+    groups = data.sample_groups(store, run_id, groups_all, limits.timeline_groups)
     sec = _Section(
         "timeline",
         "Timeline",
@@ -141,9 +141,11 @@ def _timeline(
         sec.html = "<p class='what'>No timed events in this run.</p>"
         return sec, 0, 0, 0
     if len(groups_all) > len(groups):
-        omitted = groups_all[len(groups) :]
+        drawn = {g.rank for g in groups}
+        omitted = [g for g in groups_all if g.rank not in drawn]
         notes.append(
-            f"timeline: {len(groups)} of {len(groups_all)} lane groups drawn; omitted "
+            f"timeline: {len(groups)} of {len(groups_all)} lane groups drawn, spread over the"
+            " stages and ranks; omitted "
             + ", ".join(g.label for g in omitted[:8])
             + (" ..." if len(omitted) > 8 else "")
         )

@@ -168,6 +168,8 @@ def test_compare_and_caps(store: Store, tmp_path: Path) -> None:
     assert rep.events_drawn <= 800
     joined = "\n".join(rep.notes)
     assert "3 of 8 lane groups drawn" in joined
+    # the 3 drawn groups cover both pipeline stages of the sample (ranks 0-3: pp 0, 4-7: pp 1)
+    assert "omitted rank 1, rank 2, rank 3, rank 5, rank 6" in joined
     assert "memory: 2 of 8" in joined
     assert re.search(r"collective waits: \d+ of 232 instances", joined)  # 168 coll. + 64 p2p
     assert rep.summary().startswith("report of run 'sample' vs 'sample_emu'")
