@@ -678,14 +678,24 @@ def export_chakra_cmd(
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", required=True, help="Run to export (any kind).")
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help=".json[.gz]")
+@click.option(
+    "--ranks",
+    "ranks_text",
+    default=None,
+    help="Expand: one process per listed rank (e.g. 0,5,4096-4099), each from its own events or"
+    " its class exemplar's. Default: one process per stored rank (a class exemplar, named with"
+    " its ranks).",
+)
 @_one_line_errors
-def export_perfetto_cmd(db: Path, run_name: str, out: Path) -> None:
+def export_perfetto_cmd(db: Path, run_name: str, out: Path, ranks_text: str | None) -> None:
     """A Chrome trace JSON that Perfetto and chrome://tracing open, for any run."""
+    from prism_trace.analysis import parse_ranks
     from prism_trace.export_perfetto import export_perfetto
     from prism_trace.store import open_store
 
+    ranks = None if ranks_text is None else parse_ranks(ranks_text)
     with open_store(db, read_only=True) as store:
-        info = export_perfetto(store, run=run_name, out=out)
+        info = export_perfetto(store, run=run_name, out=out, ranks=ranks)
     click.echo(
         f"wrote {info['path']}: {info['events']} events of {info['ranks']} ranks,"
         f" {info['bytes'] / 1e6:.1f} MB in {info['seconds']:.2f} s"
