@@ -330,14 +330,20 @@ def host_ops(store: Store, run_id: int, *, top: int) -> pl.DataFrame:
 
     Host ops are ``cpu_op`` events and, on op timelines, the timeline's ops (categories
     ``compute`` and ``comm``), so a Megatron-style run lists its forward/backward and p2p ops.
+    A class exemplar's ops count once per rank of its class (the job's total, as the kernels).
     """
     return _frame(
         store,
         "WITH child AS (SELECT rank, parent_id, sum(dur) AS ns FROM event"
-        "  WHERE run_id = $1 AND parent_id IS NOT NULL GROUP BY ALL)"
-        " SELECT e.name, count(*) AS calls, count(DISTINCT e.rank) AS ranks,"
-        " sum(e.dur - coalesce(c.ns, 0)) AS self_ns, sum(e.dur) AS total_ns"
+        "  WHERE run_id = $1 AND parent_id IS NOT NULL GROUP BY ALL),"
+        " w AS (SELECT r.rank, CASE WHEN r.class_id IS NULL THEN 1 ELSE count(*) OVER"
+        "  (PARTITION BY r.class_id) END AS weight FROM rank r WHERE r.run_id = $1)"
+        " SELECT e.name, sum(coalesce(w.weight, 1)) AS calls,"
+        " count(DISTINCT e.rank) AS ranks,"
+        " sum((e.dur - coalesce(c.ns, 0)) * coalesce(w.weight, 1)) AS self_ns,"
+        " sum(e.dur * coalesce(w.weight, 1)) AS total_ns"
         " FROM event e LEFT JOIN child c ON c.rank = e.rank AND c.parent_id = e.event_id"
+        " LEFT JOIN w ON w.rank = e.rank"
         " WHERE e.run_id = $1 AND e.category IN ('cpu_op', 'compute', 'comm')"
         " AND e.dur IS NOT NULL"
         " GROUP BY e.name ORDER BY self_ns DESC, e.name LIMIT $2",

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CATEGORY_COLORS",
+    "bytes_text",
     "esc",
     "host_ops_figure",
     "iteration_figure",
@@ -68,6 +69,14 @@ def ms_text(ns: float | None) -> str:
     if ns is None:
         return "-"
     return f"{ns / 1e6:.3g} ms"
+
+
+def bytes_text(n: float) -> str:
+    """Bytes with 3 significant digits in a unit that reads well: ``820 KiB``, ``4.79 GiB``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
 
 
 def esc(value: object, *, limit: int | None = None) -> str:
@@ -250,6 +259,7 @@ def kernels_figure(
 ) -> go.Figure:
     """Top device kernels by total time over the run, coloured by kernel type."""
     df = df.sort("total_ns")
+    div, unit = time_unit(float(df["total_ns"].max() or 0))  # type: ignore[arg-type]
     fig = go.Figure()
     colors = {"compute": "#54a24b", "comm": "#d62728", "memory": "#f58518", "other": "#bab0ac"}
     for (ktype,), part in df.partition_by("kernel_type", as_dict=True).items():
@@ -257,21 +267,22 @@ def kernels_figure(
             go.Bar(
                 orientation="h",
                 y=[esc(n, limit=50) for n in part["name"].to_list()],
-                x=(part["total_ns"].cast(pl.Float64) / 1e6).to_numpy(),
+                x=(part["total_ns"].cast(pl.Float64) / div).to_numpy(),
                 name=esc(ktype),
                 marker_color=colors.get(str(ktype), "#7f7f7f"),
                 customdata=np.column_stack(
                     [[esc(n, limit=200) for n in part["name"].to_list()], part["calls"].to_numpy()]
                 ),
-                hovertemplate="<b>%{customdata[0]}</b><br>%{x:.3f} ms in %{customdata[1]} calls"
-                "<extra></extra>",
+                hovertemplate="<b>%{customdata[0]}</b><br>%{x:.3g} "
+                + unit
+                + " in %{customdata[1]} calls<extra></extra>",
             )
         )
     _layout(
         fig,
         esc(title),
         height=max(300, 60 + 24 * df.height),
-        xaxis_title="ms",
+        xaxis_title=unit,
         barmode="stack",
     )
     fig.update_yaxes(categoryorder="total ascending")
@@ -281,25 +292,29 @@ def kernels_figure(
 def host_ops_figure(df: pl.DataFrame, *, scope: str) -> go.Figure:
     """Top host ops by self time (duration minus nested events) over the stored ranks."""
     df = df.sort("self_ns")
+    div, unit = time_unit(float(df["self_ns"].max() or 0))  # type: ignore[arg-type]
     names = [esc(n, limit=200) for n in df["name"].to_list()]
     fig = go.Figure(
         go.Bar(
             orientation="h",
             y=[esc(n, limit=50) for n in df["name"].to_list()],
-            x=(df["self_ns"].cast(pl.Float64) / 1e6).to_numpy(),
+            x=(df["self_ns"].cast(pl.Float64) / div).to_numpy(),
             marker_color="#4c78a8",
             customdata=np.column_stack(
-                [names, df["calls"].to_numpy(), (df["total_ns"] / 1e6).to_numpy()]
+                [names, df["calls"].to_numpy(), (df["total_ns"] / div).to_numpy()]
             ),
-            hovertemplate="<b>%{customdata[0]}</b><br>self %{x:.3f} ms, inclusive"
-            " %{customdata[2]:.3f} ms<br>%{customdata[1]} calls<extra></extra>",
+            hovertemplate="<b>%{customdata[0]}</b><br>self %{x:.3g} "
+            + unit
+            + ", inclusive %{customdata[2]:.3g} "
+            + unit
+            + "<br>%{customdata[1]} calls<extra></extra>",
         )
     )
     _layout(
         fig,
         f"Top host ops by self time ({esc(scope)})",
         height=max(300, 60 + 24 * df.height),
-        xaxis_title="ms",
+        xaxis_title=unit,
     )
     return fig
 
@@ -342,6 +357,8 @@ def wait_heatmap(z: np.ndarray, ranks: list[str], instances: list[str]) -> go.Fi
 def iteration_figure(runs: list[tuple[str, pl.DataFrame]]) -> go.Figure:
     """Per iteration, the slowest rank's step time of each run (bars) and the mean (markers)."""
     fig = go.Figure()
+    top = max((float(df["max_ns"].max() or 0) for _, df in runs), default=0.0)  # type: ignore[arg-type]
+    div, unit = time_unit(top)
     colors = ["#4c78a8", "#f58518", "#54a24b", "#e45756"]
     for i, (name, df) in enumerate(runs):
         color = colors[i % len(colors)]
@@ -349,32 +366,32 @@ def iteration_figure(runs: list[tuple[str, pl.DataFrame]]) -> go.Figure:
         fig.add_trace(
             go.Bar(
                 x=x,
-                y=(df["max_ns"].cast(pl.Float64) / 1e6).to_numpy(),
+                y=(df["max_ns"].cast(pl.Float64) / div).to_numpy(),
                 name=f"{esc(name)} (max over ranks)",
                 marker_color=color,
                 offsetgroup=str(i),
                 customdata=np.column_stack(
                     [
-                        (df["min_ns"].cast(pl.Float64) / 1e6).to_numpy(),
-                        (df["mean_ns"] / 1e6).to_numpy(),
+                        (df["min_ns"].cast(pl.Float64) / div).to_numpy(),
+                        (df["mean_ns"] / div).to_numpy(),
                         df["slowest_rank"].to_numpy(),
                         df["ranks"].to_numpy(),
                     ]
                 ),
-                hovertemplate=f"{esc(name)} · iteration %{{x}}<br>max %{{y:.3f}} ms"
-                " (rank %{customdata[2]})<br>mean %{customdata[1]:.3f} ms, min"
-                " %{customdata[0]:.3f} ms<br>%{customdata[3]} ranks<extra></extra>",
+                hovertemplate=f"{esc(name)} · iteration %{{x}}<br>max %{{y:.3g}} {unit}"
+                f" (rank %{{customdata[2]}})<br>mean %{{customdata[1]:.3g}} {unit}, min"
+                f" %{{customdata[0]:.3g}} {unit}<br>%{{customdata[3]}} ranks<extra></extra>",
             )
         )
         fig.add_trace(
             go.Scatter(
                 x=x,
-                y=(df["mean_ns"] / 1e6).to_numpy(),
+                y=(df["mean_ns"] / div).to_numpy(),
                 mode="markers",
                 offsetgroup=str(i),
                 name=f"{esc(name)} (mean)",
                 marker={"color": color, "symbol": "diamond", "size": 9, "line": {"width": 1}},
-                hovertemplate=f"{esc(name)} mean %{{y:.3f}} ms<extra></extra>",
+                hovertemplate=f"{esc(name)} mean %{{y:.3g}} {unit}<extra></extra>",
             )
         )
     title = "Iteration time" + (" — " + " vs ".join(esc(n) for n, _ in runs) if runs else "")
@@ -384,7 +401,7 @@ def iteration_figure(runs: list[tuple[str, pl.DataFrame]]) -> go.Figure:
         barmode="group",
         scattermode="group",
         xaxis_title="iteration",
-        yaxis_title="ms",
+        yaxis_title=unit,
         legend={"orientation": "h", "y": -0.2},
     )
     fig.update_xaxes(type="category")
@@ -428,11 +445,13 @@ def memory_figure(series: pl.DataFrame, peaks: pl.DataFrame, t0: int) -> go.Figu
         )
     )
     top = peaks.row(0, named=True)
+    where = esc(top["label"], limit=40)
+    if top["label"] != f"rank {top['rank']}":
+        where += f", rank {top['rank']}"
     fig.add_annotation(
         x=(top["ts"] - t0) / div,
         y=top["bytes"] / 2**20,
-        text=f"peak {top['bytes'] / 2**20:.3g} MiB ({esc(top['label'], limit=40)},"
-        f" rank {top['rank']})",
+        text=f"peak {bytes_text(top['bytes'])} ({where} {esc(top['device'])})",
         showarrow=True,
         arrowhead=2,
         ay=-30,

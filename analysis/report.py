@@ -517,7 +517,11 @@ def write_report(
     t0 = _t0(store, run_id)
     timeline, total, drawn, n_groups = _timeline(store, run_id, t0, limits, notes)
     groups = {g.rank: g for g in data.lane_groups(store, run_id)}
-    scope = "class exemplars" if facts.classes else "all ranks"
+    scope = (
+        f"over {facts.world_size or facts.ranks} ranks, class exemplars weighted by class size"
+        if facts.classes
+        else "all ranks"
+    )
     sections = [
         timeline,
         _breakdown(store, run, groups, limits),
