@@ -171,3 +171,45 @@ def test_st_last_stage_is_the_straggler(shared_datasets: Path, tmp_path: Path) -
         t = temporal(s, "st")
         assert set(t["mode"]) == {"timeline"}
         assert (t["compute_pct"] > 30).all()
+
+
+@pytest.mark.shared_data
+def test_device_work_past_the_step_end_counts_to_its_step(
+    shared_datasets: Path, tmp_path: Path
+) -> None:
+    """A compute kernel launched in step 4 that runs 20 ms past the ProfilerStep end is not
+    clipped: step 4's window stretches to its end, step 5's starts there, and temporal's compute
+    equals the kernel breakdown's compute time."""
+    db = tmp_path / "h.duckdb"
+    with open_store(db) as s:
+        ingest(s, [shared_datasets / "hta-nccl-rank0"], run="hta", progress=False)
+        rid = s.require_run("hta")
+        end4, start5 = s.con.execute(
+            "SELECT max(ts + dur) FILTER (WHERE iteration = 4),"
+            " min(ts) FILTER (WHERE iteration = 5) FROM iteration WHERE run_id = $1",
+            [rid],
+        ).fetchall()[0]
+        before = temporal(s, "hta", by="iteration")
+        # the last compute kernel launched in step 4 now ends 20 ms past the step's end
+        (eid, ts) = s.con.execute(
+            "SELECT event_id, ts FROM event WHERE run_id = $1 AND category = 'kernel'"
+            " AND iteration = 4 AND NOT regexp_matches(name, '^nccl')"
+            " ORDER BY ts DESC LIMIT 1",
+            [rid],
+        ).fetchall()[0]
+        new_end = end4 + 20_000_000
+        s.con.execute(
+            "UPDATE event SET dur = $3 - ts WHERE run_id = $1 AND event_id = $2",
+            [rid, eid, new_end],
+        )
+        after = temporal(s, "hta", by="iteration")
+        w4 = after.filter(pl.col("iteration") == 4).row(0, named=True)
+        b4 = before.filter(pl.col("iteration") == 4).row(0, named=True)
+        assert w4["window_ns"] == new_end - (end4 - b4["window_ns"])  # stretched to the kernel
+        assert w4["compute_ns"] > b4["compute_ns"] + 19_000_000
+        w5 = after.filter(pl.col("iteration") == 5).row(0, named=True)
+        assert w5["window_ns"] < before.filter(pl.col("iteration") == 5)["window_ns"][0]
+        assert new_end > start5 > ts  # the kernel really runs into step 5's time
+        k = kernels(s, "hta", per_rank=True, iteration=4).filter(pl.col("kernel_type") == "compute")
+        # one compute stream: step 4's union of compute is the sum of its kernels
+        assert w4["compute_ns"] == k["total_ns"].sum()
