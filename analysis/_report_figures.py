@@ -65,10 +65,12 @@ _NAME_CHARS = 70
 
 
 def ms_text(ns: float | None) -> str:
-    """A duration in ms with 3 significant digits (``12.3 ms``, ``0.00412 ms``); ``-`` if none."""
+    """A duration in ms with 3 significant digits (``12.3 ms``, ``0.00412 ms``), whole ms from
+    1000 ms on (``2346 ms``, never ``2.35e+03``); ``-`` if none."""
     if ns is None:
         return "-"
-    return f"{ns / 1e6:.3g} ms"
+    ms = ns / 1e6
+    return f"{ms:.0f} ms" if abs(ms) >= 1000 else f"{ms:.3g} ms"
 
 
 def bytes_text(n: float) -> str:

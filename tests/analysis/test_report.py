@@ -119,6 +119,7 @@ def test_units_and_ms_text() -> None:
     assert time_unit(70e9) == (1e9, "s")
     assert ms_text(1234567) == "1.23 ms"
     assert ms_text(4120) == "0.00412 ms"
+    assert ms_text(2_345_600_000) == "2346 ms"
     assert ms_text(None) == "-"
 
 
@@ -178,6 +179,12 @@ def test_compare_and_caps(store: Store, tmp_path: Path) -> None:
     diff = text[text.index("Run diff</h2>") :]
     assert re.search(r"\d+ ops aligned \(node\)", diff[:2000])
     assert "<h3>Top contributors</h3>" in diff
+    # tables in ms with 3 significant digits, not raw ns with long decimals
+    tables = diff[: diff.index("</section>")]
+    assert "<th>shift (ms)</th>" in tables
+    assert "<th>dur_diff (ms)</th>" in tables
+    assert not re.search(r"<td>-?\d+\.\d{6,}</td>", tables)
+    assert "e+0" not in tables
 
 
 def test_unknown_run(store: Store, tmp_path: Path) -> None:
