@@ -12,7 +12,7 @@ import re
 from prism_trace.errors import PrismError
 from prism_trace.store import Store
 
-__all__ = ["check_selection", "describe_selection", "parse_ranks"]
+__all__ = ["check_selection", "describe_selection", "exemplar_hint", "parse_ranks"]
 
 _PART = re.compile(r"^\s*(\d+)\s*(?:(?:-|\.\.)\s*(\d+)\s*)?$")
 
@@ -117,3 +117,29 @@ def describe_selection(run: str, *, ranks: list[int] | None, iteration: int | No
     if ranks is not None:
         parts.append(f"ranks {_spans(sorted(ranks))}")
     return ", ".join(parts)
+
+
+def exemplar_hint(store: Store, run: str, ranks: list[int] | None) -> str:
+    """Why selected ranks of a sliced or emulated run have no rows: only class exemplars store
+    events. ``" (ranks 6 stand for class exemplar 0 ...)"``, or ``""`` when that is not it."""
+    if ranks is None:
+        return ""
+    run_id = store.require_run(run)
+    rows = store.con.execute(
+        "WITH ex AS (SELECT r.class_id, min(r.rank) AS exemplar FROM rank r"
+        "  WHERE r.run_id = $1 AND r.class_id IS NOT NULL"
+        "  AND EXISTS (SELECT 1 FROM event e WHERE e.run_id = r.run_id AND e.rank = r.rank)"
+        "  GROUP BY r.class_id)"
+        " SELECT DISTINCT ex.exemplar FROM rank r JOIN ex USING (class_id)"
+        " WHERE r.run_id = $1 AND list_contains($2, r.rank)"
+        " AND NOT EXISTS (SELECT 1 FROM event e WHERE e.run_id = r.run_id AND e.rank = r.rank)"
+        " ORDER BY 1",
+        [run_id, list(ranks)],
+    ).fetchall()
+    if not rows:
+        return ""
+    ex = _spans([r[0] for r in rows])
+    return (
+        f" (a sliced or emulated run stores events only for class exemplars: for these ranks,"
+        f" ask for rank {ex})"
+    )

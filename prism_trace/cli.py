@@ -251,6 +251,7 @@ def analyze_cmd(
     import polars as pl
 
     from prism_trace.analysis import analyze, describe_selection, parse_ranks
+    from prism_trace.analysis.selection import exemplar_hint
     from prism_trace.store import open_store
 
     ranks = None if ranks_text is None else parse_ranks(ranks_text)
@@ -266,11 +267,12 @@ def analyze_cmd(
             threshold_pct=threshold_pct,
             min_ns=min_ns,
         )
-    empty = [k for k, v in frames.items() if v.is_empty()]
+        empty = [k for k, v in frames.items() if v.is_empty()]
+        hint = exemplar_hint(store, run_name, ranks) if empty else ""
     if empty and not as_json:
         where = describe_selection(run_name, ranks=ranks, iteration=iteration)
         for name in empty:
-            why = _EMPTY_WHY.get(name if len(frames) > 1 else what, "")
+            why = hint or _EMPTY_WHY.get(name if len(frames) > 1 else what, "")
             click.echo(f"{name}: nothing for {where}{why}", err=True)
     if as_json:
         out: object = {k: _json_rows(v) for k, v in frames.items()}

@@ -213,3 +213,31 @@ def test_device_work_past_the_step_end_counts_to_its_step(
         k = kernels(s, "hta", per_rank=True, iteration=4).filter(pl.col("kernel_type") == "compute")
         # one compute stream: step 4's union of compute is the sum of its kernels
         assert w4["compute_ns"] == k["total_ns"].sum()
+
+
+def test_cli_points_at_the_class_exemplar(tmp_path: Path) -> None:
+    """Ranks of an emulated run that store no events: the one line names their exemplars."""
+    from prism_trace.parallel import ParallelLayout
+    from prism_trace.replay import emulate_run
+    from prism_trace.slicing import slice_run
+
+    sample = Path(__file__).resolve().parents[2] / "datasets" / "sample"
+    db = tmp_path / "e.duckdb"
+    with open_store(db) as s:
+        ingest(s, [sample], run="sample", progress=False)
+        layout = ParallelLayout.parse("tp=2,dp=8,pp=2")
+        slice_run(s, run="sample", layout=layout, world=32, out_run="s32")
+        emulate_run(s, run="s32", out_run="s32_emu")
+        stored = {
+            r[0]
+            for r in s.con.execute(
+                "SELECT DISTINCT rank FROM event e JOIN run USING (run_id)"
+                " WHERE run.name = 's32_emu'"
+            ).fetchall()
+        }
+    missing = next(r for r in range(32) if r not in stored)
+    res = CliRunner().invoke(
+        main, ["analyze", str(db), "temporal", "--run", "s32_emu", "--ranks", str(missing)]
+    )
+    assert res.exit_code == 0, res.output
+    assert "stores events only for class exemplars: for these ranks, ask for rank" in res.output
