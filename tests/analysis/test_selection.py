@@ -217,8 +217,9 @@ def test_device_work_past_the_step_end_counts_to_its_step(
 
 def test_cli_points_at_the_class_exemplar(tmp_path: Path) -> None:
     """Ranks of an emulated run that store no events: the one line names their exemplars."""
-    from prism_trace.parallel import ParallelLayout
     from prism_trace.replay import emulate_run
+
+    from prism_trace.parallel import ParallelLayout
     from prism_trace.slicing import slice_run
 
     sample = Path(__file__).resolve().parents[2] / "datasets" / "sample"
