@@ -73,18 +73,6 @@ SELECT call.*, prev.preceding_op
 FROM freed AS call
 LEFT JOIN prev USING (run_id, rank, group_id, seq, link);
 
--- One row per communication instance: its participants, first and last arrival, and whether it
--- is whole (collectives: `collective_instance.matched`; p2p: both sides recorded).
-CREATE VIEW _comm_instance AS
-SELECT a.run_id, a.group_id, a.seq, a.link, count(*) AS participants,
-       min(a.arrival_ts) AS first_arrival_ts, max(a.arrival_ts) AS last_arrival_ts,
-       CASE WHEN a.link = '' THEN coalesce(any_value(ci.matched), false)
-            ELSE count(*) = 2 END AS matched
-FROM _comm_arrival a
-LEFT JOIN collective_instance ci
-  ON a.link = '' AND ci.run_id = a.run_id AND ci.group_id = a.group_id AND ci.seq = a.seq
-GROUP BY a.run_id, a.group_id, a.seq, a.link;
-
 -- One row per rank and communication instance: when the rank arrived, how long it waited for
 -- the last participant, and whether it was the last (ties: the lowest rank).
 --
@@ -105,16 +93,28 @@ GROUP BY a.run_id, a.group_id, a.seq, a.link;
 -- @column matched         Whole: all group members present with one kind and one size (p2p: both sides).
 -- @column preceding_op    Longest host op of its thread between its previous communication call and this one.
 CREATE VIEW comm_collective_wait AS
+WITH a AS (
+    SELECT a.*,
+           min(a.arrival_ts) OVER inst AS first_arrival_ts,
+           max(a.arrival_ts) OVER inst AS last_arrival_ts,
+           count(*) OVER inst AS participants,
+           row_number() OVER (PARTITION BY a.run_id, a.group_id, a.seq, a.link
+                              ORDER BY a.arrival_ts DESC, a.rank) AS arrival_order
+    FROM _comm_arrival a
+    WINDOW inst AS (PARTITION BY a.run_id, a.group_id, a.seq, a.link)
+)
 SELECT a.run_id, a.group_id, a.seq, a.link, a.rank, a.kind, a.iteration, a.arrival_ts,
        a.kernel_ts IS NOT NULL AS on_device,
-       a.arrival_ts - i.first_arrival_ts AS lateness_ns,
-       i.last_arrival_ts - a.arrival_ts AS wait_ns, a.free_ns,
-       (i.participants > 1 AND row_number() OVER (
-           PARTITION BY a.run_id, a.group_id, a.seq, a.link ORDER BY a.arrival_ts DESC, a.rank)
-           = 1) AS is_last,
-       i.participants, i.matched, a.preceding_op
-FROM _comm_arrival a
-JOIN _comm_instance i USING (run_id, group_id, seq, link);
+       a.arrival_ts - a.first_arrival_ts AS lateness_ns,
+       a.last_arrival_ts - a.arrival_ts AS wait_ns, a.free_ns,
+       (a.participants > 1 AND a.arrival_order = 1) AS is_last,
+       a.participants,
+       CASE WHEN a.link = '' THEN coalesce(ci.matched, false) ELSE a.participants = 2 END
+           AS matched,
+       a.preceding_op
+FROM a
+LEFT JOIN collective_instance ci
+  ON a.link = '' AND ci.run_id = a.run_id AND ci.group_id = a.group_id AND ci.seq = a.seq;
 
 -- One row per communication instance: the arrival spread, the total wait it cost and who was
 -- last.
@@ -135,20 +135,26 @@ JOIN _comm_instance i USING (run_id, group_id, seq, link);
 -- @column last_rank       Rank that arrived last (NULL with one participant).
 -- @column last_preceding_op  Host op before the call on the last rank.
 CREATE VIEW comm_collective_skew AS
-SELECT w.run_id, w.group_id, w.seq, w.link, min(w.kind) AS kind, min(w.iteration) AS iteration,
-       any_value(w.participants) AS participants, bool_and(w.matched) AS matched,
-       max(w.arrival_ts) - min(w.arrival_ts) AS arrival_spread_ns,
-       max(a.host_ts) - min(a.host_ts) AS host_spread_ns,
-       max(a.kernel_ts) - min(a.kernel_ts) AS kernel_spread_ns,
-       sum(w.wait_ns)::BIGINT AS total_wait_ns,
-       sum(least(w.wait_ns, l.free_ns))::BIGINT AS blamed_wait_ns,
-       any_value(w.rank) FILTER (WHERE w.is_last) AS last_rank,
-       any_value(w.preceding_op) FILTER (WHERE w.is_last) AS last_preceding_op
-FROM comm_collective_wait w
-JOIN _comm_arrival a USING (run_id, group_id, seq, link, rank)
-LEFT JOIN (SELECT run_id, group_id, seq, link, free_ns FROM comm_collective_wait WHERE is_last) l
-    USING (run_id, group_id, seq, link)
-GROUP BY w.run_id, w.group_id, w.seq, w.link;
+WITH w AS MATERIALIZED (
+    SELECT w.*, a.host_ts, a.kernel_ts
+    FROM comm_collective_wait w
+    JOIN _comm_arrival a USING (run_id, group_id, seq, link, rank)
+)
+SELECT run_id, group_id, seq, link, min(kind) AS kind, min(iteration) AS iteration,
+       any_value(participants) AS participants, bool_and(matched) AS matched,
+       max(arrival_ts) - min(arrival_ts) AS arrival_spread_ns,
+       max(host_ts) - min(host_ts) AS host_spread_ns,
+       max(kernel_ts) - min(kernel_ts) AS kernel_spread_ns,
+       sum(wait_ns)::BIGINT AS total_wait_ns,
+       sum(least(wait_ns, last_free_ns))::BIGINT AS blamed_wait_ns,
+       any_value(rank) FILTER (WHERE is_last) AS last_rank,
+       any_value(preceding_op) FILTER (WHERE is_last) AS last_preceding_op
+FROM (
+    SELECT *, max(free_ns) FILTER (WHERE is_last) OVER (PARTITION BY run_id, group_id, seq, link)
+              AS last_free_ns
+    FROM w
+)
+GROUP BY run_id, group_id, seq, link;
 
 -- Late arrivals attributed to the host op that preceded them, per rank; `it` keeps only the
 -- calls of that iteration (NULL: all).
@@ -159,10 +165,19 @@ GROUP BY w.run_id, w.group_id, w.seq, w.link;
 -- @column times_last      Instances it reached last after this op.
 -- @column caused_wait_ns  Others' wait on those instances that its own work caused (`blamed_wait_ns`), ns.
 CREATE MACRO comm_straggler_op_at(it := NULL) AS TABLE
+WITH w AS MATERIALIZED (
+    SELECT *, max(free_ns) FILTER (WHERE is_last) OVER (PARTITION BY run_id, group_id, seq, link)
+              AS last_free_ns
+    FROM comm_collective_wait
+),
+blame AS (
+    SELECT run_id, group_id, seq, link, sum(least(wait_ns, last_free_ns))::BIGINT AS blamed
+    FROM w GROUP BY ALL
+)
 SELECT w.run_id, w.rank, coalesce(w.preceding_op, '(none)') AS preceding_op,
-       count(*) AS times_last, sum(s.blamed_wait_ns)::BIGINT AS caused_wait_ns
-FROM comm_collective_wait w
-JOIN comm_collective_skew s USING (run_id, group_id, seq, link)
+       count(*) AS times_last, sum(b.blamed)::BIGINT AS caused_wait_ns
+FROM w
+JOIN blame b USING (run_id, group_id, seq, link)
 WHERE w.is_last AND (it IS NULL OR w.iteration = it)
 GROUP BY w.run_id, w.rank, coalesce(w.preceding_op, '(none)')
 ORDER BY w.run_id, caused_wait_ns DESC;
@@ -197,21 +212,36 @@ SELECT * FROM comm_straggler_op_at();
 -- @column mean_wait_ns    Its mean wait per call, ns.
 -- @column top_preceding_op  Host op before its late arrivals that cost the most waiting.
 CREATE MACRO comm_straggler_at(it := NULL) AS TABLE
-WITH r AS (
-    SELECT w.run_id, w.rank, count(*) AS calls,
-           count(*) FILTER (WHERE w.is_last) AS times_last,
-           count(*) FILTER (WHERE w.participants > 1) AS multi_calls,
-           coalesce(sum(s.blamed_wait_ns) FILTER (WHERE w.is_last), 0)::BIGINT AS caused_wait_ns,
-           coalesce(sum(s.total_wait_ns) FILTER (WHERE w.is_last), 0)::BIGINT AS last_wait_ns,
-           sum(w.wait_ns)::BIGINT AS wait_ns, avg(w.wait_ns) AS mean_wait_ns
-    FROM comm_collective_wait w
-    JOIN comm_collective_skew s USING (run_id, group_id, seq, link)
+WITH w AS MATERIALIZED (
+    SELECT *, max(free_ns) FILTER (WHERE is_last) OVER (PARTITION BY run_id, group_id, seq, link)
+              AS last_free_ns
+    FROM comm_collective_wait
+),
+inst AS (
+    SELECT run_id, group_id, seq, link, sum(wait_ns)::BIGINT AS total_wait_ns,
+           sum(least(wait_ns, last_free_ns))::BIGINT AS blamed_wait_ns
+    FROM w GROUP BY ALL
+),
+sel AS (
+    SELECT w.*, i.total_wait_ns, i.blamed_wait_ns
+    FROM w JOIN inst i USING (run_id, group_id, seq, link)
     WHERE it IS NULL OR w.iteration = it
-    GROUP BY w.run_id, w.rank
+),
+r AS (
+    SELECT run_id, rank, count(*) AS calls,
+           count(*) FILTER (WHERE is_last) AS times_last,
+           count(*) FILTER (WHERE participants > 1) AS multi_calls,
+           coalesce(sum(blamed_wait_ns) FILTER (WHERE is_last), 0)::BIGINT AS caused_wait_ns,
+           coalesce(sum(total_wait_ns) FILTER (WHERE is_last), 0)::BIGINT AS last_wait_ns,
+           sum(wait_ns)::BIGINT AS wait_ns, avg(wait_ns) AS mean_wait_ns
+    FROM sel
+    GROUP BY run_id, rank
 ),
 op AS (
-    SELECT run_id, rank, arg_max(preceding_op, caused_wait_ns) AS top_preceding_op
-    FROM comm_straggler_op_at(it := it)
+    SELECT run_id, rank, arg_max(preceding_op, caused) AS top_preceding_op
+    FROM (SELECT run_id, rank, coalesce(preceding_op, '(none)') AS preceding_op,
+                 sum(blamed_wait_ns) AS caused
+          FROM sel WHERE is_last GROUP BY ALL)
     GROUP BY run_id, rank
 )
 SELECT r.run_id, r.rank,
