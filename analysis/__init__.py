@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import polars as pl
-from prism_trace.analysis.breakdown import idle, kernels, overlap, temporal
+from prism_trace.analysis.breakdown import WINDOWS, Window, idle, kernels, overlap, temporal
 from prism_trace.analysis.bubbles import bubble_summary, bubbles
 from prism_trace.analysis.critical_path import (
     critical_path,
@@ -18,6 +18,7 @@ from prism_trace.analysis.critical_path import (
     critical_path_summary,
 )
 from prism_trace.analysis.diff import RunDiff, run_diff
+from prism_trace.analysis.selection import check_selection, describe_selection
 from prism_trace.analysis.stragglers import collective_skew, collective_waits, skew, straggler_ops
 from prism_trace.analysis.views import load_views
 
@@ -28,16 +29,20 @@ __all__ = [
     "ANALYSES",
     "COMPARISONS",
     "GRAPH_ANALYSES",
+    "WINDOWS",
     "WORDS",
     "RunDiff",
+    "Window",
     "analyze",
     "bubble_summary",
     "bubbles",
+    "check_selection",
     "collective_skew",
     "collective_waits",
     "critical_path",
     "critical_path_shares",
     "critical_path_summary",
+    "describe_selection",
     "idle",
     "kernels",
     "load_views",
@@ -73,6 +78,16 @@ WORDS: tuple[str, ...] = (*ANALYSES, *GRAPH_ANALYSES, *COMPARISONS)
 """Every `prism analyze` word."""
 
 
+def _by_ranks(frames: dict[str, pl.DataFrame], ranks: list[int] | None) -> dict[str, pl.DataFrame]:
+    """Keep only the rows of ``ranks`` in frames that have a ``rank`` column."""
+    if ranks is None:
+        return frames
+    return {
+        k: v.filter(pl.col("rank").is_in(ranks)) if "rank" in v.columns else v
+        for k, v in frames.items()
+    }
+
+
 def analyze(
     store: Store,
     what: str,
@@ -80,6 +95,8 @@ def analyze(
     *,
     compare: str | None = None,
     iteration: int | None = None,
+    ranks: list[int] | None = None,
+    window: Window = "step",
     threshold_pct: float = 1.0,
     min_ns: int = 0,
 ) -> dict[str, pl.DataFrame]:
@@ -90,7 +107,10 @@ def analyze(
         what: one of ``WORDS``.
         run: the run (for ``diff``: the reference, ``a``).
         compare: the other run of a comparison (``b``).
-        iteration: only this iteration (bubbles, critical path, diff).
+        iteration: only this iteration.
+        ranks: only these ranks (frames with a ``rank`` column; per-stage or per-iteration
+            summaries are not per rank and stay whole).
+        window: the breakdowns' window semantics, ``step`` or ``hta`` (docs/analysis.md).
         threshold_pct: divergence threshold of ``diff`` (% of the rank's iteration).
         min_ns: shortest bubble counted.
 
@@ -98,30 +118,40 @@ def analyze(
         One frame named ``what``, or a comparison's sections.
 
     Raises:
-        PrismError: unknown word, a comparison without ``compare``, or what the analysis raises.
+        PrismError: unknown word, a comparison without ``compare``, a selection that names no
+            rank or iteration of the run, or what the analysis raises.
     """
+    if what not in WORDS:
+        msg = f"unknown analysis {what!r}; one of {', '.join(WORDS)}"
+        raise PrismError(msg)
+    check_selection(store, run, ranks=ranks, iteration=iteration)
     if what in COMPARISONS:
         if compare is None:
             msg = f"`{what}` compares two runs: give the other with --compare"
             raise PrismError(msg)
+        check_selection(store, compare, ranks=ranks, iteration=iteration)
         diff = COMPARISONS[what](
             store, run, compare, threshold_pct=threshold_pct, iteration=iteration
         )
-        return diff.frames()
+        return _by_ranks(diff.frames(), ranks)
+    sel = {"iteration": iteration, "ranks": ranks}
+    if what in ("temporal", "overlap", "kernels", "idle"):
+        fn = {"temporal": temporal, "overlap": overlap, "kernels": kernels, "idle": idle}[what]
+        return {what: fn(store, run, window=window, **sel)}  # type: ignore[operator]
+    if what == "skew":
+        return {what: skew(store, run, **sel)}
     if what == "bubbles":
         return {what: bubble_summary(store, run, iteration=iteration, min_ns=min_ns)}
     if what == "bubble-windows":
-        return {what: bubbles(store, run, iteration=iteration, min_ns=min_ns)}
+        return _by_ranks({what: bubbles(store, run, iteration=iteration, min_ns=min_ns)}, ranks)
     if what == "critical-path":
-        return {
-            "summary": critical_path_summary(store, run, iteration=iteration),
-            "ranks": critical_path_shares(store, run, by="rank", iteration=iteration),
-            "kinds": critical_path_shares(store, run, by="kind", iteration=iteration),
-            "path": critical_path(store, run, iteration=iteration),
-        }
-    if what == "critical-path-summary":
-        return {what: critical_path_summary(store, run, iteration=iteration)}
-    if what not in ANALYSES:
-        msg = f"unknown analysis {what!r}; one of {', '.join(WORDS)}"
-        raise PrismError(msg)
-    return {what: ANALYSES[what](store, run)}
+        return _by_ranks(
+            {
+                "summary": critical_path_summary(store, run, iteration=iteration),
+                "ranks": critical_path_shares(store, run, by="rank", iteration=iteration),
+                "kinds": critical_path_shares(store, run, by="kind", iteration=iteration),
+                "path": critical_path(store, run, iteration=iteration),
+            },
+            ranks,
+        )
+    return {what: critical_path_summary(store, run, iteration=iteration)}

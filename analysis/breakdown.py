@@ -1,7 +1,9 @@
 """Where each rank's time goes: temporal, kernel, overlap and idle breakdowns (HTA parity).
 
 Thin polars shells over the views of ``analysis/sql/breakdown.sql``; the definitions live there
-and in docs/analysis.md.
+and in docs/analysis.md. Every function takes the same selection: ``window`` (``"step"``,
+prism's default: device work launched in a step counts to that step; ``"hta"``: HTA's one window
+per rank over the ops it keeps), ``iteration`` and ``ranks``.
 """
 
 from __future__ import annotations
@@ -11,34 +13,82 @@ from typing import Literal
 import polars as pl
 from prism_trace.analysis.views import run_view
 
+from prism_trace.errors import PrismError
 from prism_trace.store import Store
 
-__all__ = ["idle", "kernels", "overlap", "temporal"]
+__all__ = ["WINDOWS", "Window", "idle", "kernels", "overlap", "temporal"]
+
+Window = Literal["step", "hta"]
+WINDOWS: tuple[str, ...] = ("step", "hta")
+"""The window semantics (docs/analysis.md, "Windows")."""
+
+_PARTS = ("compute", "comm", "memory", "other", "idle")
 
 
-def temporal(store: Store, run: str, *, by: Literal["rank", "iteration"] = "rank") -> pl.DataFrame:
+def _check_window(window: str, iteration: int | None) -> None:
+    if window not in WINDOWS:
+        msg = f"unknown window {window!r}; one of {', '.join(WINDOWS)}"
+        raise PrismError(msg)
+    if window == "hta" and iteration is not None:
+        msg = "--window hta is HTA's one window per rank over all kept steps: no --iteration"
+        raise PrismError(msg)
+
+
+def temporal(
+    store: Store,
+    run: str,
+    *,
+    by: Literal["rank", "iteration"] = "rank",
+    window: Window = "step",
+    iteration: int | None = None,
+    ranks: list[int] | None = None,
+) -> pl.DataFrame:
     """Temporal breakdown: compute, communication, memory, other and idle time of each rank.
 
-    Every instant of each iteration window goes to exactly one part (see docs/analysis.md), so
-    the five ``*_pct`` columns of a row sum to 100.
+    Every instant of each window goes to exactly one part (see docs/analysis.md), so the five
+    ``*_pct`` columns of a row sum to 100.
 
     Args:
         store: an open store.
         run: the run's name.
         by: one row per rank (windows summed), or per rank and iteration.
+        window: ``step`` (per iteration; device work counts to the step that launched it) or
+            ``hta`` (HTA's single window per rank; ``by`` is then ignored).
+        iteration: only this iteration (one row per rank).
+        ranks: only these ranks.
 
     Returns:
-        ``breakdown_temporal`` or ``breakdown_temporal_iteration`` rows of the run.
+        ``breakdown_temporal``, ``breakdown_temporal_iteration`` or ``breakdown_temporal_hta``
+        rows of the run.
 
     Raises:
-        PrismError: no run of that name.
+        PrismError: no run of that name, or ``window="hta"`` with an iteration.
     """
-    if by == "iteration":
-        return run_view(store, "breakdown_temporal_iteration", run, order_by="rank, iteration")
-    return run_view(store, "breakdown_temporal", run, order_by="rank")
+    _check_window(window, iteration)
+    if window == "hta":
+        return run_view(store, "breakdown_temporal_hta", run, order_by="rank", ranks=ranks)
+    if by == "iteration" or iteration is not None:
+        return run_view(
+            store,
+            "breakdown_temporal_iteration",
+            run,
+            order_by="rank, iteration",
+            ranks=ranks,
+            iteration=iteration,
+        )
+    return run_view(store, "breakdown_temporal", run, order_by="rank", ranks=ranks)
 
 
-def kernels(store: Store, run: str, *, top_k: int = 10, per_rank: bool = False) -> pl.DataFrame:
+def kernels(
+    store: Store,
+    run: str,
+    *,
+    top_k: int = 10,
+    per_rank: bool = False,
+    window: Window = "step",
+    iteration: int | None = None,
+    ranks: list[int] | None = None,
+) -> pl.DataFrame:
     """Kernel breakdown: the top ``top_k`` kernels of each kernel type by total time.
 
     Args:
@@ -46,19 +96,34 @@ def kernels(store: Store, run: str, *, top_k: int = 10, per_rank: bool = False) 
         run: the run's name.
         top_k: kernels kept per kernel type; the rest are summed into one ``others`` row per type
             (whose spread columns are null).
-        per_rank: return ``breakdown_kernel_rank`` (every kernel on every rank) instead.
+        per_rank: return every kernel on every rank (``breakdown_kernel_rank_at``) instead.
+        window: ``step`` counts the ops launched in a step, ``hta`` those HTA keeps.
+        iteration: only the ops launched in this iteration.
+        ranks: only these ranks.
 
     Returns:
-        ``breakdown_kernel`` rows of the run, largest first within each kernel type.
+        ``breakdown_kernel_at`` rows of the run, largest first within each kernel type.
 
     Raises:
-        PrismError: no run of that name.
+        PrismError: no run of that name, or ``window="hta"`` with an iteration.
     """
+    _check_window(window, iteration)
     if per_rank:
         return run_view(
-            store, "breakdown_kernel_rank", run, order_by="kernel_type, total_ns DESC, name, rank"
+            store,
+            "breakdown_kernel_rank_at(window_kind := ?, it := ?)",
+            run,
+            order_by="kernel_type, total_ns DESC, name, rank",
+            params=[window, iteration],
+            ranks=ranks,
         )
-    df = run_view(store, "breakdown_kernel", run, order_by="kernel_type, type_rank")
+    df = run_view(
+        store,
+        "breakdown_kernel_at(window_kind := ?, it := ?, rank_list := ?::INTEGER[])",
+        run,
+        order_by="kernel_type, type_rank",
+        params=[window, iteration, ranks],
+    )
     rest = df.filter(pl.col("type_rank") > top_k)
     if rest.is_empty():
         return df
@@ -78,29 +143,59 @@ def kernels(store: Store, run: str, *, top_k: int = 10, per_rank: bool = False) 
     return pl.concat([kept, others], how="diagonal_relaxed").sort("kernel_type", "type_rank")
 
 
-def overlap(store: Store, run: str, *, by: Literal["rank", "iteration"] = "rank") -> pl.DataFrame:
+def overlap(
+    store: Store,
+    run: str,
+    *,
+    by: Literal["rank", "iteration"] = "rank",
+    window: Window = "step",
+    iteration: int | None = None,
+    ranks: list[int] | None = None,
+) -> pl.DataFrame:
     """Communication/computation overlap: the share of communication time hidden by computation.
 
     Args:
         store: an open store.
         run: the run's name.
         by: one row per rank (windows summed), or per rank and iteration.
+        window: ``step`` or ``hta`` (as `temporal`).
+        iteration: only this iteration (one row per rank).
+        ranks: only these ranks.
 
     Returns:
-        ``breakdown_overlap`` or ``breakdown_overlap_iteration`` rows of the run.
+        ``breakdown_overlap``, ``breakdown_overlap_iteration`` or ``breakdown_overlap_hta``
+        rows of the run.
 
     Raises:
-        PrismError: no run of that name.
+        PrismError: no run of that name, or ``window="hta"`` with an iteration.
     """
-    if by == "iteration":
-        return run_view(store, "breakdown_overlap_iteration", run, order_by="rank, iteration")
-    return run_view(store, "breakdown_overlap", run, order_by="rank")
+    _check_window(window, iteration)
+    if window == "hta":
+        return run_view(store, "breakdown_overlap_hta", run, order_by="rank", ranks=ranks)
+    if by == "iteration" or iteration is not None:
+        return run_view(
+            store,
+            "breakdown_overlap_iteration",
+            run,
+            order_by="rank, iteration",
+            ranks=ranks,
+            iteration=iteration,
+        )
+    return run_view(store, "breakdown_overlap", run, order_by="rank", ranks=ranks)
 
 
-def idle(store: Store, run: str, *, consecutive_kernel_delay: int = 30_000) -> pl.DataFrame:
+def idle(
+    store: Store,
+    run: str,
+    *,
+    consecutive_kernel_delay: int = 30_000,
+    window: Window = "step",
+    iteration: int | None = None,
+    ranks: list[int] | None = None,
+) -> pl.DataFrame:
     """Idle-time breakdown per rank and stream: host_wait, kernel_wait and other (as HTA).
 
-    Ranks without device ops (CPU-only runs) have no streams and no rows.
+    Ranks without device ops (CPU-only runs, op timelines) have no streams and no rows.
 
     Args:
         store: an open store.
@@ -108,12 +203,23 @@ def idle(store: Store, run: str, *, consecutive_kernel_delay: int = 30_000) -> p
         consecutive_kernel_delay: gaps shorter than this many ns between back-to-back kernels
             that were launched in time count as ``kernel_wait``. HTA's default is 30 in its
             trace unit (µs), i.e. 30000 ns.
+        window: ``step`` counts the ops launched in a step, ``hta`` those HTA keeps.
+        iteration: only the ops launched in this iteration.
+        ranks: only these ranks.
 
     Returns:
-        ``breakdown_idle_at(consecutive_kernel_delay)`` rows of the run.
+        ``breakdown_idle_at(consecutive_kernel_delay, window_kind, it)`` rows of the run.
 
     Raises:
-        PrismError: no run of that name.
+        PrismError: no run of that name, or ``window="hta"`` with an iteration.
     """
-    source = f"breakdown_idle_at({int(consecutive_kernel_delay)})"
-    return run_view(store, source, run, order_by="rank, stream, idle_category")
+    _check_window(window, iteration)
+    source = f"breakdown_idle_at({int(consecutive_kernel_delay)}, window_kind := ?, it := ?)"
+    return run_view(
+        store,
+        source,
+        run,
+        order_by="rank, stream, idle_category",
+        params=[window, iteration],
+        ranks=ranks,
+    )

@@ -129,7 +129,7 @@ def _timeline(
     store: Store, run_id: int, t0: int, limits: ReportLimits, notes: list[str]
 ) -> tuple[_Section, int, int, int]:
     groups_all = data.lane_groups(store, run_id)
-    groups = groups_all[: limits.timeline_groups]
+    groups = data.sample_groups(store, run_id, groups_all, limits.timeline_groups)
     sec = _Section(
         "timeline",
         "Timeline",
@@ -141,9 +141,11 @@ def _timeline(
         sec.html = "<p class='what'>No timed events in this run.</p>"
         return sec, 0, 0, 0
     if len(groups_all) > len(groups):
-        omitted = groups_all[len(groups) :]
+        drawn = {g.rank for g in groups}
+        omitted = [g for g in groups_all if g.rank not in drawn]
         notes.append(
-            f"timeline: {len(groups)} of {len(groups_all)} lane groups drawn; omitted "
+            f"timeline: {len(groups)} of {len(groups_all)} lane groups drawn, spread over the"
+            " stages and ranks; omitted "
             + ", ".join(g.label for g in omitted[:8])
             + (" ..." if len(omitted) > 8 else "")
         )
@@ -159,7 +161,8 @@ def _timeline(
     if events.height < total:
         notes.append(
             f"timeline: {events.height} of {total} events drawn (per rank at most {per_rank},"
-            " shallowest first, then longest)"
+            " shared among its lanes so that every lane keeps events; shallowest first, then"
+            " longest)"
         )
     tracks = data.timeline_tracks(store, run_id, ranks)
     sec.figs = [figs.timeline_figure(groups, tracks, events, t0)]
@@ -189,18 +192,65 @@ def _breakdown(
     return sec
 
 
-def _top_ops(store: Store, run: str, run_id: int, limits: ReportLimits, scope: str) -> _Section:
+def _weighted_kernels(
+    store: Store, run: str, groups: dict[int, data.LaneGroup], top: int
+) -> tuple[pl.DataFrame, int]:
+    """Kernel totals over the whole job: each stored rank's kernels weighted by the ranks it
+    stands for (its class size; 1 for a rank without a class), the ``top`` largest.
+
+    Returns:
+        ``kernel_type, name, calls, total_ns`` largest first, and the ranks represented.
+    """
+    per_rank = kernels(store, run, per_rank=True)
+    if per_rank.is_empty():
+        return per_rank, 0
+    weight = pl.DataFrame(
+        {
+            "rank": list(groups),
+            "weight": [len(g.members) if g.is_class else 1 for g in groups.values()],
+        },
+        schema={"rank": per_rank.schema["rank"], "weight": pl.Int64},
+    )
+    df = per_rank.join(weight, on="rank", how="left").with_columns(pl.col("weight").fill_null(1))
+    represented = int(df.group_by("rank").agg(pl.col("weight").first())["weight"].sum())
+    out = (
+        df.group_by("kernel_type", "name")
+        .agg(
+            (pl.col("calls") * pl.col("weight")).sum().alias("calls"),
+            (pl.col("total_ns") * pl.col("weight")).sum().alias("total_ns"),
+        )
+        .sort("total_ns", "name", descending=[True, False])
+        .head(top)
+    )
+    return out, represented
+
+
+def _top_ops(
+    store: Store,
+    run: str,
+    run_id: int,
+    groups: dict[int, data.LaneGroup],
+    limits: ReportLimits,
+    scope: str,
+) -> _Section:
     sec = _Section(
         "ops",
         "Top kernels and ops",
-        "Device kernels by total time (analysis.kernels), and host ops by self time (their"
-        " duration minus the events nested in them).",
+        "Device kernels by total time over the job (analysis.kernels; a class exemplar counts"
+        " once per rank of its class), and host ops by self time (their duration minus the"
+        " events nested in them).",
     )
     parts: list[go.Figure] = []
-    kdf = kernels(store, run, top_k=limits.top_ops)
-    kdf = kdf.filter(pl.col("name") != "others").sort("total_ns", descending=True)
+    kdf, represented = _weighted_kernels(store, run, groups, limits.top_ops)
     if kdf.height:
-        parts.append(figs.kernels_figure(kdf.head(limits.top_ops)))
+        weighted = any(g.is_class for g in groups.values())
+        title = (
+            f"Top device kernels (total time over {represented} ranks, class exemplars weighted"
+            " by class size)"
+            if weighted
+            else "Top device kernels (total time over all ranks)"
+        )
+        parts.append(figs.kernels_figure(kdf, title=title))
     hdf = data.host_ops(store, run_id, top=limits.top_ops)
     if hdf.height:
         parts.append(figs.host_ops_figure(hdf, scope=scope))
@@ -221,17 +271,20 @@ def _waits(
     sec = _Section(
         "waits",
         "Collective waits",
-        "For every collective instance (group, sequence number) and participant, the time it"
-        " waited for the last rank to arrive (analysis.collective_waits, host arrivals).",
+        "For every communication instance (collective: group and sequence number; p2p: also"
+        " the link) and participant, the time it waited for the last rank to arrive"
+        " (analysis.collective_waits; an arrival is the kernel's start when there is one). A"
+        " sliced or emulated run has one row per class.",
     )
     df = collective_waits(store, run)
     if df.is_empty():
         sec.html = "<p class='what'>No collectives.</p>"
         return sec
+    keys = ["group_id", "seq", "link"]
     inst = (
-        df.group_by("group_id", "seq")
+        df.group_by(keys)
         .agg(pl.col("kind").first(), pl.col("wait_ns").sum().alias("total"))
-        .sort("group_id", "seq")
+        .sort(keys)
     )
     ranks = sorted(set(df["rank"].to_list()))
     max_inst = max(limits.heatmap_cells // max(len(ranks), 1), 1)
@@ -239,9 +292,9 @@ def _waits(
         notes.append(
             f"collective waits: {max_inst} of {inst.height} instances shown (largest total wait)"
         )
-        inst = inst.sort("total", descending=True).head(max_inst).sort("group_id", "seq")
+        inst = inst.sort("total", descending=True).head(max_inst).sort(keys)
     inst = inst.with_row_index("col")
-    cells = df.join(inst.select("group_id", "seq", "col"), on=["group_id", "seq"])
+    cells = df.join(inst.select(*keys, "col"), on=keys)
     row_of = {r: i for i, r in enumerate(ranks)}
     z = np.full((len(ranks), inst.height), np.nan)
     z[
@@ -249,13 +302,15 @@ def _waits(
         cells["col"].to_numpy().astype(np.int64),
     ] = cells["wait_ns"].cast(pl.Float64).to_numpy() / 1e3
     labels = [
-        f"g{g}#{s} {figs.esc(k)}"
-        for g, s, k in zip(inst["group_id"], inst["seq"], inst["kind"], strict=True)
+        f"g{g}#{s}{' ' + figs.esc(lk) if lk else ''} {figs.esc(k)}"
+        for g, s, lk, k in zip(
+            inst["group_id"], inst["seq"], inst["link"], inst["kind"], strict=True
+        )
     ]
 
     def rank_label(r: int) -> str:
         g = groups.get(r)
-        return f"r{r} (class {g.key})" if g is not None and g.is_class else f"r{r}"
+        return figs.esc(g.label, limit=60) if g is not None and g.is_class else f"rank {r}"
 
     sec.figs = [figs.wait_heatmap(z, [rank_label(r) for r in ranks], labels)]
     return sec
@@ -295,8 +350,8 @@ def _iterations(
             a, b = r["max_ns"], r["max_ns_b"]
             err = (b - a) / a * 100 if a else float("nan")
             rows.append(
-                f"<tr><td>{r['iteration']}</td><td>{a / 1e6:.3f}</td><td>{b / 1e6:.3f}</td>"
-                f"<td>{err:+.2f} %</td></tr>"
+                f"<tr><td>{r['iteration']}</td><td>{a / 1e6:.3g}</td><td>{b / 1e6:.3g}</td>"
+                f"<td>{err:+.3g} %</td></tr>"
             )
         if rows:
             sec.html = (
@@ -310,11 +365,22 @@ def _iterations(
 
 
 def _frame_table(df: pl.DataFrame, columns: list[str], max_rows: int = 10) -> str:
-    """A small HTML table of ``columns`` of ``df``, every cell escaped."""
+    """A small HTML table of ``columns`` of ``df``, every cell escaped; ``*_ns`` columns are
+    shown in ms with 3 significant digits."""
     cols = [c for c in columns if c in df.columns]
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    head = "".join(
+        f"<th>{html.escape(c[:-3] + ' (ms)' if c.endswith('_ns') else c)}</th>" for c in cols
+    )
+
+    def cell(col: str, v: object) -> str:
+        if col.endswith("_ns") and isinstance(v, int | float):
+            return figs.ms_text(float(v)).removesuffix(" ms")
+        return str(v)
+
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+        "<tr>"
+        + "".join(f"<td>{html.escape(cell(c, v))}</td>" for c, v in zip(cols, row, strict=True))
+        + "</tr>"
         for row in df.select(cols).head(max_rows).iter_rows()
     )
     return f"<table class='facts'><tr>{head}</tr>{body}</table>"
@@ -350,21 +416,47 @@ def _diff(store: Store, other: str, run: str, notes: list[str]) -> _Section:
     return sec
 
 
-def _memory(store: Store, run_id: int, t0: int, limits: ReportLimits, notes: list[str]) -> _Section:
+def _memory(
+    store: Store,
+    run_id: int,
+    t0: int,
+    groups: dict[int, data.LaneGroup],
+    limits: ReportLimits,
+    notes: list[str],
+) -> _Section:
     sec = _Section(
         "memory",
         "Memory",
-        "Allocated bytes over time per rank and device (from the allocator events), the peak of"
-        " each line marked.",
+        "Allocated bytes over time per rank (or class) and device, the peak of each line"
+        " marked: from the allocator events, or, for ranks recorded without them, derived from"
+        " the host execution trace's tensors (replay.et_memory).",
     )
+    source, derived = data.memory_source(store, run_id, sorted(groups)[: limits.memory_lines])
+    if source == "none":
+        sec.html = "<p class='what'>No allocator events and no host ET in this run.</p>"
+        return sec
     series, peaks, lines = data.memory_series(
-        store, run_id, max_lines=limits.memory_lines, points=limits.memory_points
+        store, run_id, max_lines=limits.memory_lines, points=limits.memory_points, derived=derived
     )
     if peaks.is_empty():
         sec.html = "<p class='what'>No allocator events in this run.</p>"
         return sec
+    if source == "host ET":
+        notes.append("memory: derived from the host execution trace (no allocator events)")
     if lines > peaks.height:
-        notes.append(f"memory: {peaks.height} of {lines} (rank, device) lines shown (top peaks)")
+        notes.append(f"memory: {peaks.height} of {lines} (rank or class, device) lines shown")
+
+    class_label = {g.key: g.label for g in groups.values() if g.is_class}
+    peaks = peaks.with_columns(
+        pl.Series(
+            "label",
+            [
+                class_label.get(g, f"class {g}") if c else f"rank {g}"
+                for g, c in zip(peaks["grp"], peaks["is_class"], strict=True)
+            ],
+            dtype=pl.Utf8,
+        )
+    )
     sec.figs = [figs.memory_figure(series, peaks, t0)]
     return sec
 
@@ -425,18 +517,22 @@ def write_report(
     t0 = _t0(store, run_id)
     timeline, total, drawn, n_groups = _timeline(store, run_id, t0, limits, notes)
     groups = {g.rank: g for g in data.lane_groups(store, run_id)}
-    scope = "class exemplars" if facts.classes else "all ranks"
+    scope = (
+        f"over {facts.world_size or facts.ranks} ranks, class exemplars weighted by class size"
+        if facts.classes
+        else "all ranks"
+    )
     sections = [
         timeline,
         _breakdown(store, run, groups, limits),
-        _top_ops(store, run, run_id, limits, scope),
+        _top_ops(store, run, run_id, groups, limits, scope),
         _waits(store, run, groups, limits, notes),
     ]
     it_sec, other = _iterations(store, facts, compare, notes)
     sections.append(it_sec)
     if other is not None:
         sections.append(_diff(store, other, run, notes))
-    sections.append(_memory(store, run_id, t0, limits, notes))
+    sections.append(_memory(store, run_id, t0, groups, limits, notes))
     page = _render(facts, other, sections, notes)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,7 +1,7 @@
 """Collective skew across ranks: arrival spread, per-rank waits and the straggler ranking.
 
 Thin polars shells over the views of ``analysis/sql/comm.sql``; the definitions live there and
-in docs/analysis.md.
+in docs/analysis.md. An arrival is the device-side start of the call's kernel when it has one.
 """
 
 from __future__ import annotations
@@ -14,46 +14,72 @@ from prism_trace.store import Store
 __all__ = ["collective_skew", "collective_waits", "skew", "straggler_ops"]
 
 
-def skew(store: Store, run: str) -> pl.DataFrame:
-    """Straggler ranking: per rank, the time others waited for it and how often it was last.
+def skew(
+    store: Store, run: str, *, iteration: int | None = None, ranks: list[int] | None = None
+) -> pl.DataFrame:
+    """Straggler ranking: per rank, the waiting its own work caused and how often it was last.
 
     Args:
         store: an open store.
         run: the run's name.
+        iteration: only the calls of this iteration (the ranking is over them).
+        ranks: only these ranks' rows (the waits are still measured against every participant).
 
     Returns:
-        ``comm_straggler`` rows of the run, worst straggler first.
+        ``comm_straggler_at`` rows of the run, worst straggler first.
 
     Raises:
         PrismError: no run of that name.
     """
-    return run_view(store, "comm_straggler", run, order_by="straggler_rank")
+    return run_view(
+        store,
+        "comm_straggler_at(it := ?)",
+        run,
+        order_by="straggler_rank",
+        params=[iteration],
+        ranks=ranks,
+    )
 
 
-def collective_skew(store: Store, run: str) -> pl.DataFrame:
-    """Per collective instance: arrival spread, total wait and the last rank.
-
-    Raises:
-        PrismError: no run of that name.
-    """
-    return run_view(store, "comm_collective_skew", run, order_by="group_id, seq")
-
-
-def collective_waits(store: Store, run: str) -> pl.DataFrame:
-    """Per rank and collective instance: arrival, lateness, wait and whether it was last.
+def collective_skew(store: Store, run: str, *, iteration: int | None = None) -> pl.DataFrame:
+    """Per communication instance: arrival spread, total and blamed wait and the last rank.
 
     Raises:
         PrismError: no run of that name.
     """
-    return run_view(store, "comm_collective_wait", run, order_by="group_id, seq, rank")
+    return run_view(
+        store, "comm_collective_skew", run, order_by="group_id, seq, link", iteration=iteration
+    )
 
 
-def straggler_ops(store: Store, run: str) -> pl.DataFrame:
+def collective_waits(
+    store: Store, run: str, *, iteration: int | None = None, ranks: list[int] | None = None
+) -> pl.DataFrame:
+    """Per rank and communication instance: arrival, lateness, wait and whether it was last.
+
+    Raises:
+        PrismError: no run of that name.
+    """
+    return run_view(
+        store,
+        "comm_collective_wait",
+        run,
+        order_by="group_id, seq, link, rank",
+        iteration=iteration,
+        ranks=ranks,
+    )
+
+
+def straggler_ops(store: Store, run: str, *, iteration: int | None = None) -> pl.DataFrame:
     """Late arrivals attributed to the host op that preceded them, per rank.
 
     Raises:
         PrismError: no run of that name.
     """
     return run_view(
-        store, "comm_straggler_op", run, order_by="caused_wait_ns DESC, rank, preceding_op"
+        store,
+        "comm_straggler_op_at(it := ?)",
+        run,
+        order_by="caused_wait_ns DESC, rank, preceding_op",
+        params=[iteration],
     )

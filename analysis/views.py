@@ -209,14 +209,27 @@ def load_views(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> list[S
     return objects
 
 
-def run_view(store: Store, source: str, run: str, *, order_by: str) -> pl.DataFrame:
+def run_view(
+    store: Store,
+    source: str,
+    run: str,
+    *,
+    order_by: str,
+    ranks: list[int] | None = None,
+    iteration: int | None = None,
+    params: list[object] | None = None,
+) -> pl.DataFrame:
     """Rows of ``source`` (a view, or a macro call) for run ``run``, without ``run_id``.
 
     Args:
         store: an open store (read-only is fine).
-        source: a loaded view name or table-macro call, e.g. ``breakdown_idle_at(30)``.
+        source: a loaded view name or table-macro call, e.g. ``breakdown_idle_at(30)``; ``?``
+            placeholders in it take ``params``.
         run: the run's name.
         order_by: the ORDER BY list of the result.
+        ranks: keep only rows of these ranks (the source needs a ``rank`` column).
+        iteration: keep only rows of this iteration (the source needs an ``iteration`` column).
+        params: values of the ``?`` placeholders in ``source``.
 
     Returns:
         The rows as a polars frame.
@@ -226,9 +239,17 @@ def run_view(store: Store, source: str, run: str, *, order_by: str) -> pl.DataFr
     """
     run_id = store.require_run(run)
     load_views(store.con)
+    where = ["run_id = ?"]
+    values: list[object] = [*(params or []), run_id]
+    if ranks is not None:
+        where.append("list_contains(?, rank)")
+        values.append(list(ranks))
+    if iteration is not None:
+        where.append("iteration = ?")
+        values.append(int(iteration))
     rel = store.con.sql(
-        f"SELECT * EXCLUDE (run_id) FROM {source} WHERE run_id = ? ORDER BY {order_by}",
-        params=[run_id],
+        f"SELECT * EXCLUDE (run_id) FROM {source} WHERE {' AND '.join(where)} ORDER BY {order_by}",
+        params=values,
     )
     return rel.pl()
 

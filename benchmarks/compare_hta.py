@@ -1,7 +1,8 @@
 """The analyses against HolisticTraceAnalysis on the same real traces, and their run times.
 
-For ``param-dlrm-8rank`` (8 ranks) and ``hta-nccl-rank0`` (1 rank, 3 steps) it prints, per rank,
-HTA's temporal breakdown, comm/comp overlap and idle totals next to prism's, then the wall time of
+For ``param-dlrm-8rank`` (8 ranks), ``hta-nccl-rank0`` (1 rank, 3 steps) and the bundled sample
+it prints, per rank, HTA's temporal breakdown, kernel totals, comm/comp overlap and idle totals
+next to prism's with HTA's window (``window="hta"``), then the wall time of
 each prism analysis (target: <= 2 s each on the 8-rank set) and of HTA's. Writes
 ``benchmarks/results/analysis-vs-hta_<machine>_<date>.md``. Not a test: no asserts on timings.
 
@@ -24,12 +25,13 @@ import warnings
 from pathlib import Path
 
 import polars as pl
-from prism_trace.analysis import ANALYSES, overlap, temporal
+from prism_trace.analysis import ANALYSES, idle, kernels, overlap, temporal
 
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
 REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "datasets" / "sample"
 
 
 def _shared() -> Path:
@@ -46,47 +48,62 @@ def _hta(trace_dir: Path) -> tuple[dict[str, object], float]:
     ta = TraceAnalysis(trace_dir=str(trace_dir))
     out: dict[str, object] = {
         "temporal": ta.get_temporal_breakdown(visualize=False),
-        "kernels": ta.get_gpu_kernel_breakdown(visualize=False, include_memory_kernels=True),
+        "kernels": ta.get_gpu_kernel_breakdown(
+            visualize=False, include_memory_kernels=True, num_kernels=1000, duration_ratio=1.0
+        ),
         "overlap": ta.get_comm_comp_overlap(visualize=False),
         "idle": ta.get_idle_time_breakdown(ranks=list(ta.t.traces), visualize=False)[0],
     }
     return out, time.perf_counter() - t0
 
 
-def _compare(store: Store, run: str, hta: dict[str, object], last_step: int | None) -> str:
-    """Markdown table: per rank, prism vs HTA (µs)."""
-    if last_step is None:
-        ours = temporal(store, run)
-        ov = overlap(store, run)
-    else:  # HTA drops the last profiler step
-        it = temporal(store, run, by="iteration").filter(pl.col("iteration") < last_step)
-        ours = it.group_by("rank").agg(pl.col("^.*_ns$").sum()).sort("rank")
-        ovi = overlap(store, run, by="iteration").filter(pl.col("iteration") < last_step)
-        ov = ovi.group_by("rank").agg(pl.col("comm_ns", "overlap_ns").sum()).sort("rank")
-        ov = ov.with_columns(overlap_pct=100 * pl.col("overlap_ns") / pl.col("comm_ns"))
+def _pct(a: float, b: float) -> str:
+    """prism / HTA with the relative difference."""
+    diff = 0.0 if a == b else 100 * (a - b) / b if b else float("inf")
+    return f"{a:.0f} / {b:.0f} ({diff:+.2f} %)"
+
+
+def _compare(store: Store, run: str, hta: dict[str, object]) -> str:
+    """Markdown table: per rank, prism (`window="hta"`) vs HTA, µs, and the relative difference."""
+    ours = temporal(store, run, window="hta")
+    ov = overlap(store, run, window="hta")
+    ker = (
+        kernels(store, run, per_rank=True, window="hta")
+        .group_by("rank")
+        .agg(pl.col("total_ns").sum())
+        .sort("rank")
+    )
+    idl = idle(store, run, window="hta").group_by("rank").agg(pl.col("idle_ns").sum()).sort("rank")
     t = pl.from_pandas(hta["temporal"])  # type: ignore[arg-type]
     o = pl.from_pandas(hta["overlap"])  # type: ignore[arg-type]
+    k = pl.from_pandas(hta["kernels"][1])  # type: ignore[index]
+    k = k.group_by("rank").agg(pl.col("sum (us)").sum()).sort("rank")
+    i = pl.from_pandas(hta["idle"]).group_by("rank").agg(pl.col("idle_time").sum()).sort("rank")  # type: ignore[arg-type]
     lines = [
-        "| rank | compute µs prism / HTA | non-compute µs prism / HTA | busy µs prism / HTA"
-        " | idle µs prism / HTA | window µs prism / HTA | overlap % prism / HTA |",
-        "|---|---|---|---|---|---|---|",
+        "| rank | temporal: compute µs | temporal: non-compute µs | temporal: idle µs"
+        " | temporal: window µs | kernels: total µs | overlap % | idle: stream gaps µs |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r, h, ovr, oh in zip(
+    for r, h, ovr, oh, kr, kh, ir, ih in zip(
         ours.iter_rows(named=True),
         t.iter_rows(named=True),
         ov.iter_rows(named=True),
         o.iter_rows(named=True),
+        ker.iter_rows(named=True),
+        k.iter_rows(named=True),
+        idl.iter_rows(named=True),
+        i.iter_rows(named=True),
         strict=True,
     ):
         non = (r["comm_ns"] + r["memory_ns"] + r["other_ns"]) / 1e3
-        busy = (r["window_ns"] - r["idle_ns"]) / 1e3
-        hbusy = h["kernel_time(us)"] - h["idle_time(us)"]
         lines.append(
-            f"| {r['rank']} | {r['compute_ns'] / 1e3:.1f} / {h['compute_time(us)']:.0f}"
-            f" | {non:.1f} / {h['non_compute_time(us)']:.0f} | {busy:.1f} / {hbusy:.0f}"
-            f" | {r['idle_ns'] / 1e3:.1f} / {h['idle_time(us)']:.0f}"
-            f" | {r['window_ns'] / 1e3:.1f} / {h['kernel_time(us)']:.0f}"
-            f" | {ovr['overlap_pct']:.2f} / {oh['comp_comm_overlap_pctg']:.2f} |"
+            f"| {r['rank']} | {_pct(r['compute_ns'] / 1e3, h['compute_time(us)'])}"
+            f" | {_pct(non, h['non_compute_time(us)'])}"
+            f" | {_pct(r['idle_ns'] / 1e3, h['idle_time(us)'])}"
+            f" | {_pct(r['window_ns'] / 1e3, h['kernel_time(us)'])}"
+            f" | {_pct(kr['total_ns'] / 1e3, kh['sum (us)'])}"
+            f" | {ovr['overlap_pct']:.2f} / {oh['comp_comm_overlap_pctg']:.2f}"
+            f" | {_pct(ir['idle_ns'] / 1e3, ih['idle_time'])} |"
         )
     return "\n".join(lines)
 
@@ -98,12 +115,17 @@ def main() -> None:
         nccl_dir = tmp / "hta-nccl"
         nccl_dir.mkdir()
         shutil.copy(shared / "hta-nccl-rank0" / "nccl_data.json.gz", nccl_dir)
+        sample_dir = tmp / "sample-kineto"  # HTA reads every JSON of a folder: Kineto only
+        sample_dir.mkdir()
+        for f in SAMPLE.glob("*.kineto.json.gz"):
+            shutil.copy(f, sample_dir)
         sets = {
-            "dlrm": (shared / "param-dlrm-8rank", shared / "param-dlrm-8rank" / "kineto", None),
-            "hta": (shared / "hta-nccl-rank0", nccl_dir, 6),
+            "dlrm": (shared / "param-dlrm-8rank", shared / "param-dlrm-8rank" / "kineto"),
+            "hta": (shared / "hta-nccl-rank0", nccl_dir),
+            "sample": (SAMPLE, sample_dir),
         }
         with open_store(tmp / "a.duckdb") as s:
-            for run, (src, _, _) in sets.items():
+            for run, (src, _) in sets.items():
                 ingest(s, [src], run=run, progress=False)
         store = open_store(tmp / "a.duckdb", read_only=True)
         out = [
@@ -113,9 +135,16 @@ def main() -> None:
             " docs/analysis.md (Comparison with HTA).",
             "",
         ]
-        for run, (_, hta_dir, last_step) in sets.items():
-            hta, hta_s = _hta(hta_dir)
-            out += [f"## {run}", "", _compare(store, run, hta, last_step), ""]
+        for run, (_, hta_dir) in sets.items():
+            out += [f"## {run}", ""]
+            try:
+                hta, hta_s = _hta(hta_dir)
+            except Exception as exc:  # HTA's own failure is the finding
+                line = str(exc).splitlines()[0] if str(exc) else ""
+                out += [f"HTA fails on it: {type(exc).__name__}: {line}", ""]
+                continue
+            out += ["prism `--window hta` / HTA (relative difference):", ""]
+            out += [_compare(store, run, hta), ""]
             timings = []
             for name, fn in ANALYSES.items():
                 t0 = time.perf_counter()

@@ -216,6 +216,34 @@ def query_cmd(
         click.echo(text, nl=not text.endswith("\n"))
 
 
+_EMPTY_WHY = {
+    "idle": " (idle time is per device stream: the selected ranks have no kernels)",
+    "kernels": " (the selected ranks have no device ops)",
+    "skew": " (no communication calls)",
+}
+"""Why an analysis can come back empty when the selection itself exists."""
+
+
+def _json_value(value: object) -> object:
+    """Numbers stay numbers in --json: Decimal as float, anything else as its text."""
+    from decimal import Decimal
+
+    if isinstance(value, Decimal):
+        return float(value)
+    return str(value)
+
+
+def _json_rows(df: Any) -> list[dict[str, Any]]:
+    """Rows of a polars frame for --json; NaN becomes null (JSON has no NaN)."""
+    import polars as pl
+
+    floats = [c for c, t in df.schema.items() if t in (pl.Float32, pl.Float64)]
+    if floats:
+        df = df.with_columns(pl.col(c).fill_nan(None) for c in floats)
+    rows: list[dict[str, Any]] = df.to_dicts()
+    return rows
+
+
 @main.command("analyze")
 @click.argument("db", type=click.Path(path_type=Path))
 @click.argument(
@@ -246,6 +274,17 @@ def query_cmd(
 @click.option("--compare", default=None, help="diff: the other run (differences are OTHER - RUN).")
 @click.option("--iteration", type=int, default=None, help="Only this iteration.")
 @click.option(
+    "--ranks", "ranks_text", type=RANKS, default=None, help="Only these ranks, e.g. 0,3,5..7."
+)
+@click.option(
+    "--window",
+    type=click.Choice(["step", "hta"]),
+    default="step",
+    show_default=True,
+    help="temporal/kernels/overlap/idle: device work counts to the step that launched it (step),"
+    " or HTA's one window per rank over all but the last step (hta).",
+)
+@click.option(
     "--threshold-pct",
     type=float,
     default=1.0,
@@ -262,6 +301,8 @@ def analyze_cmd(
     run_name: str,
     compare: str | None,
     iteration: int | None,
+    ranks_text: list[int] | None,
+    window: str,
     threshold_pct: float,
     min_ns: int,
     as_json: bool,
@@ -273,9 +314,12 @@ def analyze_cmd(
     slowdown (emulated with and without typical op times, `--by` a group)."""
     import polars as pl
 
-    from prism_trace.analysis import analyze
+    from prism_trace.analysis import analyze, describe_selection
+    from prism_trace.analysis.selection import exemplar_hint
     from prism_trace.store import open_store
 
+    ranks = ranks_text
+    empty: list[str] = []
     if what == "slowdown":
         from prism_trace.replay.slowdown import slowdown
 
@@ -289,17 +333,28 @@ def analyze_cmd(
                 run_name,
                 compare=compare,
                 iteration=iteration,
+                ranks=ranks,
+                window=window,  # type: ignore[arg-type]
                 threshold_pct=threshold_pct,
                 min_ns=min_ns,
             )
+            empty = [k for k, v in frames.items() if v.is_empty()]
+            hint = exemplar_hint(store, run_name, ranks) if empty else ""
+    if empty and not as_json:
+        where = describe_selection(run_name, ranks=ranks, iteration=iteration)
+        for name in empty:
+            why = hint or _EMPTY_WHY.get(name if len(frames) > 1 else what, "")
+            click.echo(f"{name}: nothing for {where}{why}", err=True)
     if as_json:
-        out: object = {k: v.to_dicts() for k, v in frames.items()}
+        out: object = {k: _json_rows(v) for k, v in frames.items()}
         if len(frames) == 1:
-            out = next(iter(frames.values())).to_dicts()
-        click.echo(json.dumps(out, default=str, indent=1))
+            out = _json_rows(next(iter(frames.values())))
+        click.echo(json.dumps(out, default=_json_value, indent=1, allow_nan=False))
     else:
         with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
             for name, df in frames.items():
+                if df.is_empty():
+                    continue
                 if len(frames) > 1:
                     click.echo(f"{name}:")
                 click.echo(str(df))
@@ -797,14 +852,24 @@ def export_chakra_cmd(
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", required=True, help="Run to export (any kind).")
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help=".json[.gz]")
+@click.option(
+    "--ranks",
+    "ranks_text",
+    type=RANKS,
+    default=None,
+    help="Expand: one process per listed rank (e.g. 0,5,4096..4099), each from its own events or"
+    " its class exemplar's. Default: one process per stored rank (a class exemplar, named with"
+    " its ranks).",
+)
 @_one_line_errors
-def export_perfetto_cmd(db: Path, run_name: str, out: Path) -> None:
+def export_perfetto_cmd(db: Path, run_name: str, out: Path, ranks_text: list[int] | None) -> None:
     """A Chrome trace JSON that Perfetto and chrome://tracing open, for any run."""
     from prism_trace.export_perfetto import export_perfetto
     from prism_trace.store import open_store
 
+    ranks = ranks_text
     with open_store(db, read_only=True) as store:
-        info = export_perfetto(store, run=run_name, out=out)
+        info = export_perfetto(store, run=run_name, out=out, ranks=ranks)
     click.echo(
         f"wrote {info['path']}: {info['events']} events of {info['ranks']} ranks,"
         f" {info['bytes'] / 1e6:.1f} MB in {info['seconds']:.2f} s"

@@ -14,14 +14,15 @@ __all__ = ["MAX_RANKS", "RankList", "parse_ranks"]
 # A bound on what one spec may expand to: `0..1e9` must not allocate a billion ints.
 MAX_RANKS = 1 << 20
 
-_RANGE = re.compile(r"^(\d+)\.\.(\d+)(?::(\d+))?$")
+# ``a..b`` (ours) or ``a-b`` (Slurm, NCCL logs): ranks are never negative, so no ambiguity.
+_RANGE = re.compile(r"^(\d+)\s*(?:\.\.|-)\s*(\d+)(?::(\d+))?$")
 
 
 def parse_ranks(spec: str) -> list[int]:
     """The ranks of ``spec``, in the order given, duplicates dropped.
 
-    ``0,2,4`` lists ranks; ``a..b`` is a to b inclusive; ``a..b:s`` takes every s-th. Parts may
-    be mixed: ``0..3,8,12..15``.
+    ``0,2,4`` lists ranks; ``a..b`` (or ``a-b``) is a to b inclusive; ``a..b:s`` takes every
+    s-th. Parts may be mixed: ``0..3,8,12..15``.
 
     Raises:
         PrismError: an empty or malformed part, a range that runs backwards or a step of 0, or

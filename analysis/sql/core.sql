@@ -55,6 +55,8 @@ WHERE kernel_event_id IS NOT NULL;
 -- @column launch_ts    Start of the runtime/driver call that launched it (NULL if unknown).
 -- @column iteration    Training step the launch belongs to.
 -- @column in_steps     Counted by the analyses: launched inside a step, or the rank has no steps.
+-- @column in_hta       Counted by HTA: launched before the rank's last step starts (HTA drops
+--                      the last profiler step), or every op when the rank has fewer than two steps.
 CREATE VIEW core_device_op AS
 WITH launch AS (
     SELECT run_id, rank, correlation, min(ts) AS launch_ts
@@ -63,7 +65,9 @@ WITH launch AS (
     GROUP BY run_id, rank, correlation
 ),
 stepped AS (
-    SELECT DISTINCT run_id, rank FROM iteration
+    SELECT run_id, rank, count(*) AS steps, max(ts) AS last_step_ts
+    FROM iteration
+    GROUP BY run_id, rank
 )
 SELECT e.run_id, e.rank, e.event_id, e.track_id, t.tid AS stream, e.category, e.name,
        CASE
@@ -74,13 +78,36 @@ SELECT e.run_id, e.rank, e.event_id, e.track_id, t.tid AS stream, e.category, e.
            ELSE 'compute'
        END AS kernel_type,
        e.ts, e.dur, e.ts + e.dur AS end_ts, e.correlation, l.launch_ts, e.iteration,
-       (e.iteration IS NOT NULL OR s.rank IS NULL) AS in_steps
+       (e.iteration IS NOT NULL OR s.rank IS NULL) AS in_steps,
+       (coalesce(s.steps, 0) < 2 OR l.launch_ts < s.last_step_ts) AS in_hta
 FROM event e
 LEFT JOIN track t USING (run_id, rank, track_id)
 LEFT JOIN _core_comm_kernel ck USING (run_id, rank, event_id)
 LEFT JOIN launch l USING (run_id, rank, correlation)
 LEFT JOIN stepped s USING (run_id, rank)
 WHERE e.category IN ('kernel', 'memcpy', 'memset') AND e.ts IS NOT NULL AND e.dur IS NOT NULL;
+
+-- How each rank is analysed: `device` when it has device ops (kernels, memcpy, memset);
+-- `timeline` when it has op-timeline events instead (categories `compute` and `comm`, e.g.
+-- Megatron-style timelines); `host` otherwise (CPU-only ranks such as gloo runs: host ops).
+--
+-- @column run_id  The run.
+-- @column rank    The rank.
+-- @column mode    device | timeline | host.
+CREATE VIEW core_rank_mode AS
+WITH dev AS (
+    SELECT DISTINCT run_id, rank FROM event WHERE category IN ('kernel', 'memcpy', 'memset')
+),
+tl AS (
+    SELECT DISTINCT run_id, rank FROM event WHERE category IN ('compute', 'comm')
+)
+SELECT r.run_id, r.rank,
+       CASE WHEN d.rank IS NOT NULL THEN 'device'
+            WHEN t.rank IS NOT NULL THEN 'timeline'
+            ELSE 'host' END AS mode
+FROM (SELECT DISTINCT run_id, rank FROM event) r
+LEFT JOIN dev d USING (run_id, rank)
+LEFT JOIN tl t USING (run_id, rank);
 
 -- Communication host ops: the host op of every collective and point-to-point call.
 --

@@ -37,6 +37,7 @@ class RawRank:
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # iteration -> (ts, end)
     ops: list[DeviceOp] = field(default_factory=list)  # launched inside a step
     comm_calls: list[int] = field(default_factory=list)  # record_param_comms starts, in order
+    comm_kernels: list[int] = field(default_factory=list)  # NCCL kernel starts, in order
 
 
 def kernel_type(name: str, cat: str) -> str:
@@ -101,6 +102,9 @@ def load(path: Path) -> RawRank:
             if any(t == e["tid"] and s <= m < end for t, m in marks):
                 out.comm_calls.append(s)
     out.comm_calls.sort()
+    out.comm_kernels = sorted(
+        ns(e["ts"]) for e in events if e.get("cat") == "kernel" and _COMM.match(e.get("name", ""))
+    )
     return out
 
 

@@ -1,9 +1,9 @@
 """The breakdowns against HolisticTraceAnalysis itself, run on the same real traces.
 
-DLRM's Kineto times are whole microseconds, so HTA (which works in integer µs) and the views
-must agree exactly once HTA's own window (first kernel start to last kernel end) is accounted
-for. HTA-NCCL has sub-µs times that HTA truncates, and HTA drops the last profiler step; there
-the comparison is bounded (see docs/analysis.md, "Comparison with HTA").
+With `window="hta"` (HTA's semantics: one window per rank from the first to the last kept
+device op, the last profiler step dropped, times on HTA's integer-µs clock) temporal, kernels,
+overlap and idle equal HTA within 1 % per rank (most exactly) on DLRM and HTA-NCCL; see
+docs/analysis.md, "Comparison with HTA".
 """
 
 from __future__ import annotations
@@ -63,30 +63,35 @@ def hta_nccl(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory):  
     return _hta(d)
 
 
-def test_dlrm_temporal_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
-    ours = temporal(real_store, "dlrm")
-    theirs = pl.from_pandas(hta_dlrm.get_temporal_breakdown(visualize=False))
+def _pct_close(ours: float, theirs: float) -> bool:
+    """Within 1 % of HTA's value (the issue's bar); most agree exactly."""
+    return abs(ours - theirs) <= 0.01 * abs(theirs) + 1e-9
+
+
+def _temporal_vs_hta(store: Store, run: str, ta) -> None:  # type: ignore[no-untyped-def]
+    ours = temporal(store, run, window="hta")
+    theirs = pl.from_pandas(ta.get_temporal_breakdown(visualize=False))
+    assert ours["rank"].to_list() == theirs["rank"].to_list()
     for o, t in zip(ours.iter_rows(named=True), theirs.iter_rows(named=True), strict=True):
-        assert o["rank"] == t["rank"]
-        assert o["compute_ns"] == t["compute_time(us)"] * 1000
-        assert o["comm_ns"] + o["memory_ns"] + o["other_ns"] == t["non_compute_time(us)"] * 1000
-        # HTA's window is the kernel span; ours the ProfilerStep: the busy time is the same.
-        busy = o["window_ns"] - o["idle_ns"]
-        assert busy == (t["kernel_time(us)"] - t["idle_time(us)"]) * 1000
+        assert _pct_close(o["window_ns"], t["kernel_time(us)"] * 1000), o["rank"]
+        assert _pct_close(o["compute_ns"], t["compute_time(us)"] * 1000), o["rank"]
+        assert _pct_close(o["idle_ns"], t["idle_time(us)"] * 1000), o["rank"]
+        non_compute = o["comm_ns"] + o["memory_ns"] + o["other_ns"]
+        assert _pct_close(non_compute, t["non_compute_time(us)"] * 1000), o["rank"]
 
 
-def test_dlrm_overlap_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
-    ours = overlap(real_store, "dlrm")["overlap_pct"].to_list()
-    theirs = hta_dlrm.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"].tolist()
-    assert ours == pytest.approx(theirs, abs=0.005)
+def _overlap_vs_hta(store: Store, run: str, ta) -> None:  # type: ignore[no-untyped-def]
+    ours = overlap(store, run, window="hta")["overlap_pct"].to_list()
+    theirs = ta.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"].tolist()
+    assert ours == pytest.approx(theirs, abs=0.005)  # HTA rounds to 2 decimals
 
 
-def test_dlrm_kernel_stats_equal_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
-    _, per_kernel = hta_dlrm.get_gpu_kernel_breakdown(
+def _kernels_vs_hta(store: Store, run: str, ta) -> None:  # type: ignore[no-untyped-def]
+    _, per_kernel = ta.get_gpu_kernel_breakdown(
         visualize=False, include_memory_kernels=True, num_kernels=1000, duration_ratio=1.0
     )
     theirs = pl.from_pandas(per_kernel)
-    ours = kernels(real_store, "dlrm", per_rank=True)
+    ours = kernels(store, run, per_rank=True, window="hta")
     assert theirs.height == ours.height
     types = {"COMPUTATION": "compute", "COMMUNICATION": "comm", "MEMORY": "memory"}
     by_key = {(r["rank"], r["name"]): r for r in ours.iter_rows(named=True)}
@@ -99,10 +104,11 @@ def test_dlrm_kernel_stats_equal_hta(real_store: Store, hta_dlrm) -> None:  # ty
         assert o["std_ns"] == pytest.approx(t["stddev"] * 1000)
 
 
-def test_dlrm_idle_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
-    theirs, _ = hta_dlrm.get_idle_time_breakdown(ranks=list(range(8)), visualize=False)
+def _idle_vs_hta(store: Store, run: str, ta, ranks: list[int]) -> dict[tuple[int, int], int]:  # type: ignore[no-untyped-def]
+    """Per (rank, stream): total idle within 1 %; returns the categories that differ."""
+    theirs, _ = ta.get_idle_time_breakdown(ranks=ranks, visualize=False)
     theirs = pl.from_pandas(theirs).filter(pl.col("idle_time") > 0)
-    ours = idle(real_store, "dlrm")
+    ours = idle(store, run, window="hta")
     got = {
         (r["rank"], r["stream"], r["idle_category"]): r["idle_ns"]
         for r in ours.iter_rows(named=True)
@@ -111,9 +117,39 @@ def test_dlrm_idle_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ign
         (r["rank"], r["stream"], r["idle_category"]): r["idle_time"] * 1000
         for r in theirs.iter_rows(named=True)
     }
+    streams = {k[:2] for k in got} | {k[:2] for k in want}
+    for rank, stream in streams:
+        total = sum(v for k, v in got.items() if k[:2] == (rank, stream))
+        assert _pct_close(total, sum(v for k, v in want.items() if k[:2] == (rank, stream)))
+    return {k[:2]: 1 for k in got.keys() | want.keys() if got.get(k) != want.get(k)}
+
+
+def test_dlrm_temporal_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
+    _temporal_vs_hta(real_store, "dlrm", hta_dlrm)
+    # the default window (device work counts to the step that launched it) has the same busy time
+    ours = temporal(real_store, "dlrm")
+    theirs = temporal(real_store, "dlrm", window="hta")
+    assert (ours["window_ns"] - ours["idle_ns"]).to_list() == (
+        theirs["window_ns"] - theirs["idle_ns"]
+    ).to_list()
+
+
+def test_dlrm_overlap_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
+    _overlap_vs_hta(real_store, "dlrm", hta_dlrm)
+    assert overlap(real_store, "dlrm")["overlap_pct"].to_list() == pytest.approx(
+        overlap(real_store, "dlrm", window="hta")["overlap_pct"].to_list()
+    )
+
+
+def test_dlrm_kernel_stats_equal_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
+    _kernels_vs_hta(real_store, "dlrm", hta_dlrm)
+
+
+def test_dlrm_idle_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ignore[no-untyped-def]
+    differing = _idle_vs_hta(real_store, "dlrm", hta_dlrm, list(range(8)))
     # Kernels with no launch event in the trace: HTA's join falls back to the trace's first row
-    # and compares *its* start with the previous kernel's end (docs/analysis.md); those streams
-    # agree on the total idle time only.
+    # and compares *its* start with the previous kernel's end (docs/analysis.md); only those
+    # streams differ by category, their totals agree.
     unlaunched = set(
         real_store.con.execute(
             "SELECT DISTINCT d.rank, d.stream FROM core_device_op d JOIN run USING (run_id)"
@@ -121,27 +157,20 @@ def test_dlrm_idle_equals_hta(real_store: Store, hta_dlrm) -> None:  # type: ign
         ).fetchall()
     )
     assert unlaunched, "the quirk this test documents is gone: tighten the test"
-    for key in got.keys() | want.keys():
-        if key[:2] not in unlaunched:
-            assert got.get(key) == want.get(key), key
-    for rank, stream in unlaunched:
-        total = sum(v for k, v in got.items() if k[:2] == (rank, stream))
-        assert total == sum(v for k, v in want.items() if k[:2] == (rank, stream))
+    assert set(differing) <= unlaunched
 
 
-def test_hta_nccl_within_truncation_of_hta(real_store: Store, hta_nccl) -> None:  # type: ignore[no-untyped-def]
-    """HTA truncates each time to whole µs and drops the last step (6): bounded agreement."""
-    steps = temporal(real_store, "hta", by="iteration").filter(pl.col("iteration") < 6)
-    t = hta_nccl.get_temporal_breakdown(visualize=False).iloc[0]
-    n_ops = real_store.con.execute(
-        "SELECT count(*) FROM core_device_op d JOIN run USING (run_id)"
-        " WHERE run.name = 'hta' AND d.iteration < 6"
+def test_hta_nccl_equals_hta(real_store: Store, hta_nccl) -> None:  # type: ignore[no-untyped-def]
+    """Sub-µs times: with HTA's window (last step dropped, integer-µs clock) all four agree."""
+    _temporal_vs_hta(real_store, "hta", hta_nccl)
+    _overlap_vs_hta(real_store, "hta", hta_nccl)
+    _kernels_vs_hta(real_store, "hta", hta_nccl)
+    _idle_vs_hta(real_store, "hta", hta_nccl, [0])
+    # prism's default keeps every step and exact ns: more device time, none clipped at a step end
+    step = temporal(real_store, "hta")
+    assert step["compute_ns"][0] > temporal(real_store, "hta", window="hta")["compute_ns"][0]
+    launched = real_store.con.execute(
+        "SELECT sum(d.dur) FILTER (WHERE kernel_type = 'compute') FROM core_device_op d"
+        " JOIN run USING (run_id) WHERE run.name = 'hta' AND d.in_steps"
     ).fetchall()[0][0]
-    bound = n_ops * 1000  # at most 1 µs lost per op
-    assert abs(steps["compute_ns"].sum() - t["compute_time(us)"] * 1000) <= bound
-    non_compute = (steps["comm_ns"] + steps["memory_ns"] + steps["other_ns"]).sum()
-    assert abs(non_compute - t["non_compute_time(us)"] * 1000) <= bound
-    ov = overlap(real_store, "hta", by="iteration").filter(pl.col("iteration") < 6)
-    ours_pct = 100 * ov["overlap_ns"].sum() / ov["comm_ns"].sum()
-    theirs_pct = hta_nccl.get_comm_comp_overlap(visualize=False)["comp_comm_overlap_pctg"][0]
-    assert ours_pct == pytest.approx(theirs_pct, abs=1.0)
+    assert step["compute_ns"][0] == launched  # one stream: the union is the sum

@@ -15,8 +15,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 import pytest
-from prism_trace.analysis._report_data import rank_ranges
+from prism_trace.analysis._report_data import lane_quotas, rank_ranges
+from prism_trace.analysis._report_figures import ms_text, time_unit
 from prism_trace.analysis.report import ReportLimits, ReportSummary, write_report
 from prism_trace.replay import emulate_run
 
@@ -98,6 +100,47 @@ def test_sample_report_contents(store: Store, tmp_path: Path) -> None:
     assert "peak" in text
 
 
+def test_lane_quotas_keep_every_lane() -> None:
+    counts = pl.DataFrame(
+        {"rank": [0, 0, 0, 1], "track_id": [0, 1, 2, 0], "n": [10_000, 40, 5_000, 7]},
+        schema={"rank": pl.Int32, "track_id": pl.Int32, "n": pl.Int64},
+    )
+    q = {(r, t): n for r, t, n in lane_quotas(counts, 1000).iter_rows()}
+    assert q[(0, 1)] == 40  # a small lane keeps all its events
+    assert q[(0, 0)] == q[(0, 2)] == 480  # the rest is shared equally
+    assert sum(v for k, v in q.items() if k[0] == 0) <= 1000
+    assert q[(1, 0)] == 7
+    tiny = lane_quotas(counts, 2)  # fewer events than lanes: every lane still keeps one
+    assert (tiny.filter(pl.col("rank") == 0)["quota"] >= 1).all()
+
+
+def test_units_and_ms_text() -> None:
+    assert time_unit(9e9) == (1e6, "ms")
+    assert time_unit(70e9) == (1e9, "s")
+    assert ms_text(1234567) == "1.23 ms"
+    assert ms_text(4120) == "0.00412 ms"
+    assert ms_text(2_345_600_000) == "2346 ms"
+    assert ms_text(None) == "-"
+
+
+def test_report_lanes_colours_and_kernels(store: Store, tmp_path: Path) -> None:
+    """Negative Kineto thread ids read unsigned; comm kernels have their own colour; an
+    emulated run's kernels are weighted by class size."""
+    from prism_trace.analysis._report_data import timeline_tracks
+
+    with open_store(tmp_path / "t.duckdb") as s:
+        ingest(s, [SAMPLE], run="sample", progress=False)
+        rid = s.require_run("sample")
+        s.con.execute(
+            "UPDATE track SET tid = -549452224, name = NULL WHERE run_id = $1 AND rank = 0"
+            " AND track_id = 0",
+            [rid],
+        )
+        names = timeline_tracks(s, rid, [0])["name"].to_list()
+    assert "thread 3745515072" in names
+    assert not any("-" in n.split(" ")[1] for n in names if n.startswith("thread"))
+
+
 def test_emulated_report_classes_and_compare(store: Store, tmp_path: Path) -> None:
     out = tmp_path / "big.html"
     rep = write_report(store, run="big_emu", out=out)
@@ -109,6 +152,11 @@ def test_emulated_report_classes_and_compare(store: Store, tmp_path: Path) -> No
     assert "class 0: ranks 0..4094 step 2 (2048)" in text
     assert "4 equivalence classes stand for 8192 ranks" in text
     assert rep.bytes < 20 * 2**20
+    assert rep.seconds < 30
+    # memory: one line per class, named with its ranks
+    assert "class 4096: ranks 4096..8190 step 2 (2048) cpu:-1" in text
+    # the waits heatmap has one row per class, named with its ranks, and a 0-based scale
+    assert '"zmin":0.0' in text.replace(" ", "")
 
 
 def test_compare_and_caps(store: Store, tmp_path: Path) -> None:
@@ -121,14 +169,22 @@ def test_compare_and_caps(store: Store, tmp_path: Path) -> None:
     assert rep.events_drawn <= 800
     joined = "\n".join(rep.notes)
     assert "3 of 8 lane groups drawn" in joined
+    # the 3 drawn groups cover both pipeline stages of the sample (ranks 0-3: pp 0, 4-7: pp 1)
+    assert "omitted rank 1, rank 2, rank 3, rank 5, rank 6" in joined
     assert "memory: 2 of 8" in joined
-    assert re.search(r"collective waits: \d+ of 168 instances", joined)
+    assert re.search(r"collective waits: \d+ of 232 instances", joined)  # 168 coll. + 64 p2p
     assert rep.summary().startswith("report of run 'sample' vs 'sample_emu'")
     # The run diff section: every op of the sample aligns with its emulation through the graph.
     text = (tmp_path / "c.html").read_text()
     diff = text[text.index("Run diff</h2>") :]
     assert re.search(r"\d+ ops aligned \(node\)", diff[:2000])
     assert "<h3>Top contributors</h3>" in diff
+    # tables in ms with 3 significant digits, not raw ns with long decimals
+    tables = diff[: diff.index("</section>")]
+    assert "<th>shift (ms)</th>" in tables
+    assert "<th>dur_diff (ms)</th>" in tables
+    assert not re.search(r"<td>-?\d+\.\d{6,}</td>", tables)
+    assert "e+0" not in tables
 
 
 def test_unknown_run(store: Store, tmp_path: Path) -> None:
@@ -217,6 +273,42 @@ _CHECK_PLOTS = """
 """
 
 
+_CHART_DATA = """
+() => {
+  // Numbers of an array, a typed array (plotly decodes base64 data into those) or nested arrays.
+  const flat = v => {
+    if (v == null) return [];
+    if (ArrayBuffer.isView(v)) return Array.from(v);
+    if (Array.isArray(v)) return v.flatMap(flat);
+    return [v];
+  };
+  const num = a => a.filter(v => typeof v === 'number' && isFinite(v));
+  return Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+    // What each chart draws (plotly's resolved traces): finite values and their spread.
+    const data = gd._fullData || gd.data || [];
+    const vals = [];
+    for (const t of data) {
+      const arrs = t.type === 'heatmap' ? flat(t.z) : [].concat(flat(t.x), flat(t.y));
+      vals.push(...num(arrs));
+    }
+    const heat = data.filter(t => t.type === 'heatmap').map(t => {
+      const z = num(flat(t.z));
+      return {n: z.length, min: Math.min(...z), max: Math.max(...z), zmin: t.zmin, zmax: t.zmax};
+    });
+    let lo = Infinity, hi = -Infinity;
+    for (const v of vals) { if (v < lo) lo = v; if (v > hi) hi = v; }
+    return {section: gd.closest('section')?.id, finite: vals.length,
+            spread: vals.length ? hi - lo : 0, heat};
+  });
+}
+"""
+
+
+def section_ink(path: Path) -> float:
+    """Share of non-white pixels in a section's screenshot (its chart, title and caption)."""
+    return png_stats(path)[1]
+
+
 def browser_check(html: Path, shot: Path, tmp: Path) -> dict[str, Any]:
     """Open ``html`` in headless Chromium; return errors, per-plot facts, timing and the PNG."""
     sync_api = pytest.importorskip(
@@ -258,6 +350,16 @@ def browser_check(html: Path, shot: Path, tmp: Path) -> dict[str, Any]:
                     page.wait_for_timeout(150)
                     hover = max(hover, page.locator("#timeline .hoverlayer .hovertext").count())
             page.mouse.move(1, 1)
+            charts = page.evaluate(_CHART_DATA)
+            for sec in {p["section"] for p in plots}:
+                page.locator(f"section#{sec}").screenshot(
+                    path=str(shot.with_name(f"{shot.stem}_{sec}.png"))
+                )
+            # each chart's plot area alone (no titles, ticks or legend): its ink is data
+            for i, chart in enumerate(charts):
+                area = page.locator(".js-plotly-plot").nth(i).locator(".nsewdrag").first
+                chart["area_png"] = str(shot.with_name(f"{shot.stem}_plot{i}.png"))
+                area.screenshot(path=chart["area_png"])
             page.locator("#timeline").scroll_into_view_if_needed()
             page.screenshot(path=str(shot))
         finally:
@@ -266,6 +368,7 @@ def browser_check(html: Path, shot: Path, tmp: Path) -> dict[str, Any]:
         "errors": errors,
         "dialogs": dialogs,
         "plots": plots,
+        "charts": charts,
         "render_s": render_s,
         "hover": hover,
     }
@@ -283,6 +386,24 @@ def assert_renders(html: Path, tmp: Path, *, sections: set[str]) -> dict[str, An
         assert min(p["width"], p["height"], p["svg_w"], p["svg_h"]) > 100, p
         assert p["marks"] > 0, p
     assert res["hover"] > 0
+    # every chart draws data: finite values with a spread, a heatmap that is not one flat block
+    # on a -0.5..0.5 scale, and ink in its own section's screenshot
+    for c in res["charts"]:
+        assert c["finite"] > 0, c
+        assert c["spread"] > 0, c
+        for h in c["heat"]:
+            assert h["n"] > 0, c
+            assert h["max"] > h["min"], c  # not a flat block
+            assert h["zmin"] == 0, c
+            assert h["zmax"] >= 1, c
+    for c in res["charts"]:
+        ink = section_ink(Path(c["area_png"]))
+        assert ink > 0.02, (c["section"], ink)  # the thinnest (memory lines) measure ~4 %
+    keep = os.environ.get("PRISM_SCREENSHOTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        for png in shot.parent.glob(f"{shot.stem}*.png"):
+            shutil.copy(png, Path(keep) / png.name)
     colors, ink = png_stats(shot)
     assert colors >= 20, colors
     assert ink > 0.03, ink
@@ -322,4 +443,31 @@ def test_browser_dlrm(shared_datasets: Path, tmp_path: Path) -> None:
         rep = write_report(s, run="dlrm", out=out)
     assert rep.events == rep.events_drawn == 19781
     assert "ops" in rep.figures
-    assert_renders(out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations"})
+    # DLRM was recorded without allocator events: its memory is derived from the host ET
+    assert "memory" in rep.figures
+    assert "derived from the host execution trace" in " ".join(rep.notes)
+    assert "No allocator events" not in out.read_text()
+    assert_renders(
+        out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"}
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_browser_op_timeline(shared_datasets: Path, tmp_path: Path) -> None:
+    """ST (a Megatron-style op timeline): compute and communication drawn, seconds on the axis,
+    the temporal breakdown not 0 % compute, top ops listed."""
+    with open_store(tmp_path / "st.duckdb") as s:
+        ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
+        out = tmp_path / "st.html"
+        rep = write_report(s, run="st", out=out)
+    text = out.read_text()
+    assert "No kernels or host ops" not in text
+    assert "Timeline (s from the first event)" in text
+    assert "timeline mode" in text
+    res = assert_renders(
+        out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations"}
+    )
+    assert rep.figures == ["timeline", "temporal", "ops", "waits", "iterations"]
+    temporal = next(c for c in res["charts"] if c["section"] == "temporal")
+    assert temporal["spread"] > 30  # compute shares of 40-64 %, not 0

@@ -173,7 +173,45 @@ def test_emulated_run_exemplars_gzip(store: Store, tmp_path: Path) -> None:
     assert sum(c["ranks"] for c in other["classes"]) == 8192
     assert "class exemplars" in other["note"]
     procs = [e for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"]
-    assert procs[0]["args"]["name"] == "rank 0 (class 0: 2048 ranks)"
+    # one process per class exemplar, named with the ranks it stands for
+    assert [p["args"]["name"] for p in procs] == [
+        "class 0: ranks 0..4094 step 2 (2048), exemplar rank 0",
+        "class 1: ranks 1..4095 step 2 (2048), exemplar rank 1",
+        "class 4096: ranks 4096..8190 step 2 (2048), exemplar rank 4096",
+        "class 4097: ranks 4097..8191 step 2 (2048), exemplar rank 4097",
+    ]
+
+
+def test_emulated_run_expanded_ranks(store: Store, tmp_path: Path) -> None:
+    """--ranks: one process per listed rank, drawn from its class exemplar's events."""
+    out = tmp_path / "some.json"
+    rep = export_perfetto(store, run="big_emu", out=out, ranks=[0, 6, 8191])
+    doc = load(out)
+    check_chrome_format(doc)
+    procs = {
+        e["pid"]: e["args"]["name"]
+        for e in doc["traceEvents"]
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    assert procs == {
+        0: "rank 0 (class 0)",
+        6: "rank 6 (class 0, from exemplar rank 0)",
+        8191: "rank 8191 (class 4097, from exemplar rank 4097)",
+    }
+    by_pid: dict[int, int] = {}
+    for e in x_events(doc):
+        by_pid[e["pid"]] = by_pid.get(e["pid"], 0) + 1
+    rid = store.require_run("big_emu")
+    per_rank = dict(
+        store.con.execute(
+            "SELECT rank, count(*) FROM event WHERE run_id = $1 AND ts IS NOT NULL GROUP BY rank",
+            [rid],
+        ).fetchall()
+    )
+    assert by_pid == {0: per_rank[0], 6: per_rank[0], 8191: per_rank[4097]}
+    assert rep["ranks"] == 3
+    with pytest.raises(PrismError, match="no rank 9000"):
+        export_perfetto(store, run="big_emu", out=tmp_path / "x.json", ranks=[9000])
 
 
 def test_sliced_run_graph_nodes(store: Store, tmp_path: Path) -> None:
