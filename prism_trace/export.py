@@ -485,11 +485,17 @@ def _comm_plan(store: Store, rd: _Run, bandwidth_gbps: float) -> _CommPlan:
 
 
 def _ring_factor(kind: str, n: int) -> float:
-    """Bytes each member moves per byte of ``comm_size`` on a ring of ``n`` (nccl-tests' busbw)."""
+    """Bytes each member sends per byte of ``comm_size`` in ASTRA-sim's ring of ``n``.
+
+    nccl-tests' bus factors, except the all-gather: ASTRA-sim takes its ``comm_size`` as each
+    rank's input and moves ``(n-1) x comm_size`` (docs/network.md).
+    """
     if kind in ("send", "recv") or n < 2:
         return 1.0
     if kind in ("all_reduce", "reduce"):
         return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "gather", "scatter"):
+        return float(n - 1)
     return (n - 1) / n
 
 
