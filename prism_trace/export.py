@@ -4,8 +4,14 @@ Chakra ET (``export_chakra``): every rank of a recorded or sliced run becomes
 ``<prefix>.<rank>.et``, a stream of length-delimited protobuf records (the framing of
 ``chakra.src.third_party.utils.protolib.encodeMessage``): one ``GlobalMetadata``, one
 ``## process_group:init ##`` metadata node listing the rank's own communicators, then the
-``Node`` messages of its execution graph in a topological order. The mapping (node kinds,
-edges → ``data_deps``/``ctrl_deps``, durations, groups and peers) is in docs/export.md.
+``Node`` messages of its execution graph in a topological order; and ``comm_groups.json``, the
+communicators as ASTRA-sim's ``--comm-group-configuration`` (``pg_name`` is a decimal key of it).
+The files are written for ASTRA-sim to run to completion: every communication node has a size
+(the recorded one, else the size rule), copies and one-member collectives are compute, kinds it
+does not simulate are substituted (with a warning), each rank issues its communication in the
+recorded order (``order_deps``), and ``sync`` edges are an attribute, never a dependency. Every
+edge is also kept exactly (``prism_deps``) for prism's own reader. The mapping is in
+docs/export.md.
 
 A sliced run stores one graph per class under its exemplar rank; the exporter encodes that
 graph once as a template and writes each member rank's file by patching only what differs
