@@ -76,11 +76,16 @@ MEM_LOAD/MEM_STORE node as a remote-memory transfer, which a recorded device cop
 the graph has no copy size). A collective on a group of one member is a COMP_NODE too."""
 
 PRISM_DEPS_ATTR = "prism_deps"
-"""Node attribute (int64 list): ``src, delay`` of each incoming ``graph_edge``, in the order of
-``prism_dep_kinds``, so that prism's reader restores every edge exactly."""
+"""Node attribute (int64 list): ``src, delay, code`` of each incoming ``graph_edge``, so that
+prism's reader restores every edge exactly; ``code = 2 * PRISM_EDGE_CODES.index(kind) + (anchor
+== "start")``, or -1 when the kind is not in the table (then ``prism_dep_kinds`` says)."""
 
 PRISM_DEP_KINDS_ATTR = "prism_dep_kinds"
-"""Node attribute (string list): ``kind@anchor`` of each incoming ``graph_edge``."""
+"""Node attribute (string list), only where a kind has no code: ``kind@anchor`` of each
+incoming edge, in the order of ``prism_deps``."""
+
+PRISM_EDGE_CODES = ("program", "launch", "stream", "wait", "sync", "comm", "data", "ctrl")
+"""Edge kinds with a code in ``prism_deps`` (fixed: files written today must read back later)."""
 
 PRISM_KIND_ATTR = "prism_kind"
 """Node attribute (string) naming the ``graph_node.kind`` where the Chakra type loses it."""
@@ -570,7 +575,12 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
         _EDGE_SQL, params=[rd.run_id, graph_rank]
     ).fetchall():
         ints, kinds = exact[dst]
-        ints.extend((int(src), int(delay or 0)))
+        code = (
+            2 * PRISM_EDGE_CODES.index(kind) + (anchor == "start")
+            if kind in PRISM_EDGE_CODES
+            else -1
+        )
+        ints.extend((int(src), int(delay or 0), code))
         kinds.append(f"{kind}@{anchor or 'end'}")
         if kind in SYNC_EDGE_KINDS:
             bucket, name = sync, "sync_deps"
@@ -662,7 +672,10 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
         if nid in exact:
             ints, kinds = exact[nid]
             node.attr.append(_attr(PRISM_DEPS_ATTR, int64_list=pb.Int64List(values=ints)))
-            node.attr.append(_attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds)))
+            if -1 in ints[2::3]:
+                node.attr.append(
+                    _attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds))
+                )
         types[pb.NodeType.Name(ntype)] += 1
         hole: _Hole | None = None
         if kind in ("collective", "send", "recv"):

@@ -354,3 +354,29 @@ def test_dlrm_roundtrip(shared_store: Store, tmp_path: Path) -> None:
 def test_chakra_ring_roundtrip(shared_store: Store, tmp_path: Path) -> None:
     report = roundtrip(shared_store, "ring", tmp_path)
     assert report.node_types["COMM_SEND_NODE"] == report.node_types["COMM_RECV_NODE"] > 0
+
+
+def test_edge_kind_without_a_code_round_trips(tmp_path: Path) -> None:
+    """A kind outside ``prism_deps``' code table is spelled out in ``prism_dep_kinds``."""
+    store = open_store(tmp_path / "k.duckdb")
+    ingest(store, [SAMPLE], run="k", progress=False)
+    build_graph(store, "k")
+    rid = run_id(store, "k")
+    ((src, dst),) = q(
+        store,
+        "SELECT src, dst FROM graph_edge WHERE run_id = ? AND rank = 0 ORDER BY dst LIMIT 1",
+        rid,
+    )
+    store.con.execute(
+        "UPDATE graph_edge SET kind = 'overlap', anchor = 'start', delay = 7"
+        " WHERE run_id = ? AND rank = 0 AND src = ? AND dst = ?",
+        [rid, src, dst],
+    )
+    roundtrip(store, "k", tmp_path)
+    back = run_id(store, "k_back")
+    kinds = q(
+        store,
+        "SELECT kind, anchor, delay FROM graph_edge WHERE run_id = ? AND kind = 'overlap'",
+        back,
+    )
+    assert kinds == [("overlap", "start", 7)]
