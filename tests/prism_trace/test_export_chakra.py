@@ -380,3 +380,43 @@ def test_edge_kind_without_a_code_round_trips(tmp_path: Path) -> None:
         back,
     )
     assert kinds == [("overlap", "start", 7)]
+
+
+def test_cli_size_bandwidth_and_bad_value(tmp_path: Path) -> None:
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from prism_trace.cli import main
+
+    store = open_store(tmp_path / "c.duckdb")
+    ingest(store, [SAMPLE], run="c", progress=False)
+    store.close()
+    db = str(tmp_path / "c.duckdb")
+    runner = CliRunner()
+    res = runner.invoke(
+        main,
+        [
+            "export",
+            "chakra",
+            db,
+            "--run",
+            "c",
+            "-o",
+            str(tmp_path / "o"),
+            "--json",
+            "--size-bandwidth",
+            "25",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = _json.loads(res.output)
+    assert out["size_bandwidth_gbps"] == 25.0
+    assert out["comm_groups"] == 13
+    assert out["warnings"] == []
+    bad = runner.invoke(
+        main,
+        ["export", "chakra", db, "--run", "c", "-o", str(tmp_path / "p"), "--size-bandwidth", "0"],
+    )
+    assert bad.exit_code != 0
+    assert "size bandwidth" in bad.output
