@@ -341,9 +341,36 @@ def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path
     return store
 
 
+def comm_sequences(folder: Path) -> dict[str, dict[int, list[tuple[int, int]]]]:
+    """Per group (pg_name), per rank: (comm_type, comm_size) of its collectives in file order."""
+    out: dict[str, dict[int, list[tuple[int, int]]]] = {}
+    for path in sorted(folder.glob("*.et")):
+        fh = openFileRd(str(path))
+        gm = pb.GlobalMetadata()
+        decodeMessage(fh, gm)
+        rank = attrs(gm)["rank"][1]
+        node = pb.Node()
+        while decodeMessage(fh, node):
+            a = attrs(node)
+            if node.type == pb.COMM_COLL_NODE:
+                seq = out.setdefault(a["pg_name"][1], {}).setdefault(rank, [])
+                seq.append((a["comm_type"][1], a["comm_size"][1]))
+            node = pb.Node()
+        fh.close()
+    return out
+
+
 @pytest.mark.shared_data
 def test_dlrm_roundtrip(shared_store: Store, tmp_path: Path) -> None:
     report = roundtrip(shared_store, "dlrm", tmp_path)
+    # The file order is the order ASTRA-sim issues communication in (order_deps chain it):
+    # every rank of a group issues the group's collectives in one order.
+    seqs = comm_sequences(tmp_path / "dlrm_et")
+    assert seqs
+    for per_rank in seqs.values():
+        first = next(iter(per_rank.values()))
+        assert all(s == first for s in per_rank.values())
+    assert report.order_deps > 0
     # GPU graph: kernels, memcpy/memset, launch/stream/sync edges all make it through.
     assert "MEM_LOAD_NODE" not in report.node_types  # copies are COMP_NODEs for ASTRA-sim
     assert report.deps["sync_deps"] > 0
