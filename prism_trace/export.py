@@ -4,8 +4,14 @@ Chakra ET (``export_chakra``): every rank of a recorded or sliced run becomes
 ``<prefix>.<rank>.et``, a stream of length-delimited protobuf records (the framing of
 ``chakra.src.third_party.utils.protolib.encodeMessage``): one ``GlobalMetadata``, one
 ``## process_group:init ##`` metadata node listing the rank's own communicators, then the
-``Node`` messages of its execution graph in a topological order. The mapping (node kinds,
-edges → ``data_deps``/``ctrl_deps``, durations, groups and peers) is in docs/export.md.
+``Node`` messages of its execution graph in a topological order; and ``comm_groups.json``, the
+communicators as ASTRA-sim's ``--comm-group-configuration`` (``pg_name`` is a decimal key of it).
+The files are written for ASTRA-sim to run to completion: every communication node has a size
+(the recorded one, else the size rule), copies and one-member collectives are compute, kinds it
+does not simulate are substituted (with a warning), each rank issues its communication in the
+recorded order (``order_deps``), and ``sync`` edges are an attribute, never a dependency. Every
+edge is also kept exactly (``prism_deps``) for prism's own reader. The mapping is in
+docs/export.md.
 
 A sliced run stores one graph per class under its exemplar rank; the exporter encodes that
 graph once as a template and writes each member rank's file by patching only what differs
@@ -70,11 +76,16 @@ MEM_LOAD/MEM_STORE node as a remote-memory transfer, which a recorded device cop
 the graph has no copy size). A collective on a group of one member is a COMP_NODE too."""
 
 PRISM_DEPS_ATTR = "prism_deps"
-"""Node attribute (int64 list): ``src, delay`` of each incoming ``graph_edge``, in the order of
-``prism_dep_kinds``, so that prism's reader restores every edge exactly."""
+"""Node attribute (int64 list): ``src, delay, code`` of each incoming ``graph_edge``, so that
+prism's reader restores every edge exactly; ``code = 2 * PRISM_EDGE_CODES.index(kind) + (anchor
+== "start")``, or -1 when the kind is not in the table (then ``prism_dep_kinds`` says)."""
 
 PRISM_DEP_KINDS_ATTR = "prism_dep_kinds"
-"""Node attribute (string list): ``kind@anchor`` of each incoming ``graph_edge``."""
+"""Node attribute (string list), only where a kind has no code: ``kind@anchor`` of each
+incoming edge, in the order of ``prism_deps``."""
+
+PRISM_EDGE_CODES = ("program", "launch", "stream", "wait", "sync", "comm", "data", "ctrl")
+"""Edge kinds with a code in ``prism_deps`` (fixed: files written today must read back later)."""
 
 PRISM_KIND_ATTR = "prism_kind"
 """Node attribute (string) naming the ``graph_node.kind`` where the Chakra type loses it."""
@@ -485,11 +496,17 @@ def _comm_plan(store: Store, rd: _Run, bandwidth_gbps: float) -> _CommPlan:
 
 
 def _ring_factor(kind: str, n: int) -> float:
-    """Bytes each member moves per byte of ``comm_size`` on a ring of ``n`` (nccl-tests' busbw)."""
+    """Bytes each member sends per byte of ``comm_size`` in ASTRA-sim's ring of ``n``.
+
+    nccl-tests' bus factors, except the all-gather: ASTRA-sim takes its ``comm_size`` as each
+    rank's input and moves ``(n-1) x comm_size`` (docs/network.md).
+    """
     if kind in ("send", "recv") or n < 2:
         return 1.0
     if kind in ("all_reduce", "reduce"):
         return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "gather", "scatter"):
+        return float(n - 1)
     return (n - 1) / n
 
 
@@ -558,7 +575,12 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
         _EDGE_SQL, params=[rd.run_id, graph_rank]
     ).fetchall():
         ints, kinds = exact[dst]
-        ints.extend((int(src), int(delay or 0)))
+        code = (
+            2 * PRISM_EDGE_CODES.index(kind) + (anchor == "start")
+            if kind in PRISM_EDGE_CODES
+            else -1
+        )
+        ints.extend((int(src), int(delay or 0), code))
         kinds.append(f"{kind}@{anchor or 'end'}")
         if kind in SYNC_EDGE_KINDS:
             bucket, name = sync, "sync_deps"
@@ -650,7 +672,10 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
         if nid in exact:
             ints, kinds = exact[nid]
             node.attr.append(_attr(PRISM_DEPS_ATTR, int64_list=pb.Int64List(values=ints)))
-            node.attr.append(_attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds)))
+            if -1 in ints[2::3]:
+                node.attr.append(
+                    _attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds))
+                )
         types[pb.NodeType.Name(ntype)] += 1
         hole: _Hole | None = None
         if kind in ("collective", "send", "recv"):

@@ -779,33 +779,55 @@ def _sync_edges(
 # -- Chakra and op timelines -------------------------------------------------------------------
 
 
+PRISM_EDGE_CODES = ("program", "launch", "stream", "wait", "sync", "comm", "data", "ctrl")
+"""The edge-kind codes of prism's Chakra export (``prism_trace.export.PRISM_EDGE_CODES``)."""
+
+
 def _prism_edges(events: pl.DataFrame, ids: pl.DataFrame) -> tuple[pl.DataFrame, list[int]]:
-    """The edges prism's Chakra export recorded exactly (``prism_deps``/``prism_dep_kinds``).
+    """The edges prism's Chakra export recorded exactly (``prism_deps``, ``prism_dep_kinds``).
 
     Chakra's ``data_deps`` lose an edge's kind, anchor and delay; prism's export keeps them in
-    two node attributes, so that a read-back run emulates as the exported one did. Returns the
-    edges and the ranks that carry them (a rank of prism's export has them on every node with
-    an incoming edge).
+    ``prism_deps`` (``src, delay, code`` per edge; a code of -1 defers to the ``kind@anchor``
+    strings of ``prism_dep_kinds``), so that a read-back run emulates as the exported one did.
+    Returns the edges and the ranks that carry them.
     """
     empty = pl.DataFrame(schema=EDGE_SCHEMA)
     if "prism_deps" not in events.columns:
         return empty, []
-    own = events.filter(
-        pl.col("prism_deps").is_not_null() & pl.col("prism_dep_kinds").is_not_null()
-    )
+    own = events.filter(pl.col("prism_deps").is_not_null())
     if own.height == 0:
         return empty, []
+    codes = pl.DataFrame(
+        {
+            "code": list(range(2 * len(PRISM_EDGE_CODES))),
+            "kind": [k for k in PRISM_EDGE_CODES for _ in (0, 1)],
+            "anchor": ["end", "start"] * len(PRISM_EDGE_CODES),
+        },
+        schema={"code": pl.Int64, "kind": pl.Utf8, "anchor": pl.Utf8},
+    )
     ex = (
         own.select(
             pl.col("rank").cast(pl.Int32),
             pl.col("event_id").cast(pl.Int64).alias("dst_event_id"),
-            pl.col("prism_deps").list.gather_every(2).alias("src_event_id"),
-            pl.col("prism_deps").list.gather_every(2, offset=1).alias("delay"),
-            pl.col("prism_dep_kinds").alias("kk"),
+            pl.col("prism_deps").list.gather_every(3).alias("src_event_id"),
+            pl.col("prism_deps").list.gather_every(3, offset=1).alias("delay"),
+            pl.col("prism_deps").list.gather_every(3, offset=2).alias("code"),
+            pl.col("prism_dep_kinds"),
         )
-        .explode(["src_event_id", "delay", "kk"])
-        .with_columns(pl.col("kk").str.split_exact("@", 1).struct.rename_fields(["kind", "anchor"]))
-        .unnest("kk")
+        .with_columns(pl.int_ranges(0, pl.col("code").list.len()).alias("_i"))
+        .explode(["src_event_id", "delay", "code", "_i"])
+        .join(codes, on="code", how="left")
+        .with_columns(
+            pl.col("prism_dep_kinds")
+            .list.get(pl.col("_i"), null_on_oob=True)
+            .str.split_exact("@", 1)
+            .struct.rename_fields(["_k", "_a"])
+            .alias("_ka")
+        )
+        .unnest("_ka")
+        .with_columns(
+            pl.coalesce("kind", "_k").alias("kind"), pl.coalesce("anchor", "_a").alias("anchor")
+        )
         .join(
             ids.rename({"event_id": "src_event_id", "node_id": "src"}),
             on=["rank", "src_event_id"],
@@ -817,16 +839,9 @@ def _prism_edges(events: pl.DataFrame, ids: pl.DataFrame) -> tuple[pl.DataFrame,
             how="left",
         )
         .filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
-        .select(
-            pl.col("rank"),
-            pl.col("src").cast(pl.Int64),
-            pl.col("dst").cast(pl.Int64),
-            pl.col("kind"),
-            pl.col("anchor"),
-            pl.col("delay").cast(pl.Int64),
-        )
     )
-    return ex.select(list(EDGE_SCHEMA)).cast(EDGE_SCHEMA), sorted(own["rank"].unique().to_list())
+    edges = ex.select(list(EDGE_SCHEMA)).cast(EDGE_SCHEMA)
+    return edges, sorted(own["rank"].unique().to_list())
 
 
 def chakra_graph(

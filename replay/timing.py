@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 Algorithm = Literal["auto", "ring", "tree"]
+AllToAll = Literal["pairwise", "ring"]
+"""All-to-all algorithm of the alpha-beta model: NCCL's pairwise exchange, or ASTRA-sim's ring."""
 
 
 def recorded_completion(
@@ -180,6 +182,8 @@ def collective_cost(
     topology: Topology,
     *,
     algorithm: Algorithm = "auto",
+    chunks: int = 1,
+    all_to_all: AllToAll = "pairwise",
 ) -> CollectiveCost:
     """Alpha-beta terms of instances under NCCL's algorithms (vectorised).
 
@@ -209,6 +213,12 @@ def collective_cost(
         n_nodes: nodes the group spans (clipped to ``[1, group_size]``).
         topology: link parameters (used to choose ring vs tree).
         algorithm: ``auto``, ``ring`` or ``tree`` (all_reduce only).
+        chunks: a collective runs as ``chunks`` pieces one after another, each paying every
+            step's latency (ASTRA-sim's ``preferred-dataset-splits`` with one active chunk);
+            the bytes are the same. Sends and receives are not split.
+        all_to_all: ``pairwise`` (NCCL: each rank sends to every other directly) or ``ring``
+            (ASTRA-sim's ring: every piece is relayed hop by hop, ``n(n-1)/2`` steps moving
+            ``(n-1)/2 S``).
 
     Returns:
         The terms per instance.
@@ -236,6 +246,14 @@ def collective_cost(
     intra_bytes[a2a] = (g[a2a] - 1.0) / n[a2a] * size[a2a]
     inter_bytes[a2a] = (n[a2a] - g[a2a]) / n[a2a] * size[a2a]
     algo[a2a] = "pairwise"
+    if all_to_all == "ring" and a2a.any():
+        # Relayed around the ring: n(n-1)/2 steps of S/n, split across link classes as a ring's.
+        relay = n[a2a] / 2.0
+        intra_steps[a2a] = relay * (n[a2a] - nodes[a2a])
+        inter_steps[a2a] = relay * (nodes[a2a] - 1.0)
+        intra_bytes[a2a] = (n[a2a] - 1.0) / 2.0 * size[a2a]
+        inter_bytes[a2a] = np.where(multi[a2a], intra_bytes[a2a] / g[a2a], 0.0)
+        algo[a2a] = "ring"
 
     p2p = np.isin(kinds, _P2P)
     intra_steps[p2p] = np.where(multi[p2p], 0.0, 1.0)
@@ -259,6 +277,15 @@ def collective_cost(
         else:
             use = ar & multi & (tree.time_ns(topology) < ring.time_ns(topology))
         ring = CollectiveCost(*(np.where(use, getattr(tree, f), getattr(ring, f)) for f in _F))
+    if chunks > 1:
+        split = ~np.isin(kinds, _P2P)
+        ring = CollectiveCost(
+            ring.algorithm,
+            np.where(split, ring.intra_steps * chunks, ring.intra_steps),
+            np.where(split, ring.inter_steps * chunks, ring.inter_steps),
+            ring.intra_bytes,
+            ring.inter_bytes,
+        )
     lone = n <= 1  # a group of one moves nothing
     if lone.any():
         ring = CollectiveCost(
@@ -426,11 +453,22 @@ class AlphaBetaTransfer:
 
     topology: Topology = field(default_factory=Topology)
     algorithm: Algorithm = "auto"
+    chunks: int = 1
+    all_to_all: AllToAll = "pairwise"
 
     def cost(self, query: TransferQuery) -> CollectiveCost:
         """The terms per instance (which algorithm, steps, bytes): for reports and tests."""
         size, n, nodes, *_ = query.shapes(self.topology)
-        return collective_cost(query.kind, size, n, nodes, self.topology, algorithm=self.algorithm)
+        return collective_cost(
+            query.kind,
+            size,
+            n,
+            nodes,
+            self.topology,
+            algorithm=self.algorithm,
+            chunks=self.chunks,
+            all_to_all=self.all_to_all,
+        )
 
     def transfer(self, query: TransferQuery) -> np.ndarray:
         """Modelled transfer per instance, ns."""
@@ -452,11 +490,16 @@ class TimingConfig:
             preset's values).
         algorithm: all_reduce algorithm: ``auto`` (least modelled time, as NCCL's tuner),
             ``ring`` or ``tree`` (as ``NCCL_ALGO``).
+        chunks: ``alpha_beta`` only: collectives run as this many pieces in sequence, each
+            paying the latency (4 matches ASTRA-sim's default system config; docs/network.md).
+        all_to_all: ``alpha_beta`` only: ``pairwise`` (NCCL) or ``ring`` (ASTRA-sim).
     """
 
     model: Literal["recorded", "scaled", "alpha_beta"] = "scaled"
     calibrate: bool = False
     algorithm: Algorithm = "auto"
+    chunks: int = 1
+    all_to_all: AllToAll = "pairwise"
 
     def __post_init__(self) -> None:
         if self.model not in ("recorded", "scaled", "alpha_beta"):
@@ -464,6 +507,12 @@ class TimingConfig:
             raise ValueError(msg)
         if self.algorithm not in ("auto", "ring", "tree"):
             msg = f"timing `algorithm` must be auto, ring or tree, got {self.algorithm!r}"
+            raise ValueError(msg)
+        if not isinstance(self.chunks, int) or self.chunks < 1:
+            msg = f"timing `chunks` must be a whole number >= 1, got {self.chunks!r}"
+            raise ValueError(msg)
+        if self.all_to_all not in ("pairwise", "ring"):
+            msg = f"timing `all_to_all` must be pairwise or ring, got {self.all_to_all!r}"
             raise ValueError(msg)
 
 
@@ -478,7 +527,7 @@ def transfer_model(config: TimingConfig, topology: Topology) -> TransferModel:
         The model.
     """
     if config.model == "alpha_beta":
-        return AlphaBetaTransfer(topology, config.algorithm)
+        return AlphaBetaTransfer(topology, config.algorithm, config.chunks, config.all_to_all)
     if config.model == "scaled":
         return ScaledTransfer(topology, config.algorithm)
     return RecordedTransfer(topology, config.algorithm)

@@ -33,6 +33,12 @@ Mapping (one rank per file):
   world when known, else NULL for ingest to fill in from the number of files.
 - ``world_size``: a ``world_size`` metadata attribute, else the default group's size, else NULL.
 
+Files of prism's own export (``GlobalMetadata`` ``schema`` ``prism-trace-…``) carry more: a
+group's name is its ``pg_desc`` (``pg_name`` is ASTRA-sim's decimal id), ``prism_kind`` gives the
+kind of copies and one-member collectives written as COMP_NODEs, ``prism_comm_kind`` the
+recorded kind of a substituted collective, ``sync_deps`` become ``sync`` flows, and the
+``order_deps`` added for ASTRA-sim's issue order are dropped (docs/export.md).
+
 The rank comes from the file name (``<prefix>.<rank>.et``, also ``name.0.et_schema1.0.1_HEAD.gz``),
 else from the ``rank`` argument.
 """

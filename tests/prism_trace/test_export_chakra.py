@@ -341,9 +341,36 @@ def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path
     return store
 
 
+def comm_sequences(folder: Path) -> dict[str, dict[int, list[tuple[int, int]]]]:
+    """Per group (pg_name), per rank: (comm_type, comm_size) of its collectives in file order."""
+    out: dict[str, dict[int, list[tuple[int, int]]]] = {}
+    for path in sorted(folder.glob("*.et")):
+        fh = openFileRd(str(path))
+        gm = pb.GlobalMetadata()
+        decodeMessage(fh, gm)
+        rank = attrs(gm)["rank"][1]
+        node = pb.Node()
+        while decodeMessage(fh, node):
+            a = attrs(node)
+            if node.type == pb.COMM_COLL_NODE:
+                seq = out.setdefault(a["pg_name"][1], {}).setdefault(rank, [])
+                seq.append((a["comm_type"][1], a["comm_size"][1]))
+            node = pb.Node()
+        fh.close()
+    return out
+
+
 @pytest.mark.shared_data
 def test_dlrm_roundtrip(shared_store: Store, tmp_path: Path) -> None:
     report = roundtrip(shared_store, "dlrm", tmp_path)
+    # The file order is the order ASTRA-sim issues communication in (order_deps chain it):
+    # every rank of a group issues the group's collectives in one order.
+    seqs = comm_sequences(tmp_path / "dlrm_et")
+    assert seqs
+    for per_rank in seqs.values():
+        first = next(iter(per_rank.values()))
+        assert all(s == first for s in per_rank.values())
+    assert report.order_deps > 0
     # GPU graph: kernels, memcpy/memset, launch/stream/sync edges all make it through.
     assert "MEM_LOAD_NODE" not in report.node_types  # copies are COMP_NODEs for ASTRA-sim
     assert report.deps["sync_deps"] > 0
@@ -354,3 +381,69 @@ def test_dlrm_roundtrip(shared_store: Store, tmp_path: Path) -> None:
 def test_chakra_ring_roundtrip(shared_store: Store, tmp_path: Path) -> None:
     report = roundtrip(shared_store, "ring", tmp_path)
     assert report.node_types["COMM_SEND_NODE"] == report.node_types["COMM_RECV_NODE"] > 0
+
+
+def test_edge_kind_without_a_code_round_trips(tmp_path: Path) -> None:
+    """A kind outside ``prism_deps``' code table is spelled out in ``prism_dep_kinds``."""
+    store = open_store(tmp_path / "k.duckdb")
+    ingest(store, [SAMPLE], run="k", progress=False)
+    build_graph(store, "k")
+    rid = run_id(store, "k")
+    ((src, dst),) = q(
+        store,
+        "SELECT src, dst FROM graph_edge WHERE run_id = ? AND rank = 0 ORDER BY dst LIMIT 1",
+        rid,
+    )
+    store.con.execute(
+        "UPDATE graph_edge SET kind = 'overlap', anchor = 'start', delay = 7"
+        " WHERE run_id = ? AND rank = 0 AND src = ? AND dst = ?",
+        [rid, src, dst],
+    )
+    roundtrip(store, "k", tmp_path)
+    back = run_id(store, "k_back")
+    kinds = q(
+        store,
+        "SELECT kind, anchor, delay FROM graph_edge WHERE run_id = ? AND kind = 'overlap'",
+        back,
+    )
+    assert kinds == [("overlap", "start", 7)]
+
+
+def test_cli_size_bandwidth_and_bad_value(tmp_path: Path) -> None:
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from prism_trace.cli import main
+
+    store = open_store(tmp_path / "c.duckdb")
+    ingest(store, [SAMPLE], run="c", progress=False)
+    store.close()
+    db = str(tmp_path / "c.duckdb")
+    runner = CliRunner()
+    res = runner.invoke(
+        main,
+        [
+            "export",
+            "chakra",
+            db,
+            "--run",
+            "c",
+            "-o",
+            str(tmp_path / "o"),
+            "--json",
+            "--size-bandwidth",
+            "25",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    out = _json.loads(res.output)
+    assert out["size_bandwidth_gbps"] == 25.0
+    assert out["comm_groups"] == 13
+    assert out["warnings"] == []
+    bad = runner.invoke(
+        main,
+        ["export", "chakra", db, "--run", "c", "-o", str(tmp_path / "p"), "--size-bandwidth", "0"],
+    )
+    assert bad.exit_code != 0
+    assert "size bandwidth" in bad.output

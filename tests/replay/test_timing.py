@@ -249,3 +249,26 @@ def test_bandwidth_what_if() -> None:
     assert RecordedTransfer(ib).transfer(q).tolist() == q.recorded_ns.tolist()
     cross = _query(spans_nodes=np.ones(4, dtype=bool), n_nodes=arr(2, 2, 2, 2))
     assert (RecordedTransfer(ib).transfer(cross) > cross.recorded_ns).all()
+
+
+def test_astra_sim_options_chunks_and_ring_all_to_all() -> None:
+    # ASTRA-sim's ring (docs/network.md): 4 pieces in sequence, each paying the latency; its
+    # all-to-all relays n(n-1)/2 steps of S/n. 8 NPUs, 1 MiB, 50 GB/s, 500 ns: ASTRA-sim
+    # measures 64 440 ns for the all-reduce.
+    mib, b, a = 1 << 20, 50.0, 500.0
+    topo = Topology(ranks_per_node=8, intra_node_gbps=b, intra_node_latency_ns=a)
+    ar = one("all_reduce", mib, 8, 1, topo, algorithm="ring", chunks=4)
+    assert ar == pytest.approx(4 * 14 * a + 2 * 7 / 8 * mib / b)
+    assert abs(ar / 64_440 - 1) < 0.01
+    a2a = one("all_to_all", mib, 8, 1, topo, chunks=4, all_to_all="ring")
+    assert a2a == pytest.approx(4 * 28 * a + 3.5 * mib / b)
+    # p2p is not split; chunks=1 is the plain model.
+    assert one("send", mib, 2, 1, topo, chunks=4) == one("send", mib, 2, 1, topo)
+    assert one("all_reduce", mib, 8, 1, topo, chunks=1) == one("all_reduce", mib, 8, 1, topo)
+    with pytest.raises(ValueError, match="chunks"):
+        TimingConfig(chunks=0)
+    with pytest.raises(ValueError, match="all_to_all"):
+        TimingConfig(all_to_all="mesh")  # type: ignore[arg-type]
+    model = transfer_model(TimingConfig(model="alpha_beta", chunks=4), topo)
+    assert isinstance(model, AlphaBetaTransfer)
+    assert model.chunks == 4
