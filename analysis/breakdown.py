@@ -64,19 +64,32 @@ def temporal(
     Raises:
         PrismError: no run of that name, or ``window="hta"`` with an iteration.
     """
+    return _windowed(store, "breakdown_temporal", run, window, by, iteration, ranks)
+
+
+def _windowed(
+    store: Store,
+    view: str,
+    run: str,
+    window: Window,
+    by: str | None,
+    iteration: int | None,
+    ranks: list[int] | None,
+) -> pl.DataFrame:
+    """``view`` (whole run), ``view_iteration`` (per iteration) or ``view_hta`` (HTA's window)."""
     _check_window(window, iteration)
     if window == "hta":
-        return run_view(store, "breakdown_temporal_hta", run, order_by="rank", ranks=ranks)
+        return run_view(store, f"{view}_hta", run, order_by="rank", ranks=ranks)
     if by == "iteration" or iteration is not None:
         return run_view(
             store,
-            "breakdown_temporal_iteration",
+            f"{view}_iteration",
             run,
             order_by="rank, iteration",
             ranks=ranks,
             iteration=iteration,
         )
-    return run_view(store, "breakdown_temporal", run, order_by="rank", ranks=ranks)
+    return run_view(store, view, run, order_by="rank", ranks=ranks)
 
 
 def kernels(
@@ -169,19 +182,7 @@ def overlap(
     Raises:
         PrismError: no run of that name, or ``window="hta"`` with an iteration.
     """
-    _check_window(window, iteration)
-    if window == "hta":
-        return run_view(store, "breakdown_overlap_hta", run, order_by="rank", ranks=ranks)
-    if by == "iteration" or iteration is not None:
-        return run_view(
-            store,
-            "breakdown_overlap_iteration",
-            run,
-            order_by="rank, iteration",
-            ranks=ranks,
-            iteration=iteration,
-        )
-    return run_view(store, "breakdown_overlap", run, order_by="rank", ranks=ranks)
+    return _windowed(store, "breakdown_overlap", run, window, by, iteration, ranks)
 
 
 def idle(
