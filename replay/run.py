@@ -130,6 +130,8 @@ class EmulationConfig:
         memory: the memory replay (``MemoryConfig``).
         what_if: departures from the recording (``replay.whatif.WhatIfConfig``).
         seed: seed of the random models (the variance mode).
+        keep_events: ranks whose own per-op events are written besides the class exemplars'
+            (a class member otherwise shares its exemplar's events: ``rank.class_id``).
     """
 
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -138,6 +140,7 @@ class EmulationConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
     seed: int = 0
+    keep_events: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -161,6 +164,7 @@ class EmulationConfig:
             memory=MemoryConfig(**data.get("memory", {})),
             what_if=WhatIfConfig(**data.get("what_if", {})),
             seed=int(data.get("seed", 0)),
+            keep_events=tuple(int(r) for r in data.get("keep_events", ())),
         )
 
 
@@ -1025,6 +1029,13 @@ def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _all_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
+    """Every rank's iterations: its unit's, or its replica's column's (``replay.vector``)."""
+    if res.replicas is not None:
+        return _replica_iterations(res, rec_iter)
+    return _rank_iterations(res, _iteration_frame(res, rec_iter))
+
+
 def _replica_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
     """Iterations of every rank when every replica is distinct (``replay.vector``).
 
@@ -1086,9 +1097,50 @@ def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
     )
 
 
-def _event_frame(res: _Result, run_id: int) -> pl.DataFrame:
+def _kept(res: _Result, keep: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``(rank, unit, column)`` of each rank of ``keep`` that is not a unit itself (a class
+    member: its events are its unit's, from its replica's column when replicas are distinct)."""
+    inputs = res.inputs
+    want = np.array(sorted(set(keep) - set(inputs.unit_rank.tolist())), dtype=np.int64)
+    want = want[(want >= 0) & (want < inputs.world_size)]
+    unit = _rank_lookup(inputs.rank_unit, want)
+    out = []
+    for r, u in zip(want.tolist(), unit.tolist(), strict=True):
+        if u < 0 or r in inputs.left_out:
+            continue
+        col = 0
+        if inputs.grid is not None:
+            col = int(inputs.grid.column[int(np.flatnonzero(inputs.grid.grid[u] == r)[0])])
+        out.append((r, u, col))
+    return out
+
+
+def _event_frame(res: _Result, run_id: int, keep: tuple[int, ...] = ()) -> pl.DataFrame:
+    """Every unit's events, and those of the ranks of ``keep`` (``_kept``)."""
     inputs, tl = res.inputs, res.timeline
     n = inputs.nodes
+    own = _unit_events(res, run_id, tl.start, tl.end, None)
+    extra = []
+    for r, u, col in _kept(res, keep):
+        if res.replicas is not None:
+            start, end = res.replicas.start[:, col], res.replicas.end[:, col]
+        else:
+            start, end = tl.start, tl.end
+        rows = np.flatnonzero(n["unit"].to_numpy() == u)
+        extra.append(
+            _unit_events(res, run_id, start, end, rows).with_columns(rank=pl.lit(r, pl.Int32))
+        )
+    return pl.concat([own, *extra]) if extra else own
+
+
+def _unit_events(
+    res: _Result, run_id: int, start: np.ndarray, end: np.ndarray, rows: np.ndarray | None
+) -> pl.DataFrame:
+    inputs = res.inputs
+    n = inputs.nodes if rows is None else inputs.nodes[rows]
+    if rows is not None:
+        start, end = start[rows], end[rows]
+    tl = Timeline(start, end, np.zeros(0, dtype=np.int64), 0)
     return pl.DataFrame(
         {
             "run_id": np.full(n.height, run_id, dtype=np.int32),
@@ -1260,7 +1312,8 @@ def _writing(
     try:
         with ThreadPoolExecutor(max_workers=1) as worker, store.transaction() as con:
             run_id = _write_header(con, res, out_run=out_run, old_id=old_id, config=config)
-            events = worker.submit(_insert, con, "event", _event_frame(res, run_id))
+            frame = _event_frame(res, run_id, config.keep_events)
+            events = worker.submit(_insert, con, "event", frame)
             w = _Writing(
                 con=con,
                 reader=dataclasses.replace(store, con=cursor),
@@ -1312,12 +1365,13 @@ def _write_header(
     # class_id: the rank whose events a rank shares (what-ifs may have expanded replicas);
     # args.what_if: why a rank is left out of the results (a removed GPU and its slot).
     ru = inputs.rank_unit.filter(pl.col("unit") >= 0)
-    owner = pl.DataFrame(
-        {
-            "rank": ru["rank"].to_numpy().astype(np.int32),
-            "owner": inputs.unit_rank[ru["unit"].to_numpy()].astype(np.int32),
-        }
-    ).join(
+    kept = _kept(res, config.keep_events)
+    own = inputs.unit_rank[ru["unit"].to_numpy()].astype(np.int32)
+    r_all = ru["rank"].to_numpy().astype(np.int32)
+    if kept:  # a rank with events of its own is its own class exemplar
+        k = np.array([r for r, _, _ in kept], dtype=np.int32)
+        own = np.where(np.isin(r_all, k), r_all, own)
+    owner = pl.DataFrame({"rank": r_all, "owner": own}).join(
         pl.DataFrame(
             {"rank": list(inputs.left_out), "why": list(inputs.left_out.values())},
             schema={"rank": pl.Int32, "why": pl.Utf8},
@@ -1346,7 +1400,14 @@ def _write_header(
         " FROM comm_group WHERE run_id = $2",
         [run_id, inputs.run_id],
     )
-    units = pl.DataFrame({"rank": inputs.unit_rank, "source_rank": inputs.unit_source})
+    units = pl.DataFrame(
+        {
+            "rank": np.concatenate([inputs.unit_rank, [r for r, _, _ in kept]]).astype(np.int64),
+            "source_rank": np.concatenate(
+                [inputs.unit_source, [inputs.unit_source[u] for _, u, _ in kept]]
+            ).astype(np.int64),
+        }
+    )
     con.register("_emu_units", units.to_arrow())
     try:
         con.execute(
@@ -1618,8 +1679,7 @@ def emulate_in_memory(
         inputs = _prepare_what_if(store, target, config, input_run=run)
         res = _emulate(store, inputs, config)
         res.memory = _memory(store, res, config)
-        per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
-        return res, _rank_iterations(res, per_unit)
+        return res, _all_iterations(res, _recorded_iterations(store, inputs))
 
 
 def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_run: str) -> _Inputs:
@@ -1760,11 +1820,7 @@ def emulate_run(
         with _writing(store, res, out_run=out_run, old_id=old_id, config=config) as w:
             res.memory = _memory(w.reader, res, config)
             w.memory()
-            rec_iter = _recorded_iterations(w.reader, inputs)
-            if res.replicas is not None:
-                iters = _replica_iterations(res, rec_iter)
-            else:
-                iters = _rank_iterations(res, _iteration_frame(res, rec_iter))
+            iters = _all_iterations(res, _recorded_iterations(w.reader, inputs))
             n_iter = w.finish(iters)
         run_id, n_events = w.run_id, w.n_events
         t_write = time.perf_counter() - t1

@@ -53,7 +53,6 @@ __all__ = [
 
 _COMM = ("collective", "send", "recv")
 
-_NEG = np.int64(-(2**62))
 _BLOCK = 1 << 24
 """Elements of one ``(edges, replicas)`` block: bounds the transient memory of a level (128 MB)."""
 
@@ -176,7 +175,9 @@ def emulate_replicas(
         msg = "emulate_replicas: points left without a level but no deadlock found"
         raise AssertionError(msg)
 
-    val = np.full((n_points, reps), _NEG, dtype=np.int64)
+    # Every point but a root's start has in-edges, all in its level's block: it is written
+    # once, there, and its initial value is never read (no fill of the whole matrix).
+    val = np.empty((n_points, reps), dtype=np.int64)
     has_start_pred = np.zeros(n, dtype=bool)
     has_start_pred[np.asarray(graph.dst)[~np.asarray(graph.holds_end, dtype=bool)]] = True
     roots = np.flatnonzero(~has_start_pred)
@@ -214,7 +215,6 @@ def emulate_replicas(
                 cand[has] += dur[r[has]]
             red = np.maximum.reduceat(cand, segs[a:b] - b_lo, axis=0)
             d = e_dst[segs[a:b]]
-            np.maximum(red, val[d], out=red)
             sh = is_shared[d]
             if sh.any():
                 red[sh] = red[sh].max(axis=1, keepdims=True)
