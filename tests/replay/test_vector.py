@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from prism_trace.replay import run as run_mod
-from prism_trace.replay.emulator import CommInstances, EmulatorGraph
+from prism_trace.replay.emulator import CommInstances, DeadlockError, EmulatorGraph
 from prism_trace.replay.emulator import emulate as emulate_scalar
 from prism_trace.replay.run import EmulationConfig, emulate_in_memory, emulate_run
 from prism_trace.replay.timing import TimingConfig
@@ -83,6 +83,40 @@ def test_vector_core_matches_the_scalar_core_per_column() -> None:
     assert vt.arrival[0].tolist() == [35, 35, 35]
     assert vt.end[1].tolist() == [42, 42, 42]
     assert vt.end[2].tolist() == [46, 46, 51]
+
+
+def test_blocks_of_a_wide_level_and_a_deadlock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A level split into many blocks gives the same times; a cycle raises the core's error."""
+    from prism_trace.replay import vector
+
+    rng = np.random.default_rng(0)
+    n = 40  # 40 independent chains of 2 nodes feeding one shared instance
+    g = EmulatorGraph(
+        unit=np.zeros(2 * n, dtype=np.int64),
+        dur=np.zeros(2 * n, dtype=np.int64),
+        release=np.zeros(2 * n, dtype=np.int64),
+        src=np.arange(n),
+        dst=np.arange(n, 2 * n),
+        delay=np.ones(n, dtype=np.int64),
+        from_end=np.ones(n, dtype=bool),
+        holds_end=np.zeros(n, dtype=bool),
+    )
+    comm = CommInstances(
+        node=np.arange(n, 2 * n), instance=np.zeros(n, dtype=np.int64), transfer=np.full(n, 2)
+    )
+    dur = rng.integers(0, 100, size=(2 * n, 5))
+    whole = emulate_replicas(g, comm, dur=dur, shared=np.array([True]))
+    monkeypatch.setattr(vector, "_BLOCK", 5)  # one destination per block
+    split = emulate_replicas(g, comm, dur=dur, shared=np.array([True]))
+    assert np.array_equal(whole.end, split.end)
+    assert (whole.arrival == dur[:n].max() + 1).all()
+    cyc = EmulatorGraph(**{**g.__dict__, "src": np.array([0, 1]), "dst": np.array([1, 0])})
+    cyc = EmulatorGraph(
+        **{**cyc.__dict__, "delay": np.zeros(2, np.int64), "from_end": np.ones(2, bool)}
+        | {"holds_end": np.zeros(2, bool)}
+    )
+    with pytest.raises(DeadlockError, match="cycle"):
+        emulate_replicas(cyc, CommInstances.empty(), dur=dur, shared=np.zeros(0, dtype=bool))
 
 
 def test_a_slow_replica_reproduces_the_expanded_units_exactly(store: Store) -> None:
