@@ -13,7 +13,6 @@ from prism_trace.store import Store
 __all__ = ["check_selection", "describe_selection", "exemplar_hint"]
 
 
-
 def _spans(values: list[int]) -> str:
     """``[0, 1, 2, 5]`` as ``0-2, 5`` (at most a few spans, then a count)."""
     spans: list[str] = []

@@ -513,6 +513,13 @@ def slice_cmd(
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the variance mode.")
 @click.option(
+    "--keep-events",
+    "keep_events",
+    type=RANKS,
+    default=None,
+    help="Ranks whose own per-op events are written (default: class exemplars only): 5,9..11.",
+)
+@click.option(
     "--topology",
     "system",
     type=click.Choice(["generic", "a100", "h100", "h200"]),
@@ -550,6 +557,7 @@ def emulate_cmd(
     replace: bool,
     what_ifs: tuple[str, ...],
     seed: int,
+    keep_events: list[int] | None,
     system: str,
     timing_model: str,
     calibrate: bool,
@@ -579,6 +587,8 @@ def emulate_cmd(
         config = with_(config, timing=with_(config.timing, calibrate=True))
     if partial:
         config = with_(config, replay=with_(config.replay, allow_partial=True))
+    if keep_events:
+        config = with_(config, keep_events=tuple(keep_events))
     with open_store(db) as store:
         report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())

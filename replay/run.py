@@ -45,6 +45,17 @@ from prism_trace.replay.timing import (
 )
 from prism_trace.replay.topology import Topology
 from prism_trace.replay.typical import typical_durations, typical_transfers
+from prism_trace.replay.vector import (
+    Replicas,
+    ReplicaTimeline,
+    emulate_replicas,
+    kineto_iterations,
+    replica_durations,
+    replica_grid,
+    scale_replicas,
+    shared_instances,
+    vector_eligible,
+)
 from prism_trace.replay.whatif import (
     WhatIfConfig,
     WhatIfError,
@@ -119,6 +130,8 @@ class EmulationConfig:
         memory: the memory replay (``MemoryConfig``).
         what_if: departures from the recording (``replay.whatif.WhatIfConfig``).
         seed: seed of the random models (the variance mode).
+        keep_events: ranks whose own per-op events are written besides the class exemplars'
+            (a class member otherwise shares its exemplar's events: ``rank.class_id``).
     """
 
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -127,6 +140,7 @@ class EmulationConfig:
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
     seed: int = 0
+    keep_events: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -150,6 +164,7 @@ class EmulationConfig:
             memory=MemoryConfig(**data.get("memory", {})),
             what_if=WhatIfConfig(**data.get("what_if", {})),
             seed=int(data.get("seed", 0)),
+            keep_events=tuple(int(r) for r in data.get("keep_events", ())),
         )
 
 
@@ -257,6 +272,9 @@ class _Inputs:
     parent_run_id: int | None = None  # the dp what-if: the run the user named, not the re-slice
     # no-stragglers: nodes that keep their recorded time (a slowdown group, replay.slowdown)
     keep_recorded: np.ndarray | None = None
+    # replicas distinct on the class graph (replay.vector): the data-parallel replicas as
+    # columns; None: one unit per class, or expanded units
+    grid: Replicas | None = None
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
@@ -526,6 +544,7 @@ class _Result:
     n_p2p: int
     seconds: float
     memory: pl.DataFrame | None = None  # unit + replay.memory.MEMORY_COLUMNS less rank
+    replicas: ReplicaTimeline | None = None  # every replica's times (inputs.grid set)
 
 
 def _groups(store: Store, run_id: int, group_ids: list[int]) -> pl.DataFrame:
@@ -774,9 +793,47 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         return f"rank {r['rank']} node {r['node_id']} ({r['kind']} {r['name']!r})"
 
     t = time.perf_counter()
+    if inputs.grid is not None:
+        vt = _emulate_replicas(inputs, graph, comm, sync, g_axis, config, label)
+        seconds = time.perf_counter() - t
+        timeline = Timeline(vt.start[:, 0], vt.end[:, 0], vt.arrival[:, 0], vt.rounds)
+        return _Result(inputs, timeline, sync, nc, npp, seconds, replicas=vt)
     timeline = emulate(graph, comm, label=label)
     seconds = time.perf_counter() - t
     return _Result(inputs, timeline, sync, nc, npp, seconds)
+
+
+def _emulate_replicas(
+    inputs: _Inputs,
+    graph: EmulatorGraph,
+    comm: CommInstances,
+    sync: pl.DataFrame,
+    g_axis: dict[int, Any],
+    config: EmulationConfig,
+    label: Any,
+) -> ReplicaTimeline:
+    """The class graph once, a column per data-parallel replica (``replay.vector``)."""
+    assert inputs.grid is not None
+    w = config.what_if
+    draw = w.variance and not w.no_stragglers  # no-stragglers replaces every op's time anyway
+    dur = replica_durations(
+        inputs.nodes,
+        np.asarray(graph.dur, dtype=np.int64),
+        replicas=inputs.grid.n_columns,
+        variance=draw,
+        seed=config.seed,
+        mode=w.variance_mode,
+    )
+    scale = inputs.nodes["scale"].to_numpy() if "scale" in inputs.nodes.columns else np.ones(1)
+    scale_replicas(dur, inputs.nodes, np.broadcast_to(scale, dur.shape[:1]), w.slow, inputs.grid)
+    shared = shared_instances(
+        comm.instance,
+        sync["kind"],
+        sync["group_id"].fill_null(-1).to_numpy().astype(np.int64),
+        g_axis,
+        comm.n_instances,
+    )
+    return emulate_replicas(graph, comm, dur=dur, shared=shared, label=label)
 
 
 # -- results as frames ---------------------------------------------------------------------------
@@ -1024,6 +1081,65 @@ def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _all_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
+    """Every rank's iterations: its unit's, or its replica's column's (``replay.vector``)."""
+    if res.replicas is not None:
+        return _replica_iterations(res, rec_iter)
+    return _rank_iterations(res, _iteration_frame(res, rec_iter))
+
+
+def _replica_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
+    """Iterations of every rank when every replica is distinct (``replay.vector``).
+
+    Op timelines: one window per step for the whole world (``_iteration_frame``), over every
+    replica's ops: the earliest start and the latest end of each node across the replicas.
+    Per-rank step annotations: ``vector.kineto_iterations``, replica by replica.
+    """
+    inputs, vt, reps_ = res.inputs, res.replicas, res.inputs.grid
+    assert vt is not None
+    assert reps_ is not None
+    grid, column = reps_.grid, reps_.column
+    if inputs.source_format == "op_timeline":
+        tl = Timeline(vt.start.min(axis=1), vt.end.max(axis=1), vt.arrival[:, 0], vt.rounds)
+        per_unit = _iteration_frame(dataclasses.replace(res, timeline=tl), rec_iter)
+        reps = grid.shape[1]
+        rows = per_unit["unit"].to_numpy().astype(np.int64)
+        frame = per_unit.select("iteration", "name")[np.repeat(np.arange(per_unit.height), reps)]
+        rank = grid[rows].ravel()
+        ts = np.repeat(per_unit["ts"].to_numpy(), reps)
+        dur = np.repeat(per_unit["dur"].to_numpy(), reps)
+    else:
+        src = pl.DataFrame({"unit": np.arange(inputs.unit_rank.size), "rank": inputs.unit_source})
+        rec = rec_iter.join(src.cast({"rank": rec_iter.schema["rank"]}), on="rank").select(
+            "unit",
+            "iteration",
+            (pl.col("ts") - inputs.origin).alias("it_ts"),
+            (pl.col("ts") + pl.col("dur") - inputs.origin).alias("it_end"),
+            "name",
+        )
+        groups, ts_m, dur_m = kineto_iterations(inputs.nodes, rec, inputs.origin, vt.start, vt.end)
+        reps = grid.shape[1]
+        rows = groups["unit"].to_numpy().astype(np.int64)
+        frame = groups.select("iteration", "name")[np.repeat(np.arange(groups.height), reps)]
+        rank = grid[rows].ravel()
+        ts, dur = ts_m[:, column].ravel(), dur_m[:, column].ravel()
+    return (
+        frame.with_columns(
+            pl.Series("rank", rank.astype(np.int32)),
+            pl.Series("ts", ts.astype(np.int64)),
+            pl.Series("dur", dur.astype(np.int64)),
+        )
+        .select(
+            "rank",
+            pl.col("iteration").cast(pl.Int32),
+            "ts",
+            "dur",
+            pl.col("name").cast(pl.Utf8),
+        )
+        .sort("rank", "iteration")
+    )
+
+
 def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
     return _fetch(
         store.con,
@@ -1033,9 +1149,50 @@ def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
     )
 
 
-def _event_frame(res: _Result, run_id: int) -> pl.DataFrame:
+def _kept(res: _Result, keep: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """``(rank, unit, column)`` of each rank of ``keep`` that is not a unit itself (a class
+    member: its events are its unit's, from its replica's column when replicas are distinct)."""
+    inputs = res.inputs
+    want = np.array(sorted(set(keep) - set(inputs.unit_rank.tolist())), dtype=np.int64)
+    want = want[(want >= 0) & (want < inputs.world_size)]
+    unit = _rank_lookup(inputs.rank_unit, want)
+    out = []
+    for r, u in zip(want.tolist(), unit.tolist(), strict=True):
+        if u < 0 or r in inputs.left_out:
+            continue
+        col = 0
+        if inputs.grid is not None:
+            col = int(inputs.grid.column[int(np.flatnonzero(inputs.grid.grid[u] == r)[0])])
+        out.append((r, u, col))
+    return out
+
+
+def _event_frame(res: _Result, run_id: int, keep: tuple[int, ...] = ()) -> pl.DataFrame:
+    """Every unit's events, and those of the ranks of ``keep`` (``_kept``)."""
     inputs, tl = res.inputs, res.timeline
     n = inputs.nodes
+    own = _unit_events(res, run_id, tl.start, tl.end, None)
+    extra = []
+    for r, u, col in _kept(res, keep):
+        if res.replicas is not None:
+            start, end = res.replicas.start[:, col], res.replicas.end[:, col]
+        else:
+            start, end = tl.start, tl.end
+        rows = np.flatnonzero(n["unit"].to_numpy() == u)
+        extra.append(
+            _unit_events(res, run_id, start, end, rows).with_columns(rank=pl.lit(r, pl.Int32))
+        )
+    return pl.concat([own, *extra]) if extra else own
+
+
+def _unit_events(
+    res: _Result, run_id: int, start: np.ndarray, end: np.ndarray, rows: np.ndarray | None
+) -> pl.DataFrame:
+    inputs = res.inputs
+    n = inputs.nodes if rows is None else inputs.nodes[rows]
+    if rows is not None:
+        start, end = start[rows], end[rows]
+    tl = Timeline(start, end, np.zeros(0, dtype=np.int64), 0)
     return pl.DataFrame(
         {
             "run_id": np.full(n.height, run_id, dtype=np.int32),
@@ -1207,7 +1364,8 @@ def _writing(
     try:
         with ThreadPoolExecutor(max_workers=1) as worker, store.transaction() as con:
             run_id = _write_header(con, res, out_run=out_run, old_id=old_id, config=config)
-            events = worker.submit(_insert, con, "event", _event_frame(res, run_id))
+            frame = _event_frame(res, run_id, config.keep_events)
+            events = worker.submit(_insert, con, "event", frame)
             w = _Writing(
                 con=con,
                 reader=dataclasses.replace(store, con=cursor),
@@ -1259,12 +1417,13 @@ def _write_header(
     # class_id: the rank whose events a rank shares (what-ifs may have expanded replicas);
     # args.what_if: why a rank is left out of the results (a removed GPU and its slot).
     ru = inputs.rank_unit.filter(pl.col("unit") >= 0)
-    owner = pl.DataFrame(
-        {
-            "rank": ru["rank"].to_numpy().astype(np.int32),
-            "owner": inputs.unit_rank[ru["unit"].to_numpy()].astype(np.int32),
-        }
-    ).join(
+    kept = _kept(res, config.keep_events)
+    own = inputs.unit_rank[ru["unit"].to_numpy()].astype(np.int32)
+    r_all = ru["rank"].to_numpy().astype(np.int32)
+    if kept:  # a rank with events of its own is its own class exemplar
+        k = np.array([r for r, _, _ in kept], dtype=np.int32)
+        own = np.where(np.isin(r_all, k), r_all, own)
+    owner = pl.DataFrame({"rank": r_all, "owner": own}).join(
         pl.DataFrame(
             {"rank": list(inputs.left_out), "why": list(inputs.left_out.values())},
             schema={"rank": pl.Int32, "why": pl.Utf8},
@@ -1293,7 +1452,14 @@ def _write_header(
         " FROM comm_group WHERE run_id = $2",
         [run_id, inputs.run_id],
     )
-    units = pl.DataFrame({"rank": inputs.unit_rank, "source_rank": inputs.unit_source})
+    units = pl.DataFrame(
+        {
+            "rank": np.concatenate([inputs.unit_rank, [r for r, _, _ in kept]]).astype(np.int64),
+            "source_rank": np.concatenate(
+                [inputs.unit_source, [inputs.unit_source[u] for _, u, _ in kept]]
+            ).astype(np.int64),
+        }
+    )
     con.register("_emu_units", units.to_arrow())
     try:
         con.execute(
@@ -1409,12 +1575,26 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
         msg = f"what-if rank {bad[0]} is outside the world of {world} ranks of run {inputs.run!r}"
         raise WhatIfError(msg)
     coords = _coords(store, inputs.run_id)
+    layout = None
     dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].fill_null(0).to_list(), strict=True))
     if inputs.kind == "sliced" and (targets or w.variance):
         layout = _run_layout(store, inputs.run_id)
         if layout is None:
             msg = f"run {inputs.run!r}: sliced run without a layout in its config"
             raise WhatIfError(msg)
+        if vector_eligible(w):
+            distinct = None if w.variance else {int(dp_of[r]) for r in targets}
+            inputs.grid = replica_grid(layout, inputs.unit_rank, distinct)
+    if inputs.grid is not None:
+        assert layout is not None
+        n_dp, n_col = inputs.grid.grid.shape[1], inputs.grid.n_columns
+        inputs.notes.append(
+            f"{n_dp} data-parallel replicas simulated as {n_col} distinct columns of a vector"
+            f" over the {inputs.unit_rank.size} class graphs (replay.vector); events are the"
+            " class exemplars' (replica 0), iterations every rank's"
+        )
+    elif inputs.kind == "sliced" and (targets or w.variance):
+        assert layout is not None
         replicas = set(range(layout.dp)) if w.variance else {int(dp_of[r]) for r in targets}
         groups = _fetch(
             store.con,
@@ -1438,7 +1618,12 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     if w.remove_gpu is not None:
         extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
     dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
-    if w.variance:
+    if w.variance and inputs.grid is not None:
+        inputs.notes.append(
+            f"variance ({w.variance_mode} mode, seed {config.seed}): every replica but 0 (the"
+            " recording) draws its durations from its class's recorded iterations"
+        )
+    elif w.variance:
         draw = np.ones(unit_rank.size, dtype=bool)
         if inputs.kind == "sliced":
             # The representative replica (dp 0, the class exemplars) keeps its recorded timing:
@@ -1449,8 +1634,17 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
             f"variance ({w.variance_mode} mode, seed {config.seed}): {int(draw.sum())} of"
             f" {draw.size} units draw their durations from their representative's iterations"
         )
-    factor = slow_factors(nodes, w.slow, extra=extra)
+    # with the replica vector, a slow rank is a column of replay.vector's durations instead
+    slow = w.slow if inputs.grid is None else tuple(s for s in w.slow if not s.ranks)
+    factor = slow_factors(nodes, slow, extra=extra)
     is_comm = nodes["kind"].is_in(_COMM).to_numpy()
+    if inputs.grid is not None:  # scaled per replica column (replay.vector.scale_replicas)
+        inputs.nodes = nodes.with_columns(
+            pl.Series("emu_dur", dur),
+            pl.Series("factor", np.where(is_comm, factor, 1.0)),
+            pl.Series("scale", np.where(is_comm, 1.0, factor)),
+        )
+        return
     emu = np.where(is_comm, dur, np.rint(dur * factor)).astype(np.int64)
     inputs.nodes = nodes.with_columns(
         pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
@@ -1537,8 +1731,7 @@ def emulate_in_memory(
         inputs = _prepare_what_if(store, target, config, input_run=run)
         res = _emulate(store, inputs, config)
         res.memory = _memory(store, res, config)
-        per_unit = _iteration_frame(res, _recorded_iterations(store, inputs))
-        return res, _rank_iterations(res, per_unit)
+        return res, _all_iterations(res, _recorded_iterations(store, inputs))
 
 
 def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_run: str) -> _Inputs:
@@ -1679,8 +1872,7 @@ def emulate_run(
         with _writing(store, res, out_run=out_run, old_id=old_id, config=config) as w:
             res.memory = _memory(w.reader, res, config)
             w.memory()
-            per_unit = _iteration_frame(res, _recorded_iterations(w.reader, inputs))
-            iters = _rank_iterations(res, per_unit)
+            iters = _all_iterations(res, _recorded_iterations(w.reader, inputs))
             n_iter = w.finish(iters)
         run_id, n_events = w.run_id, w.n_events
         t_write = time.perf_counter() - t1

@@ -317,40 +317,30 @@ def _dense_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int]:
     return inv.ravel(), int(uniq.size)
 
 
-def resample_durations(
-    nodes: pl.DataFrame,
-    draw: np.ndarray,
-    *,
-    seed: int,
-    mode: Literal["iteration", "op"] = "iteration",
-) -> np.ndarray:
-    """Durations drawn from each node's recorded distribution across iterations (seeded).
+@dataclass(frozen=True)
+class DrawTable:
+    """Each node's recorded distribution, worked out once per recorded node (see
+    ``resample_durations``): ``pool[r_off + i]`` for ``i < r_len`` are the iterations a node can
+    draw from, ``recorded[cell]`` (where ``present[cell]``) the op's duration in the iteration
+    of ``cell = pool[...] + r_cell``; ``r_draws`` whether the node can draw at all; ``r_code`` its
+    recorded iteration's code (0: none). ``r_*`` are per recorded node, ``node_rec`` maps each
+    node to its recorded node."""
 
-    A node's distribution is the durations of the *same op* (``_op_keys``) in every recorded
-    iteration of its representative (``source_rank``). ``iteration`` mode draws, per unit and
-    iteration, one recorded iteration and takes all its ops' durations from it; ``op`` mode
-    draws per node. Communication nodes keep theirs (their duration is waiting, which the
-    emulator recomputes), and so do nodes without an iteration or without a counterpart in the
-    drawn iteration.
+    node_rec: np.ndarray
+    r_len: np.ndarray
+    r_off: np.ndarray
+    r_cell: np.ndarray
+    r_draws: np.ndarray
+    r_code: np.ndarray
+    pool: np.ndarray
+    present: np.ndarray
+    recorded: np.ndarray
 
-    The nodes of one ``(source_rank, node_id)`` (a class's graph copied to many units) share
-    their op and their distribution: those are worked out once per recorded node, and only the
-    draws and the lookups run per node (numpy, no joins or sorts of the expanded graph).
 
-    Args:
-        nodes: ``unit, source_rank, node_id, kind, iteration, track_id, name, ts, dur``.
-        draw: per unit, whether it draws (False: keeps the recorded durations).
-        seed: the seed; the same seed gives the same durations.
-        mode: see above.
-
-    Returns:
-        int64 durations per node.
-    """
-    dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
-    unit = nodes["unit"].to_numpy().astype(np.int64, copy=False)
-    draw = np.asarray(draw, dtype=bool)
-    if not draw.any():
-        return dur
+def draw_table(nodes: pl.DataFrame) -> DrawTable:
+    """The recorded distribution of every node of ``nodes`` (``source_rank, node_id, iteration,
+    track_id, name, ts, dur``): the same op (``_op_keys``) in every recorded iteration of its
+    representative."""
     src_all = nodes["source_rank"].to_numpy().astype(np.int64)
     # The recorded nodes (first row of each (source_rank, node_id)) and each node's one.
     rows, node_rec = _first_rows(src_all, nodes["node_id"].to_numpy().astype(np.int64))
@@ -390,11 +380,52 @@ def resample_durations(
     r_cell = np.maximum(op, 0) * n_its
     r_draws = (op >= 0) & (r_it != none) & (r_len > 0)
 
+    r_code = np.searchsorted(its, r_it) + (r_it != none)
+    return DrawTable(node_rec, r_len, r_off, r_cell, r_draws, r_code, pool, present, recorded)
+
+
+def resample_durations(
+    nodes: pl.DataFrame,
+    draw: np.ndarray,
+    *,
+    seed: int,
+    mode: Literal["iteration", "op"] = "iteration",
+) -> np.ndarray:
+    """Durations drawn from each node's recorded distribution across iterations (seeded).
+
+    A node's distribution is the durations of the *same op* (``_op_keys``) in every recorded
+    iteration of its representative (``source_rank``). ``iteration`` mode draws, per unit and
+    iteration, one recorded iteration and takes all its ops' durations from it; ``op`` mode
+    draws per node. Communication nodes keep theirs (their duration is waiting, which the
+    emulator recomputes), and so do nodes without an iteration or without a counterpart in the
+    drawn iteration.
+
+    The nodes of one ``(source_rank, node_id)`` (a class's graph copied to many units) share
+    their op and their distribution: those are worked out once per recorded node, and only the
+    draws and the lookups run per node (numpy, no joins or sorts of the expanded graph).
+
+    Args:
+        nodes: ``unit, source_rank, node_id, kind, iteration, track_id, name, ts, dur``.
+        draw: per unit, whether it draws (False: keeps the recorded durations).
+        seed: the seed; the same seed gives the same durations.
+        mode: see above.
+
+    Returns:
+        int64 durations per node.
+    """
+    dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
+    unit = nodes["unit"].to_numpy().astype(np.int64, copy=False)
+    draw = np.asarray(draw, dtype=bool)
+    if not draw.any():
+        return dur
+    t = draw_table(nodes)
+    node_rec, r_len, r_off, r_cell, r_draws = t.node_rec, t.r_len, t.r_off, t.r_cell, t.r_draws
+    pool, present, recorded = t.pool, t.present, t.recorded
+
     rng = np.random.default_rng(seed)
     if mode == "iteration":
         # One draw per (unit, iteration), numbered in (unit, iteration) order: a uniform each.
-        r_code = np.searchsorted(its, r_it) + (r_it != none)
-        pair, n_pairs = _dense_pairs(unit, r_code[node_rec])
+        pair, n_pairs = _dense_pairs(unit, t.r_code[node_rec])
         u = rng.random(n_pairs)[pair]
         del pair
     else:

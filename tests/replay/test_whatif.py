@@ -94,10 +94,11 @@ def test_slow_op_type_and_comm_transfer(store: Store) -> None:
 
 
 def test_expanding_without_change_reproduces_the_symmetric_emulation(store: Store) -> None:
-    """Replica 5 gets units of its own (rank 5 targeted) but factor 1: same times exactly."""
+    """Replica 5 gets a column of its own (rank 5 targeted) but factor 1: same times exactly."""
     res0, base = emulate(store, "st64")
     res1, same = emulate(store, "st64", "slow-ranks=5@1.0")
-    assert res1.inputs.unit_rank.size > res0.inputs.unit_rank.size  # type: ignore[attr-defined]
+    assert res0.replicas is None  # type: ignore[attr-defined]
+    assert res1.inputs.grid.replica.tolist() == [0, 5]  # type: ignore[attr-defined]
     assert same.sort("rank", "iteration").equals(base.sort("rank", "iteration"))
 
 
@@ -105,9 +106,9 @@ def test_slow_rank_in_a_slice_only_touches_its_replica_and_dp_peers(store: Store
     _, base = emulate(store, "st64")
     res, slow = emulate(store, "st64", "slow-ranks=5@1.3")
     inputs = res.inputs  # type: ignore[attr-defined]
-    # Replica 5 and the representative replica (0) are units; 14 replicas follow replica 0.
-    unit_dp = set(ParallelLayout.parse("dp=16,pp=4").coords(inputs.unit_rank)["dp"].tolist())
-    assert unit_dp == {0, 5}
+    # Replica 5 and the representative replica (0) are columns; 14 replicas follow replica 0.
+    assert inputs.grid.replica.tolist() == [0, 5]
+    assert (inputs.grid.column == np.where(np.arange(16) == 5, 1, 0)).all()
     j = slow.join(base, on=["rank", "iteration"], suffix="_base")
     assert (j["dur"] >= j["dur_base"]).all()
     assert mean_iteration(slow) > mean_iteration(base) * 1.02

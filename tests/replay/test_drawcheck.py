@@ -1,0 +1,45 @@
+"""The variance draws against the recording (``replay.drawcheck``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prism_trace.replay.drawcheck import check_draws, ks_two_sample
+
+from prism_trace.store import Store
+from tests.conftest import ingest_runs
+
+
+def test_ks_two_sample() -> None:
+    a = np.arange(100.0)
+    assert ks_two_sample(a, a) == (0.0, 1.0)
+    d, p = ks_two_sample(a, a + 1000)
+    assert d == 1.0
+    assert p < 1e-6
+    d, _ = ks_two_sample(np.array([1.0, 2.0, 3.0, 4.0]), np.array([3.0, 4.0, 5.0, 6.0]))
+    assert d == 0.5
+    with pytest.raises(ValueError, match="non-empty"):
+        ks_two_sample(a, np.zeros(0))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
+    from prism_trace.graph import build_graph
+
+    s = ingest_runs(
+        tmp_path_factory.mktemp("draws") / "d.duckdb",
+        {"st": [shared_datasets / "megatron-straggler-st-8rank"]},
+    )
+    build_graph(s, "st")
+    return s  # type: ignore[return-value]
+
+
+def test_st_draws_reproduce_the_recorded_mean_and_p90(store: Store) -> None:
+    d = check_draws(store, run="st", seeds=2)
+    assert d.slice_ranks == [0, 2, 4, 6]
+    assert d.emulated.size == 2 * d.recorded.size
+    assert abs(d.mean_error_pct) <= 2
+    assert abs(d.p90_error_pct) <= 2
+    assert store.run_id("_draws_st_slice") is None  # the slice is cleaned up
