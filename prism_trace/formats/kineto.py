@@ -586,7 +586,7 @@ class _Reader:
                 f"{self.path}: traceEvents[{index}]{label}: `{field}` {what};"
                 f" expected {rules[field]}"
             )
-            raise TraceFormatError(msg)
+            raise (MissingFieldError if value is None else TraceFormatError)(msg)
 
     def build_tracks(self) -> None:
         """One track per (pid, tid): a ``stream`` if it holds device events, else a ``thread``."""
