@@ -34,7 +34,7 @@ __all__ = [
 MAX_RANKS = 1 << 20
 """Ranks are in ``[0, MAX_RANKS)`` and a world holds at most ``MAX_RANKS`` ranks."""
 
-GZIP_MAX_RATIO = 200
+GZIP_MAX_RATIO = 100
 """A gzip member may expand to this many times its compressed size (real traces: 8-30x)."""
 
 GZIP_FLOOR_BYTES = 64 << 20

@@ -243,7 +243,12 @@ def _load_lenient(path: Path, raw: bytes, exc: orjson.JSONDecodeError) -> Any:
         msg = f"{path}: truncated JSON (input ends at byte {len(raw)} inside a value)"
         raise TruncatedTraceError(msg) from exc
     try:
-        return json.loads(raw)
+        text = raw.decode("utf-8")  # strict: json.loads(bytes) would let surrogates pass
+    except UnicodeDecodeError as err:
+        msg = f"{path}: not valid UTF-8 at byte {err.start}: {err.reason}"
+        raise TraceFormatError(msg) from err
+    try:
+        return json.loads(text)
     except (ValueError, RecursionError):
         pass
     msg = f"{path}: invalid JSON at byte {exc.pos}: {exc.msg}"

@@ -278,12 +278,13 @@ FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
 _NUMBER = "('DOUBLE', 'BIGINT', 'UBIGINT')"
 _ID = "('VARCHAR', 'BIGINT', 'UBIGINT')"
 _SELECT_FAST = f"""
-SELECT ph_t AS ph, cat, name_t AS name, pid_t AS pid, tid_t AS tid,
+SELECT ph_t AS ph, cat->>'$' AS cat, name_t AS name, pid_t AS pid, tid_t AS tid,
        CAST(floor(ts_d) AS BIGINT) * 1000
            + CAST(round((ts_d - floor(ts_d)) * 1000) AS BIGINT) AS ts_us_ns,
        CAST(round(dur_d * 1000) AS BIGINT) AS dur_ns, id, args, ts_d AS ts_raw, bad,
        CASE bad WHEN 'ph' THEN ph WHEN 'ts' THEN ts WHEN 'dur' THEN dur WHEN 'name' THEN name
-                WHEN 'pid' THEN pid WHEN 'tid' THEN tid END::VARCHAR AS bad_value
+                WHEN 'pid' THEN pid WHEN 'tid' THEN tid WHEN 'cat' THEN cat
+                WHEN 'args' THEN left(args::VARCHAR, 80) END::VARCHAR AS bad_value
 FROM (
     SELECT *,
            CASE WHEN ts_ok THEN ts::DOUBLE END AS ts_d,
@@ -295,6 +296,8 @@ FROM (
                 WHEN json_type(name) IS DISTINCT FROM 'VARCHAR' THEN 'name'
                 WHEN coalesce(json_type(pid) NOT IN {_ID}, true) THEN 'pid'
                 WHEN coalesce(json_type(tid) NOT IN {_ID}, true) THEN 'tid'
+                WHEN coalesce(json_type(cat) NOT IN ('VARCHAR', 'NULL'), false) THEN 'cat'
+                WHEN coalesce(json_type(args) NOT IN ('OBJECT', 'NULL'), false) THEN 'args'
            END AS bad
     FROM (
         SELECT *, ph->>'$' AS ph_t, name->>'$' AS name_t, pid->>'$' AS pid_t,
@@ -304,7 +307,7 @@ FROM (
                coalesce(json_type(dur) IN {_NUMBER}
                         AND dur::DOUBLE BETWEEN 0 AND {_MAX_DUR_US}, false) AS dur_ok
         FROM read_json(?, format = 'array', maximum_object_size = {{object_bytes}},
-                       columns = {{{{ph: 'JSON', cat: 'VARCHAR', name: 'JSON', pid: 'JSON',
+                       columns = {{{{ph: 'JSON', cat: 'JSON', name: 'JSON', pid: 'JSON',
                                     tid: 'JSON', ts: 'JSON', dur: 'JSON', id: 'VARCHAR',
                                     args: 'JSON'}}}})))
 """
@@ -580,6 +583,8 @@ class _Reader:
                 "name": "a string",
                 "pid": "an integer or a string",
                 "tid": "an integer or a string",
+                "cat": "a string",
+                "args": "an object",
             }
             label = f" ({name!r})" if name is not None else ""
             msg = (
