@@ -1068,7 +1068,7 @@ class Worker:
             )
         if not line:  # the worker died: a crash of the interpreter (segfault, abort, OOM kill)
             rc = self.proc.wait()
-            self.proc = None
+            self.stop()
             return Result(case.id, "crash", ok=False, detail=f"worker process died (exit {rc})")
         return Result(**json.loads(line))
 
@@ -1076,6 +1076,10 @@ class Worker:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
             self.proc = None
 
 
@@ -1174,6 +1178,16 @@ def summarize(cases: list[Case], results: list[Result]) -> str:
     body.append(
         "- mutations: " + ", ".join(f"{f}/{m} {k}" for (f, m), k in sorted(per_mut.items()))
     )
+    other = Counter(
+        f"{by_id[r.id].format}/{by_id[r.id].mutation}"
+        for r in results
+        if r.outcome == "accepted_other"
+    )
+    if other:
+        body.append(
+            "- accepted with other data (valid traces, every invariant holds): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(other.items()))
+        )
     if fails:
         body += ["", "Failures:", ""]
         for r in fails[:40]:

@@ -59,7 +59,7 @@ from google.protobuf.message import DecodeError
 from prism_trace.errors import RankUnknownError, TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.base import TraceTables
-from prism_trace.limits import BoundedGzip, check_count, check_rank, check_world_size
+from prism_trace.limits import MAX_RANKS, BoundedGzip, check_count, check_rank, check_world_size
 
 __all__ = ["rank_from_name", "read_chakra", "sniff_chakra"]
 
@@ -544,6 +544,7 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         check_world_size(path, world, "metadata `world_size`") if world is not None else None
     )
     groups: dict[str, dict[str, Any]] = {}
+    expanded = 0
     if groups_raw is not None:
         default = next(
             (pg for pg in groups_raw if pg.get("pg_desc") == "default_pg"),
@@ -562,6 +563,10 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
                 size = check_count(path, size, f"size of process group {name!r}")
             if not members and size and world_size and int(size) == world_size:
                 members = list(range(world_size))
+            expanded += len(members)
+            if expanded > 4 * MAX_RANKS:  # many world-sized groups: memory sized by the trace
+                msg = f"{path}: process groups list more than {4 * MAX_RANKS} members in all"
+                raise TraceFormatError(msg)
             groups[name] = {
                 "name": name,
                 "description": pg.get("pg_desc"),

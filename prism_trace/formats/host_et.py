@@ -29,7 +29,7 @@ from prism_trace.errors import (
     TruncatedTraceError,
 )
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables, read_all_bytes
-from prism_trace.limits import check_count, check_rank, check_world_size, type_name
+from prism_trace.limits import MAX_RANKS, check_count, check_rank, check_world_size, type_name
 
 __all__ = [
     "ET_ONLY_PREFIX",
@@ -211,7 +211,7 @@ def _read(path: Path, doc: dict[str, Any], nodes: list[dict[str, Any]], rank: in
 
 # A host ET is parsed whole (its nodes refer to each other anywhere in the file); Python objects
 # take several times the JSON's bytes, so larger files are refused with a clear message.
-_MAX_JSON_BYTES = 1 << 30
+_MAX_JSON_BYTES = 512 << 20
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -471,6 +471,7 @@ def _comm_groups(
         configs = [c for c in dist_info["pg_config"] if isinstance(c, dict)]
 
     groups: dict[str, dict[str, Any]] = {}
+    members = 0
     for c in configs:
         name = c.get("pg_name")
         if name is None:
@@ -482,6 +483,10 @@ def _comm_groups(
         ranks = [check_rank(path, r, f"a rank of {where}") for r in _list(c.get("ranks"))]
         if not ranks and isinstance(size, int):
             ranks = list(range(size))  # empty `ranks` means the group spans the whole world
+        members += len(ranks)
+        if members > 4 * MAX_RANKS:  # many world-sized groups: memory sized by the trace
+            msg = f"{path}: process groups list more than {4 * MAX_RANKS} members in all"
+            raise TraceFormatError(msg)
         groups[str(name)] = {
             "name": str(name),
             "description": c.get("pg_desc"),
