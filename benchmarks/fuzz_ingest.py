@@ -23,7 +23,7 @@ plain protobuf or parquet) may also yield a valid trace with other values; such 
 ``accepted, other data`` when every invariant of the store holds (no negative time, ranks within
 the world, ...), and ``invalid accepted`` otherwise.
 
-    python benchmarks/fuzz_ingest.py [--cases 1200] [--jobs 2] [--seed 0] [--cli-every 8]
+    python benchmarks/fuzz_ingest.py [--cases 1100] [--jobs 2] [--seed 18] [--cli-every 16]
 
 Seeds: the bundled sample (``datasets/sample``) and, when present, ``../shared/datasets`` (DLRM
 Kineto + host ET, the ST op timeline, Chakra ETs); small synthetic Chakra and op-timeline seeds are
@@ -1201,10 +1201,10 @@ def summarize(cases: list[Case], results: list[Result]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--cases", type=int, default=1200)
+    ap.add_argument("--cases", type=int, default=1100)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cli-every", type=int, default=8, help="every Nth case goes through the CLI")
+    ap.add_argument("--cli-every", type=int, default=16, help="every Nth case goes through the CLI")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds a case may take")
     ap.add_argument("--mem-limit-gb", type=float, default=4.0, help="address-space limit")
     ap.add_argument("--no-shared", action="store_true", help="bundled and synthetic seeds only")

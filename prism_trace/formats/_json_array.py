@@ -32,7 +32,7 @@ from prism_trace.errors import (
     TruncatedTraceError,
     UnknownFormatError,
 )
-from prism_trace.limits import open_bounded
+from prism_trace.limits import check_regular_file, open_bounded
 
 __all__ = ["TraceEventsFile", "sniff_kineto", "split_trace_events"]
 
@@ -194,6 +194,7 @@ def split_trace_events(path: Path, *, tmp_dir: Path | None = None) -> Iterator[T
         UnknownFormatError: the file is not a JSON object.
         MissingFieldError: the object has no top-level ``traceEvents`` array.
     """
+    check_regular_file(path)  # a FIFO would block the first read
     with tempfile.TemporaryDirectory(prefix="prism-kineto-", dir=tmp_dir) as tmp:
         whole = Path(tmp) / "traceEvents.json"
         located = _locate_plain_array(path)

@@ -59,7 +59,14 @@ from google.protobuf.message import DecodeError
 from prism_trace.errors import RankUnknownError, TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.base import TraceTables
-from prism_trace.limits import MAX_RANKS, BoundedGzip, check_count, check_rank, check_world_size
+from prism_trace.limits import (
+    MAX_RANKS,
+    BoundedGzip,
+    check_count,
+    check_rank,
+    check_regular_file,
+    check_world_size,
+)
 
 __all__ = ["rank_from_name", "read_chakra", "sniff_chakra"]
 
@@ -376,6 +383,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
         raise RankUnknownError(msg)
     r = check_rank(path, file_rank, "the rank")
 
+    check_regular_file(path)
     g = _Graph()
     with ExitStack() as stack:
         try:
