@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import re
+import stat
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Literal
 
 from prism_trace.errors import TraceFormatError, TruncatedTraceError, UnknownFormatError
 from prism_trace.formats.base import FormatName
+from prism_trace.limits import check_regular_file
 
 __all__ = ["TraceFile", "detect_format", "discover", "fingerprint"]
 
@@ -56,12 +58,13 @@ def detect_format(path: Path) -> FormatName | None:
     Raises:
         TraceFormatError: the file is a gzip that cannot even be opened.
     """
+    check_regular_file(path)  # a FIFO would block, /dev/zero would never end
     if path.suffix == ".parquet":
         return "op_timeline"
     head = _head(path)
     if head[:4] == b"PAR1":
         return "op_timeline"
-    text = head.lstrip()
+    text = head.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM is allowed
     if text[:1] == b"{":
         if b'"traceEvents"' in head:
             return "kineto"
@@ -71,6 +74,14 @@ def detect_format(path: Path) -> FormatName | None:
     from prism_trace.formats.chakra import sniff_chakra
 
     return "chakra" if sniff_chakra(path) else None
+
+
+def _is_regular(path: Path) -> bool:
+    """Whether ``path`` is (or links to) a regular file."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
 
 
 def _is_op_timeline_dir(folder: Path) -> bool:
@@ -103,16 +114,22 @@ def discover(
             raise TraceFormatError(msg)
         if p.is_dir():
             if format in ("auto", "op_timeline") and _is_op_timeline_dir(p):
-                found += [TraceFile(f, "op_timeline") for f in sorted(p.glob("*.parquet"))]
+                for f in sorted(p.glob("*.parquet")):
+                    check_regular_file(f)
+                    found.append(TraceFile(f, "op_timeline"))
                 skipped += [f for f in sorted(p.iterdir()) if f.suffix != ".parquet"]
                 continue
-            for f in sorted(x for x in p.rglob("*") if x.is_file()):
+            for f in sorted(x for x in p.rglob("*") if not x.is_dir()):
+                if not _is_regular(f):  # FIFOs, devices, dangling links: listed as skipped
+                    skipped.append(f)
+                    continue
                 fmt = detect_format(f) if format == "auto" else format
                 if fmt is None:
                     skipped.append(f)
                 else:
                     found.append(TraceFile(f, fmt))
             continue
+        check_regular_file(p)
         fmt = detect_format(p) if format == "auto" else format
         if fmt is None:
             if _OP_TIMELINE_SIDECARS.match(p.name) and _is_op_timeline_dir(p.parent):

@@ -27,8 +27,9 @@ from tqdm import tqdm
 from prism_trace import schema
 from prism_trace.collectives import settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
-from prism_trace.errors import DuplicateRankError, DuplicateRunError, PrismError
+from prism_trace.errors import DuplicateRankError, DuplicateRunError, PrismError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
+from prism_trace.limits import check_rank, check_world_size
 from prism_trace.store import Store
 
 __all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace"]
@@ -210,6 +211,29 @@ class _RankBook:
                 self.timeline[r] = (t.format, t.path)
             if other is not None:
                 raise _clash(t.path, r, other)
+
+
+@contextlib.contextmanager
+def _stored(path: Path) -> Iterator[None]:
+    """Name the file when the store refuses its rows (a key given twice, a value out of range)."""
+    try:
+        yield
+    except duckdb.Error as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = f"{path}: its rows cannot be stored: {first}"
+        raise TraceFormatError(msg) from exc
+
+
+def _check_bounds(t: TraceTables) -> None:
+    """Whatever a reader let through, no rank or world size beyond ``MAX_RANKS`` is stored:
+    ingest builds the default group's member list from them."""
+    if t.world_size is not None:
+        check_world_size(t.path, t.world_size, "the world size")
+    for r in t.rank_ids:
+        check_rank(t.path, r, "a rank")
+        if t.world_size is not None and r >= t.world_size:
+            msg = f"{t.path}: rank {r} is not below the world size {t.world_size} it states"
+            raise TraceFormatError(msg)
 
 
 def _clash(path: Path, rank: int, other: Path) -> DuplicateRankError:
@@ -406,7 +430,8 @@ def _ingest_files(
     try:
         for f, fp, fut in zip(files, prints, futures, strict=True):
             t = fut.result()  # in file order, whichever thread read it
-            with shared.lock:
+            _check_bounds(t)
+            with shared.lock, _stored(f.path):
                 book.add(t)
                 file_ranks.append(t.rank_ids)
                 formats.add(t.format)
@@ -463,7 +488,7 @@ def _ingest_files(
         bar.close()
 
     ranks = sorted(set(book.timeline) | set(book.host_et))
-    world = max([*sizes, max(ranks) + 1])
+    world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)
     groups = _merge_groups(group_frames, comm_names, world)
     colls, groups, matching = settle_order_matching(_concat(coll_frames), groups, ranks)
     coll_frames = [colls]
@@ -555,10 +580,11 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
             shared.claim(trace.path, [the_rank])
             store.con.register(batches, events.to_arrow_reader(_EVENT_BATCH_ROWS))
             try:
-                store.con.execute(
-                    f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
-                    f" FROM {batches}"
-                )
+                with _stored(trace.path):
+                    store.con.execute(
+                        f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
+                        f" FROM {batches}"
+                    )
             finally:
                 # After a failed insert the transaction is aborted and unregistering fails
                 # too; the insert's error is the one to report.
@@ -678,4 +704,7 @@ def _insert(con: object, table_name: str, run_id: int, df: pl.DataFrame) -> None
             f" SELECT {run_id}, {', '.join(cols)} FROM _ingest_frame"
         )
     finally:
-        con.unregister("_ingest_frame")  # type: ignore[attr-defined]
+        # After a failed insert the transaction is aborted and unregistering fails too; the
+        # insert's error is the one to report.
+        with contextlib.suppress(duckdb.Error):
+            con.unregister("_ingest_frame")  # type: ignore[attr-defined]

@@ -15,7 +15,6 @@ event or a string leaves the rest unbalanced).
 from __future__ import annotations
 
 import contextlib
-import gzip
 import os
 import re
 import tempfile
@@ -33,6 +32,7 @@ from prism_trace.errors import (
     TruncatedTraceError,
     UnknownFormatError,
 )
+from prism_trace.limits import check_regular_file, open_bounded
 
 __all__ = ["TraceEventsFile", "sniff_kineto", "split_trace_events"]
 
@@ -106,11 +106,7 @@ def sniff_kineto(head: bytes) -> bool:
 
 
 def _open(path: Path) -> IO[bytes]:
-    with path.open("rb") as fh:
-        magic = fh.read(2)
-    if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")  # owns its file, so closing it closes both
-    return path.open("rb")
+    return open_bounded(path)  # a gzip bomb stops with a clear error, not a full disk
 
 
 def _chunks(path: Path) -> Iterator[bytes]:
@@ -160,10 +156,11 @@ def _array_end(path: Path, tail: bytes, *, at_array_start: bool) -> tuple[int, d
 def _find_end(tail: bytes, *, at_array_start: bool) -> tuple[int, dict[str, Any]] | None:
     """Locate the ``]`` closing the events array in ``tail``; return its offset and the trailer."""
     starts: list[int] = []
-    if at_array_start:
-        stripped = tail.lstrip(_WS)
-        if stripped.startswith(b"]"):
-            starts.append(len(tail) - len(stripped))
+    stripped = tail.lstrip(_WS)
+    # At the array's start (an empty array), or after more whitespace than the tail window
+    # holds: the trailer check below tells whether this ``]`` closes the array.
+    if stripped.startswith(b"]") and (at_array_start or len(stripped) < len(tail)):
+        starts.append(len(tail) - len(stripped))
     starts += [m.start(1) for m in _END_RE.finditer(tail)]
     for p in starts:
         try:
@@ -197,6 +194,7 @@ def split_trace_events(path: Path, *, tmp_dir: Path | None = None) -> Iterator[T
         UnknownFormatError: the file is not a JSON object.
         MissingFieldError: the object has no top-level ``traceEvents`` array.
     """
+    check_regular_file(path)  # a FIFO would block the first read
     with tempfile.TemporaryDirectory(prefix="prism-kineto-", dir=tmp_dir) as tmp:
         whole = Path(tmp) / "traceEvents.json"
         located = _locate_plain_array(path)

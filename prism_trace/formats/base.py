@@ -20,7 +20,6 @@ Frames and their columns (each frame may hold several ranks; every frame has a `
 
 from __future__ import annotations
 
-import gzip
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ import polars as pl
 
 from prism_trace import schema
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
+from prism_trace.limits import open_bounded
 
 __all__ = [
     "FRAME_SCHEMAS",
@@ -152,25 +152,36 @@ class TraceTables:
 
 
 def open_maybe_gzip(path: Path) -> IO[bytes]:
-    """Open ``path`` for binary reading, un-gzipping when it starts with the gzip magic."""
-    with path.open("rb") as probe:
-        magic = probe.read(2)
-    if magic == b"\x1f\x8b":
-        # gzip.open owns the file it opens, so closing the reader closes it (no ResourceWarning).
-        return gzip.open(path, "rb")  # type: ignore[return-value]
-    return path.open("rb")
+    """Open a regular file for binary reading, un-gzipping it (bounded: ``limits``) if gzipped."""
+    return open_bounded(path)
 
 
-def read_all_bytes(path: Path) -> bytes:
-    """Read a whole (possibly gzipped) small file, turning a cut or corrupt gzip into a clear error.
+def read_all_bytes(path: Path, *, max_bytes: int | None = None) -> bytes:
+    """Read a whole (possibly gzipped) file, turning a cut or corrupt gzip into a clear error.
+
+    Args:
+        path: the file.
+        max_bytes: refuse a file whose (uncompressed) content is larger: the caller holds it in
+            memory whole, so this is its memory cap.
 
     Raises:
         TruncatedTraceError: the gzip stream ends early.
-        TraceFormatError: the gzip stream is corrupt.
+        TraceFormatError: the gzip stream is corrupt, expands like a bomb, or exceeds ``max_bytes``.
     """
+    parts: list[bytes] = []
+    seen = 0
     try:
         with open_maybe_gzip(path) as fh:
-            return fh.read()
+            while chunk := fh.read(1 << 22):
+                seen += len(chunk)
+                if max_bytes is not None and seen > max_bytes:
+                    msg = (
+                        f"{path}: more than {max_bytes} bytes of JSON, the limit for a file read"
+                        " whole (set PRISM_MAX_JSON_BYTES to allow more)"
+                    )
+                    raise TraceFormatError(msg)
+                parts.append(chunk)
+        return b"".join(parts)
     except EOFError as exc:
         msg = f"{path}: truncated gzip stream (file ends before the compressed data does)"
         raise TruncatedTraceError(msg) from exc

@@ -65,6 +65,14 @@ from google.protobuf.message import DecodeError
 from prism_trace.errors import RankUnknownError, TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.base import TraceTables
+from prism_trace.limits import (
+    MAX_RANKS,
+    BoundedGzip,
+    check_count,
+    check_rank,
+    check_regular_file,
+    check_world_size,
+)
 
 __all__ = ["rank_from_name", "read_chakra", "sniff_chakra"]
 
@@ -72,6 +80,10 @@ _RANK_RE = re.compile(r"^(?P<prefix>.+?)\.(?P<rank>\d+)\.et(?:$|[._-])")
 _CHUNK = 1 << 22
 _GZIP_MAGIC = b"\x1f\x8b"
 _MAX_VARINT_BYTES = 10
+# A node is a few hundred bytes; the largest real one (a process-group init listing every group)
+# a few MB. A record claiming more is corrupt, and buffering it would take that much memory.
+_MAX_RECORD_BYTES = 64 << 20
+_MAX_MICROS = 1 << 53
 
 _CATEGORY = {
     pb.COMP_NODE: "compute",
@@ -206,6 +218,13 @@ def _records(fh: IO[bytes], path: Path) -> Iterator[tuple[int, bytes]]:
             if i - pos >= _MAX_VARINT_BYTES:
                 msg = f"{path}: malformed record length at byte offset {base + pos}"
                 raise TraceFormatError(msg)
+        if complete and size > _MAX_RECORD_BYTES:
+            msg = (
+                f"{path}: protobuf record at byte offset {base + pos} claims {size} bytes,"
+                f" more than the {_MAX_RECORD_BYTES}-byte limit of a Chakra record"
+                " (truncated or corrupt file)"
+            )
+            raise TruncatedTraceError(msg)
         if not complete or i + size > n:
             if eof:
                 if base + pos == 0 and complete:
@@ -379,8 +398,9 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
     if file_rank is None:
         msg = f"{path}: cannot tell the rank (expected `<prefix>.<rank>.et`); pass `rank`"
         raise RankUnknownError(msg)
-    r = file_rank
+    r = check_rank(path, file_rank, "the rank")
 
+    check_regular_file(path)
     g = _Graph()
     with ExitStack() as stack:
         try:
@@ -390,7 +410,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             raise TraceFormatError(msg) from exc
         fh: IO[bytes] = raw
         if raw.read(2) == _GZIP_MAGIC:
-            fh = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+            fh = stack.enter_context(BoundedGzip(path))
         raw.seek(0)
         records = _records(fh, path)
         first = next(records, None)
@@ -402,6 +422,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             msg = f"{path}: not a Chakra ET: the first record is not a GlobalMetadata message"
             raise TraceFormatError(msg)
         g.gm_attrs = _attrs(gm)
+        seen: set[int] = set()
         g.gm_version = gm.version
         own = str(g.gm_attrs.get("schema", "")).startswith(PRISM_SCHEMA_PREFIX)
         checked = False
@@ -413,6 +434,10 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
                     msg = f"{path}: not a Chakra ET: record at byte offset {rec[0]} is not a Node"
                     raise TraceFormatError(msg)
             nid = node.id
+            if nid in seen:  # at once: a stream of empty records would run for minutes
+                msg = f"{path}: node id {nid} appears more than once (record at byte {rec[0]})"
+                raise TraceFormatError(msg)
+            seen.add(nid)
             a = _attrs(node)
             ntype = node.type
             order_deps: list[int] = []
@@ -472,6 +497,18 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
     coll_nodes, p2p_nodes, host_coll = g.coll_nodes, g.p2p_nodes, g.host_coll
     groups_raw, gm_attrs = g.groups_raw, g.gm_attrs
     n = len(ids)
+    if n == 0:
+        msg = f"{path}: Chakra ET holds no nodes (only its metadata: empty or truncated file)"
+        raise TruncatedTraceError(msg)
+    top = max(ids)
+    ahead = [(dst, src) for src, dst in zip(g.edge_src, g.edge_dst, strict=True) if src > top]
+    if ahead:
+        dst, src = ahead[0]
+        msg = (
+            f"{path}: node {dst} depends on node {src}, which is missing and after the last node"
+            f" ({top}): truncated file"
+        )
+        raise TruncatedTraceError(msg)
     if len(set(ids)) != n:
         dup = next(i for i, c in _counts(ids).items() if c > 1)
         msg = f"{path}: node id {dup} appears more than once"
@@ -492,7 +529,12 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         schema_overrides={"pid": pl.Utf8},
     )
 
-    # events
+    # events: µs that fit ns in a BIGINT (9.2e15 µs is 290 years)
+    for field_name, values in (("duration_micros", g.durs), ("start_time_micros", g.starts)):
+        k = max(range(n), key=values.__getitem__)
+        if values[k] >= _MAX_MICROS:
+            msg = f"{path}: node {ids[k]}: `{field_name}` = {values[k]} is out of range"
+            raise TraceFormatError(msg)
     timed = any(g.starts)
     dur_ns = [d * 1000 if d else None for d in g.durs]
     ts_ns = (
@@ -539,16 +581,19 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
 
     # comm groups and world size
     world = gm_attrs.get("world_size")
-    world_size: int | None = int(world) if isinstance(world, int) else None
+    world_size: int | None = (
+        check_world_size(path, world, "metadata `world_size`") if world is not None else None
+    )
     groups: dict[str, dict[str, Any]] = {}
     renamed: dict[str, str] = {}
+    expanded = 0
     if groups_raw is not None:
         default = next(
             (pg for pg in groups_raw if pg.get("pg_desc") == "default_pg"),
             next((pg for pg in groups_raw if str(pg.get("pg_name")) == DEFAULT_GROUP), None),
         )
         if world_size is None and default is not None and default.get("group_size"):
-            world_size = int(default["group_size"])
+            world_size = check_world_size(path, default["group_size"], "default group's size")
         own = str(gm_attrs.get("schema", "")).startswith(PRISM_SCHEMA_PREFIX)
         for pg in groups_raw:
             name = str(pg.get("pg_name"))
@@ -556,9 +601,18 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
                 # prism's export: pg_name is ASTRA-sim's decimal id, pg_desc the group's name.
                 renamed[name] = name = str(pg["pg_desc"])
             size = pg.get("group_size")
-            members = [int(x) for x in pg.get("ranks") or []]
+            members = [
+                check_rank(path, x, f"a rank of process group {name!r}")
+                for x in pg.get("ranks") or []
+            ]
+            if size is not None:
+                size = check_count(path, size, f"size of process group {name!r}")
             if not members and size and world_size and int(size) == world_size:
                 members = list(range(world_size))
+            expanded += len(members)
+            if expanded > 4 * MAX_RANKS:  # many world-sized groups: memory sized by the trace
+                msg = f"{path}: process groups list more than {4 * MAX_RANKS} members in all"
+                raise TraceFormatError(msg)
             groups[name] = {
                 "name": name,
                 "description": pg.get("description") if own else pg.get("pg_desc"),

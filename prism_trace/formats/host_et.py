@@ -12,6 +12,8 @@ a trace has none) also become ``collectives``/``p2p`` rows, and ``## process_gro
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -27,6 +29,7 @@ from prism_trace.errors import (
     TruncatedTraceError,
 )
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables, read_all_bytes
+from prism_trace.limits import MAX_RANKS, check_count, check_rank, check_world_size, type_name
 
 __all__ = [
     "ET_ONLY_PREFIX",
@@ -156,16 +159,30 @@ def read_host_et(path: Path, *, rank: int | None = None) -> TraceTables:
     path = Path(path)
     doc = _load(path)
     nodes: list[dict[str, Any]] = doc["nodes"]
+    check_nodes(path, nodes)
     try:
-        ops = _op_frame(nodes)
-    except (KeyError, TypeError, AttributeError, pl.exceptions.PolarsError) as exc:
-        msg = f"{path}: malformed node ({type(exc).__name__}: {exc})".splitlines()[0]
+        return _read(path, doc, nodes, rank)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        if isinstance(exc, TraceFormatError):
+            raise
+        # A shape the checks above do not cover: still one line naming the file.
+        msg = f"{path}: malformed host execution trace ({type(exc).__name__}: {exc})"
+        raise TraceFormatError(msg.splitlines()[0]) from exc
+    except pl.exceptions.PolarsError as exc:
+        msg = f"{path}: malformed host execution trace: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
 
+
+def _read(path: Path, doc: dict[str, Any], nodes: list[dict[str, Any]], rank: int | None) -> Any:
+    ops = _op_frame(nodes)
     dist_info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
     groups = _comm_groups(path, nodes, dist_info)
     comm_rows, p2p_rows, comm_ranks = _comm_rows(nodes, groups)
-    world_size = _world_size(dist_info, groups, comm_rows)
+    for r in comm_ranks:
+        check_rank(path, r, "the rank a record_param_comms node states")
+    for row in p2p_rows:
+        check_rank(path, row["peer"], f"the peer of p2p node {row['node_id']}")
+    world_size = _world_size(path, dist_info, groups, comm_rows)
 
     the_rank = _resolve_rank(path, dist_info, groups, comm_ranks, world_size, rank)
     backend = _default_backend(dist_info, groups)
@@ -192,8 +209,14 @@ def read_host_et(path: Path, *, rank: int | None = None) -> TraceTables:
 # loading
 
 
+# A host ET is parsed whole (its nodes refer to each other anywhere in the file); Python objects
+# take several times the JSON's bytes, so larger files are refused with a clear message.
+_MAX_JSON_BYTES = 512 << 20
+
+
 def _load(path: Path) -> dict[str, Any]:
-    raw = read_all_bytes(path)
+    limit = int(os.environ.get("PRISM_MAX_JSON_BYTES") or _MAX_JSON_BYTES)
+    raw = read_all_bytes(path, max_bytes=limit).removeprefix(b"\xef\xbb\xbf")
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -220,11 +243,120 @@ def _load_lenient(path: Path, raw: bytes, exc: orjson.JSONDecodeError) -> Any:
         msg = f"{path}: truncated JSON (input ends at byte {len(raw)} inside a value)"
         raise TruncatedTraceError(msg) from exc
     try:
-        return json.loads(raw)
+        text = raw.decode("utf-8")  # strict: json.loads(bytes) would let surrogates pass
+    except UnicodeDecodeError as err:
+        msg = f"{path}: not valid UTF-8 at byte {err.start}: {err.reason}"
+        raise TraceFormatError(msg) from err
+    try:
+        return json.loads(text)
     except (ValueError, RecursionError):
         pass
     msg = f"{path}: invalid JSON at byte {exc.pos}: {exc.msg}"
     raise TraceFormatError(msg) from exc
+
+
+_INT64 = 1 << 63
+# Fields that, when present and not null, must be of these types, per layout (``int`` excludes
+# bool; a float is refused too, so a NaN ``rf_id`` cannot pass).
+_OLD_TYPES: dict[str, tuple[type, ...]] = {
+    "parent": (int,),
+    "rf_id": (int,),
+    "seq_id": (int,),
+    "tid": (int,),
+    "fw_parent": (int,),
+    "scope": (int,),
+    "op_schema": (str,),
+    "inputs": (list,),
+    "input_shapes": (list,),
+    "input_types": (list,),
+    "outputs": (list,),
+    "output_shapes": (list,),
+    "output_types": (list,),
+}
+_NEW_TYPES: dict[str, tuple[type, ...]] = {
+    "ctrl_deps": (int,),
+    "inputs": (dict,),
+    "outputs": (dict,),
+    "attrs": (list,),
+}
+_ATTR_TYPES: dict[str, tuple[type, ...]] = {
+    "rf_id": (int,),
+    "seq_id": (int,),
+    "tid": (int,),
+    "fw_parent": (int,),
+    "scope": (int,),
+    "op_schema": (str,),
+}
+_IO_KEYS = ("values", "shapes", "types", "strides")
+
+
+def _bad(path: Path, nid: Any, index: int, field: str, value: Any, want: str) -> TraceFormatError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    where = f"node {nid}" if isinstance(nid, int) and not isinstance(nid, bool) else "node"
+    what = "missing or null" if value is None else f"{type_name(value)} {shown}"
+    msg = f"{path}: {where} (nodes[{index}]): `{field}` is {what}, expected {want}"
+    return TraceFormatError(msg)
+
+
+def _typed(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    if isinstance(value, int):
+        return int in types and -_INT64 <= value < _INT64
+    if isinstance(value, float):
+        return float in types and math.isfinite(value)
+    return isinstance(value, types)
+
+
+_WANT = {int: "an integer", str: "a string", list: "a list", dict: "an object"}
+
+
+def check_nodes(path: Path, nodes: list[Any]) -> None:
+    """Check every node against its layout's types before anything is built from it.
+
+    Raises:
+        TraceFormatError: the first node that is not an object, has a missing, null or bool
+            ``id``/``name``, a duplicate ``id``, or a field of the wrong type, naming the node
+            id, the field and the bad value.
+    """
+    new_layout = any(
+        isinstance(n, dict) and (isinstance(n.get("inputs"), dict) or "attrs" in n)
+        for n in nodes[:8]
+    )
+    types = _NEW_TYPES if new_layout else _OLD_TYPES
+    seen: set[int] = set()
+    for i, n in enumerate(nodes):
+        if not isinstance(n, dict):
+            raise _bad(path, None, i, "node", n, "an object")
+        nid = n.get("id")
+        if not _typed(nid, (int,)):
+            raise _bad(path, None, i, "id", nid, "an integer")
+        if nid in seen:
+            msg = f"{path}: node id {nid} appears more than once (nodes[{i}])"
+            raise TraceFormatError(msg)
+        seen.add(nid)
+        if not isinstance(n.get("name"), str):
+            raise _bad(path, nid, i, "name", n.get("name"), "a string")
+        for key, want in types.items():
+            v = n.get(key)
+            if v is not None and not _typed(v, want):
+                raise _bad(path, nid, i, key, v, _WANT[want[0]])
+        if not new_layout:
+            continue
+        for side in ("inputs", "outputs"):
+            block = n.get(side) or {}
+            for key in _IO_KEYS:
+                v = block.get(key)
+                if v is not None and not isinstance(v, list):
+                    raise _bad(path, nid, i, f"{side}.{key}", v, "a list")
+        for a in n.get("attrs") or ():
+            if not isinstance(a, dict) or not isinstance(a.get("name"), str):
+                raise _bad(path, nid, i, "attrs", a, "an object with a string `name`")
+            want = _ATTR_TYPES.get(a["name"])
+            v = a.get("value")
+            if want is not None and v is not None and not _typed(v, want):
+                raise _bad(path, nid, i, f"attrs.{a['name']}", v, _WANT[want[0]])
 
 
 def _dumps(value: Any) -> str:
@@ -339,14 +471,22 @@ def _comm_groups(
         configs = [c for c in dist_info["pg_config"] if isinstance(c, dict)]
 
     groups: dict[str, dict[str, Any]] = {}
+    members = 0
     for c in configs:
         name = c.get("pg_name")
         if name is None:
             continue
         size = c.get("group_size", c.get("pg_size"))
-        ranks = [int(r) for r in c.get("ranks") or []]
+        where = f"process group {str(name)[:40]!r}"
+        if size is not None:
+            size = check_count(path, size, f"the size of {where}")
+        ranks = [check_rank(path, r, f"a rank of {where}") for r in _list(c.get("ranks"))]
         if not ranks and isinstance(size, int):
             ranks = list(range(size))  # empty `ranks` means the group spans the whole world
+        members += len(ranks)
+        if members > 4 * MAX_RANKS:  # many world-sized groups: memory sized by the trace
+            msg = f"{path}: process groups list more than {4 * MAX_RANKS} members in all"
+            raise TraceFormatError(msg)
         groups[str(name)] = {
             "name": str(name),
             "description": c.get("pg_desc"),
@@ -356,6 +496,15 @@ def _comm_groups(
             "backend_id": c.get("backend_id"),
         }
     return groups
+
+
+def _list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        msg = f"expected a list, got {type_name(value)}"
+        raise TypeError(msg)
+    return value
 
 
 def _backend_of(config: Any) -> str | None:
@@ -617,15 +766,18 @@ def _p2p_frame(rows: list[dict[str, Any]], rank: int) -> pl.DataFrame:
 
 
 def _world_size(
-    dist_info: dict[str, Any], groups: dict[str, dict[str, Any]], coll: list[dict[str, Any]]
+    path: Path,
+    dist_info: dict[str, Any],
+    groups: dict[str, dict[str, Any]],
+    coll: list[dict[str, Any]],
 ) -> int | None:
-    if isinstance(dist_info.get("world_size"), int):
-        return int(dist_info["world_size"])
+    if dist_info.get("world_size") is not None:
+        return check_world_size(path, dist_info["world_size"], "distributedInfo.world_size")
     default = _default_group(groups)
     if default and default["size"]:
         return int(default["size"])
     sizes = [c["group_size"] for c in coll if c["group_name"] == "0" and c["group_size"]]
-    return max(sizes) if sizes else None
+    return check_world_size(path, max(sizes), "the default group's size") if sizes else None
 
 
 def _resolve_rank(
@@ -637,17 +789,17 @@ def _resolve_rank(
     rank: int | None,
 ) -> int:
     """Rank from the trace, else from the file name, else from the argument."""
-    if isinstance(dist_info.get("rank"), int):
-        return int(dist_info["rank"])
+    if dist_info.get("rank") is not None:
+        return check_rank(path, dist_info["rank"], "distributedInfo.rank")
     if comm_ranks:
         return Counter(comm_ranks).most_common(1)[0][0]
     if world_size == 1 and groups:
         return 0
     from_name = rank_from_file_name(path)
     if from_name is not None:
-        return from_name
+        return check_rank(path, from_name, "the rank in the file name")
     if rank is not None:
-        return rank
+        return check_rank(path, rank, "the rank given")
     msg = (
         f"{path}: cannot tell the rank (no distributedInfo, comm node or rank in the file name);"
         " pass --rank"

@@ -36,6 +36,7 @@ Conventions:
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,6 +50,7 @@ import polars as pl
 from prism_trace.errors import MissingFieldError, PrismError, RankUnknownError, TraceFormatError
 from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.base import TraceTables
+from prism_trace.limits import check_rank, check_world_size
 from prism_trace.nesting import innermost_enclosing, nest_events
 
 __all__ = ["EventsSink", "rank_from_file_name", "read_kineto", "stage_kineto"]
@@ -96,6 +98,11 @@ _NEST_ROWS = 1 << 18
 _OBJECT_BYTES = 16 << 20
 _OBJECT_BYTES_MAX = 1 << 30
 _TWO_POW_43 = 8796093022208  # µs; beyond it a DOUBLE holds less than 1 ns of fraction
+# Bounds of a record's times, in µs: ``ts`` up to year ~2096 as epoch µs, so that the base time
+# plus ``ts`` in ns still fits a BIGINT; a ``dur`` up to ~11 days.
+_MAX_TS_US = 4e15
+_MAX_DUR_US = 1e12
+_MAX_BASE_NS = 4 * 10**18
 
 
 def rank_from_file_name(path: Path) -> int | None:
@@ -187,13 +194,13 @@ def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> int:
     info = meta.get("distributedInfo")
     traced = info.get("rank") if isinstance(info, dict) else None
     if traced is not None:
-        traced = int(traced)
+        traced = check_rank(path, traced, "distributedInfo.rank")
         if rank is not None and rank != traced:
             msg = f"{path}: `rank` {rank} disagrees with distributedInfo.rank {traced}"
             raise TraceFormatError(msg)
         return traced
     if rank is not None:
-        return int(rank)
+        return check_rank(path, rank, "the rank given")
     named = rank_from_file_name(path)
     if named is not None:
         return named
@@ -202,6 +209,26 @@ def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> int:
         " pass --rank"
     )
     raise RankUnknownError(msg)
+
+
+def _short(value: str) -> str:
+    return value if len(value) <= 60 else value[:57] + "..."
+
+
+def _base_ns(path: Path, base: Any) -> int:
+    """``baseTimeNanoseconds`` checked: a non-negative integer (or integral float) in range."""
+    if base is None:
+        return 0
+    ok = isinstance(base, int) and not isinstance(base, bool)
+    if isinstance(base, float) and math.isfinite(base) and base.is_integer():
+        base, ok = int(base), True
+    if not ok or not 0 <= base < _MAX_BASE_NS:
+        msg = (
+            f"{path}: `baseTimeNanoseconds` = {str(base)[:40]} is not an integer in"
+            f" [0, {_MAX_BASE_NS:.0e})"
+        )
+        raise TraceFormatError(msg)
+    return int(base)
 
 
 def _json_list(value: Any) -> Any:
@@ -250,14 +277,45 @@ FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
       FROM ({select}))
 """
 
-_SELECT_FAST = """
-SELECT ph, cat, name, pid, tid,
-       CAST(floor(ts) AS BIGINT) * 1000
-           + CAST(round((ts - floor(ts)) * 1000) AS BIGINT) AS ts_us_ns,
-       CAST(round(dur * 1000) AS BIGINT) AS dur_ns, id, args, ts AS ts_raw
-FROM read_json(?, format = 'array', maximum_object_size = {object_bytes}, columns = {{
-    ph: 'VARCHAR', cat: 'VARCHAR', name: 'VARCHAR', pid: 'VARCHAR', tid: 'VARCHAR',
-    ts: 'DOUBLE', dur: 'DOUBLE', id: 'VARCHAR', args: 'JSON'}})
+# The fields every timed record must have, read as JSON so that their types are checked, not
+# cast: a ``ts`` of ``"123"``, a ``dur`` of ``true`` or a ``name`` of ``{}`` would otherwise be
+# taken. ``bad`` names the first field of a record that is missing, mistyped or out of range,
+# ``bad_value`` shows it; ``load`` refuses the file on the first such record.
+_NUMBER = "('DOUBLE', 'BIGINT', 'UBIGINT')"
+_ID = "('VARCHAR', 'BIGINT', 'UBIGINT')"
+_SELECT_FAST = f"""
+SELECT ph_t AS ph, cat->>'$' AS cat, name_t AS name, pid_t AS pid, tid_t AS tid,
+       CAST(floor(ts_d) AS BIGINT) * 1000
+           + CAST(round((ts_d - floor(ts_d)) * 1000) AS BIGINT) AS ts_us_ns,
+       CAST(round(dur_d * 1000) AS BIGINT) AS dur_ns, id, args, ts_d AS ts_raw, bad,
+       CASE bad WHEN 'ph' THEN ph WHEN 'ts' THEN ts WHEN 'dur' THEN dur WHEN 'name' THEN name
+                WHEN 'pid' THEN pid WHEN 'tid' THEN tid WHEN 'cat' THEN cat
+                WHEN 'args' THEN left(args::VARCHAR, 80) END::VARCHAR AS bad_value
+FROM (
+    SELECT *,
+           CASE WHEN ts_ok THEN ts::DOUBLE END AS ts_d,
+           CASE WHEN dur_ok THEN dur::DOUBLE END AS dur_d,
+           CASE WHEN json_type(ph) IS DISTINCT FROM 'VARCHAR' THEN 'ph'
+                WHEN ph_t NOT IN ('X', 'i', 'I') THEN NULL
+                WHEN NOT ts_ok THEN 'ts'
+                WHEN ph_t = 'X' AND NOT dur_ok THEN 'dur'
+                WHEN json_type(name) IS DISTINCT FROM 'VARCHAR' THEN 'name'
+                WHEN coalesce(json_type(pid) NOT IN {_ID}, true) THEN 'pid'
+                WHEN coalesce(json_type(tid) NOT IN {_ID}, true) THEN 'tid'
+                WHEN coalesce(json_type(cat) NOT IN ('VARCHAR', 'NULL'), false) THEN 'cat'
+                WHEN coalesce(json_type(args) NOT IN ('OBJECT', 'NULL'), false) THEN 'args'
+           END AS bad
+    FROM (
+        SELECT *, ph->>'$' AS ph_t, name->>'$' AS name_t, pid->>'$' AS pid_t,
+               tid->>'$' AS tid_t,
+               coalesce(json_type(ts) IN {_NUMBER}
+                        AND abs(ts::DOUBLE) < {_MAX_TS_US}, false) AS ts_ok,
+               coalesce(json_type(dur) IN {_NUMBER}
+                        AND dur::DOUBLE BETWEEN 0 AND {_MAX_DUR_US}, false) AS dur_ok
+        FROM read_json(?, format = 'array', maximum_object_size = {{object_bytes}},
+                       columns = {{{{ph: 'JSON', cat: 'JSON', name: 'JSON', pid: 'JSON',
+                                    tid: 'JSON', ts: 'JSON', dur: 'JSON', id: 'VARCHAR',
+                                    args: 'JSON'}}}})))
 """
 
 # Exact path, for traces whose ts are epoch µs with decimals (DOUBLE would lose the ns).
@@ -268,7 +326,8 @@ SELECT j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
             * 1000 AS BIGINT) AS ts_us_ns,
        CAST(TRY_CAST(regexp_extract(j, '"dur"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
             * 1000 AS BIGINT) AS dur_ns,
-       j->>'id' AS id, j->'args' AS args, NULL::DOUBLE AS ts_raw
+       j->>'id' AS id, j->'args' AS args, NULL::DOUBLE AS ts_raw, NULL::VARCHAR AS bad,
+       NULL::VARCHAR AS bad_value
 FROM read_json_objects(?, format = 'array', maximum_object_size = {object_bytes}) AS t(j)
 """
 
@@ -368,9 +427,13 @@ class _Reader:
         info = self.meta.get("distributedInfo")
         self.info: dict[str, Any] = info if isinstance(info, dict) else {}
         ws = self.info.get("world_size")
-        self.world_size = int(ws) if isinstance(ws, int) else None
-        base = self.meta.get("baseTimeNanoseconds")
-        self.base_ns = int(base) if isinstance(base, (int, float)) else 0
+        self.world_size = (
+            None if ws is None else check_world_size(path, ws, "distributedInfo.world_size")
+        )
+        if self.world_size is not None and rank >= self.world_size:
+            msg = f"{path}: rank {rank} is not below distributedInfo.world_size {self.world_size}"
+            raise TraceFormatError(msg)
+        self.base_ns = _base_ns(path, self.meta.get("baseTimeNanoseconds"))
         self.bound = pl.DataFrame()  # fwd-bwd flow points' events, from ``event_ids`` to ``flows``
         self.object_bytes = _OBJECT_BYTES
 
@@ -493,6 +556,7 @@ class _Reader:
     def load(self) -> None:
         """``raw``: every record of the array, in order, typed; ``ev0``: its timed events."""
         self.read_records(_SELECT_FAST)
+        self.check_records()
         (lossy,) = self.rows(
             f"SELECT count(*) FROM raw"
             f" WHERE abs(ts_raw) >= {_TWO_POW_43} AND ts_raw <> floor(ts_raw)"
@@ -522,6 +586,32 @@ class _Reader:
                   AND coalesce(pid, '') NOT IN ('Spans', 'Traces', '')
                   AND NOT (ph IN ('i', 'I') AND name = '[memory]')"""
         )
+
+    def check_records(self) -> None:
+        """Refuse the file on its first record with a missing, mistyped or out-of-range field."""
+        bad = self.rows(
+            "SELECT rowid, name, bad, bad_value FROM raw"
+            " WHERE bad IS NOT NULL ORDER BY rowid LIMIT 1"
+        )
+        if bad:
+            index, name, field, value = bad[0]
+            what = "is missing" if value is None else f"is {_short(value)}"
+            rules = {
+                "ph": "a string",
+                "ts": f"a number of µs below {_MAX_TS_US:.0e}",
+                "dur": f"a number of µs in [0, {_MAX_DUR_US:.0e}]",
+                "name": "a string",
+                "pid": "an integer or a string",
+                "tid": "an integer or a string",
+                "cat": "a string",
+                "args": "an object",
+            }
+            label = f" ({name!r})" if name is not None else ""
+            msg = (
+                f"{self.path}: traceEvents[{index}]{label}: `{field}` {what};"
+                f" expected {rules[field]}"
+            )
+            raise (MissingFieldError if value is None else TraceFormatError)(msg)
 
     def build_tracks(self) -> None:
         """One track per (pid, tid): a ``stream`` if it holds device events, else a ``thread``."""

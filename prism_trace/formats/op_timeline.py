@@ -55,6 +55,7 @@ formula.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,12 @@ import yaml
 
 from prism_trace.errors import MissingFieldError, TraceFormatError
 from prism_trace.formats.base import TraceTables
+from prism_trace.limits import (
+    MAX_RANKS,
+    check_count,
+    check_regular_file,
+    check_world_size,
+)
 
 __all__ = ["REQUIRED_COLUMNS", "read_op_timeline", "sniff_op_timeline"]
 
@@ -70,6 +77,21 @@ REQUIRED_COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "d
 """Columns an op-timeline parquet must have."""
 
 _ARG_COLUMNS = ("seq_id", "mc", "mb_id", "gmc")
+
+_INTEGER = (
+    pl.Int8, pl.Int16, pl.Int32, pl.Int64, pl.UInt8, pl.UInt16, pl.UInt32, pl.UInt64,
+)  # fmt: skip
+_TIMES = ("start_ts", "duration")
+# The parquet types each column may have; bools, structs, lists and strings for numbers are
+# refused rather than cast.
+_COLUMN_KINDS: dict[str, tuple[type, ...]] = {
+    "optype": (pl.String, pl.Categorical, pl.Enum),
+    "start_ts": (pl.Float32, pl.Float64, *_INTEGER),
+    "duration": (pl.Float32, pl.Float64, *_INTEGER),
+}
+_MAX_SECONDS = 1e6  # an op or a step of more than 11 days is not a training step
+_SECONDS = "seconds in [0, 1e6]"
+_MAX_SIDECAR_BYTES = 64 << 20
 
 _LANES = {"compute": 0, "pp-comm": 1, "dp-comm": 3, "misc": 4}
 
@@ -144,30 +166,49 @@ def _locate(path: Path) -> tuple[Path, Path | None, Path | None]:
 def _read_meta(meta: Path | None) -> dict[str, Any]:
     if meta is None:
         return {}
+    check_regular_file(meta)
+    if meta.stat().st_size > _MAX_SIDECAR_BYTES:
+        msg = f"{meta}: op-timeline meta is larger than {_MAX_SIDECAR_BYTES} bytes"
+        raise TraceFormatError(msg)
     try:
-        data = yaml.safe_load(meta.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml.safe_load(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
         msg = f"{meta}: cannot read op-timeline meta: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
     if not isinstance(data, dict):
         msg = f"{meta}: op-timeline meta is not a mapping"
         raise TraceFormatError(msg)
+    for key in ("dp_size", "pp_size", "tp_size"):
+        if data.get(key) is not None:
+            data[key] = check_count(meta, data[key], f"`{key}`")
+    if data.get("world_size") is not None:
+        data["world_size"] = check_world_size(meta, data["world_size"], "`world_size`")
     return data
 
 
 def _read_step_base(result: Path | None) -> dict[int, float]:
     if result is None:
         return {}
+    check_regular_file(result)
+    if result.stat().st_size > _MAX_SIDECAR_BYTES:
+        msg = f"{result}: op-timeline result is larger than {_MAX_SIDECAR_BYTES} bytes"
+        raise TraceFormatError(msg)
     try:
-        data = json.loads(result.read_text())
+        data = json.loads(result.read_text(encoding="utf-8"))
         base = data.get("step_t_base") or {}
-        return {int(k): float(v) for k, v in base.items()}
-    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        out = {int(k): float(v) for k, v in base.items()}
+    except (OSError, ValueError, AttributeError, TypeError, RecursionError) as exc:
         msg = f"{result}: cannot read `step_t_base`: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
+    for k, v in out.items():
+        if not (math.isfinite(v) and 0 <= v <= _MAX_SECONDS):
+            msg = f"{result}: `step_t_base` of step {k} is {v}, expected seconds in [0, 1e6]"
+            raise TraceFormatError(msg)
+    return out
 
 
 def _read_parquet(parquet: Path) -> pl.DataFrame:
+    check_regular_file(parquet)
     try:
         schema = pl.read_parquet_schema(parquet)
     except Exception as exc:  # polars/pyarrow raise several unrelated types on bad files
@@ -179,6 +220,12 @@ def _read_parquet(parquet: Path) -> pl.DataFrame:
             msg = f"{parquet}: missing required column `{col}` (an op timeline needs {need})"
             raise MissingFieldError(msg)
     cols = [*REQUIRED_COLUMNS, *(c for c in _ARG_COLUMNS if c in schema)]
+    for col in cols:
+        kinds = _COLUMN_KINDS.get(col, _INTEGER)
+        if not any(isinstance(schema[col], k) for k in kinds):
+            want = "a string" if col == "optype" else "numbers" if col in _TIMES else "integers"
+            msg = f"{parquet}: column `{col}` is {schema[col]}, expected {want}"
+            raise TraceFormatError(msg)
     try:
         df = pl.read_parquet(parquet, columns=cols)
     except Exception as exc:  # corrupt pages surface only on read
@@ -200,7 +247,46 @@ def _read_parquet(parquet: Path) -> pl.DataFrame:
     if bad:
         msg = f"{parquet}: null values in required columns {bad}"
         raise TraceFormatError(msg)
+    _check_values(parquet, df)
     return df
+
+
+def _check_values(parquet: Path, df: pl.DataFrame) -> None:
+    """Refuse out-of-range values and duplicated ops, naming the first bad row."""
+    rules = [
+        ("rank", (pl.col("rank") >= 0) & (pl.col("rank") < MAX_RANKS), f"in [0, {MAX_RANKS})"),
+        ("dp_rank", pl.col("dp_rank").is_between(0, MAX_RANKS - 1), f"in [0, {MAX_RANKS})"),
+        ("stage", pl.col("stage").is_between(0, MAX_RANKS - 1), f"in [0, {MAX_RANKS})"),
+        ("step", pl.col("step").is_between(0, (1 << 31) - 1), "in [0, 2^31)"),
+        *(
+            (
+                c,
+                pl.col(c).is_finite() & pl.col(c).is_between(0, _MAX_SECONDS),
+                "seconds in [0, 1e6]",
+            )
+            for c in _TIMES
+        ),
+    ]
+    checked = df.with_row_index("_row").select(
+        "_row", *(c for c, _, _ in rules), *(ok.alias(f"_ok_{c}") for c, ok, _ in rules)
+    )
+    for col, _, want in rules:
+        rows = checked.filter(~pl.col(f"_ok_{col}"))
+        if rows.height:
+            row, value = rows["_row"][0], rows[col][0]
+            msg = f"{parquet}: row {row}: `{col}` is {value}, expected {want}"
+            raise TraceFormatError(msg)
+
+
+def _check_duplicates(parquet: Path, df: pl.DataFrame) -> None:
+    """Refuse an op given twice: it would double the collectives and p2p calls."""
+    key = ["rank", "step", "optype", "seq_id"] if "seq_id" in df.columns else df.columns
+    dup = df.with_row_index("_row").filter(pl.struct(key).is_duplicated())
+    if dup.height:
+        first = dup.row(0, named=True)
+        shown = ", ".join(f"{k}={first[k]}" for k in key)
+        msg = f"{parquet}: row {first['_row']} is duplicated ({shown})"
+        raise TraceFormatError(msg)
 
 
 def sniff_op_timeline(path: Path) -> bool:
@@ -248,6 +334,7 @@ def read_op_timeline(path: Path, *, rank: int | None = None) -> TraceTables:
         raise TraceFormatError(msg)
 
     layout = _layout(df, meta, parquet)
+    _check_duplicates(parquet, df)
     if layout["renumber"]:
         # The file numbers its (dp_rank, stage) cells 0.. although each stands for a TP x CP
         # group: the global rank of the recorded one is the cell index times tp * cp.
@@ -263,6 +350,10 @@ def read_op_timeline(path: Path, *, rank: int | None = None) -> TraceTables:
     dp_size, pp_size, tp_size, cp_size = layout["dp"], layout["pp"], layout["tp"], layout["cp"]
     cell_rank: dict[tuple[int, int], int] = layout["cells"]  # (dp_rank, stage) -> rank
     world_size = int(meta.get("world_size") or dp_size * pp_size * tp_size * cp_size)
+    top = int(df["rank"].max())  # type: ignore[arg-type]
+    if top >= world_size:
+        msg = f"{parquet}: rank {top} is not below the world size {world_size} ({meta_path})"
+        raise TraceFormatError(msg)
 
     # clock: recorded steps back to back
     df = df.with_columns(
@@ -416,6 +507,14 @@ def _layout(df: pl.DataFrame, meta: dict[str, Any], parquet: Path) -> dict[str, 
     tp = int(meta.get("tp_size") or 1)
     # Context parallelism: `cp_size`, or `dsp_size` as StragglerAnalysis's meta names it.
     cp = int(meta.get("cp_size") or meta.get("dsp_size") or 1)
+    world = meta.get("world_size")
+    if dp * pp * tp * cp > MAX_RANKS or (world is not None and world != dp * pp * tp * cp):
+        msg = (
+            f"{parquet}: meta sizes contradict each other or the rank limit: dp_size {dp} *"
+            f" pp_size {pp} * tp_size {tp} * cp_size {cp} = {dp * pp * tp * cp},"
+            f" world_size {world}"
+        )
+        raise TraceFormatError(msg)
     bad = cells.filter((pl.col("dp_rank") >= dp) | (pl.col("stage") >= pp))
     if not bad.is_empty():
         row = bad.row(0, named=True)

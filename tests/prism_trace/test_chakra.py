@@ -234,7 +234,7 @@ def test_synthetic_graph_maps_every_frame(tmp_path: Path) -> None:
     ag = _node(9, pb.COMM_COLL_NODE, "ag", comm_type=pb.ALL_GATHER, comm_size=4096, pg_name="7")
     ar = _node(5, pb.COMM_COLL_NODE, "ar", comm_type=pb.ALL_REDUCE, comm_size=64, pg_name="7")
     ar.data_deps.append(9)
-    ar.ctrl_deps.extend([5, 1234])  # a self-loop and a dangling dep are dropped
+    ar.ctrl_deps.extend([5, 3])  # a self-loop and a dep on a missing earlier node are dropped
     send = _node(6, pb.COMM_SEND_NODE, "send", comm_dst=3, comm_size=8, comm_tag=11)
     recv = _node(7, pb.COMM_RECV_NODE, "recv", comm_src=3, comm_size=8, comm_tag=11)
     recv.ctrl_deps.append(6)

@@ -265,7 +265,9 @@ def test_missing_nodes_or_schema(tmp_path: Path) -> None:
 def test_malformed_node(tmp_path: Path) -> None:
     bad = tmp_path / "et_rank0.json"
     bad.write_text('{"schema": "1.0.1", "nodes": [{"name": "x"}]}')
-    with pytest.raises(TraceFormatError, match=r"et_rank0\.json: malformed node"):
+    with pytest.raises(
+        TraceFormatError, match=r"et_rank0\.json: node \(nodes\[0\]\): `id` is missing"
+    ):
         read_host_et(bad)
 
 

@@ -102,7 +102,8 @@ def test_cuts_inside_events_fall_back_to_the_whole_array(
 def test_small_or_unbroken_arrays_stay_whole(tmp_path: Path, small_parts: list[int]) -> None:
     one_line = {
         "traceEvents": [
-            {"ph": "X", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i} for i in range(2000)
+            {"ph": "X", "name": f"op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+            for i in range(2000)
         ]
     }
     path = tmp_path / "rank0.json"

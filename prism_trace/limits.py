@@ -1,0 +1,192 @@
+"""The bounds every reader holds a trace to, and the checks that enforce them.
+
+A trace is untrusted input: a rank of 10**9 must not make ingest build a list of 10**9 ranks, a
+gzip bomb must not be inflated until memory runs out, and a FIFO named like a trace must not
+block forever. Everything sized by a value read from a file is checked here first.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import stat
+import zlib
+from pathlib import Path
+from typing import IO, Any
+
+from prism_trace.errors import TraceFormatError, TruncatedTraceError
+
+__all__ = [
+    "GZIP_FLOOR_BYTES",
+    "GZIP_MAX_RATIO",
+    "MAX_RANKS",
+    "BoundedGzip",
+    "check_count",
+    "check_rank",
+    "check_regular_file",
+    "check_world_size",
+    "expansion_limit",
+    "open_bounded",
+    "type_name",
+]
+
+MAX_RANKS = 1 << 20
+"""Ranks are in ``[0, MAX_RANKS)`` and a world holds at most ``MAX_RANKS`` ranks."""
+
+GZIP_MAX_RATIO = 100
+"""A gzip member may expand to this many times its compressed size (real traces: 8-30x)."""
+
+GZIP_FLOOR_BYTES = 64 << 20
+"""...or to this many bytes, whichever is larger, so a small file may compress very well."""
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
+
+
+def type_name(value: Any) -> str:
+    """The JSON-ish type of ``value`` for messages (``bool`` is not an ``int``)."""
+    if value is None:
+        return "null"
+    names = {bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "object"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_rank(path: Path | str, value: Any, where: str) -> int:
+    """``value`` as a rank in ``[0, MAX_RANKS)``, or a one-line error naming ``where``.
+
+    Raises:
+        TraceFormatError: not an integer (bools, floats and strings are refused) or out of range.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        msg = f"{path}: {where} is {type_name(value)} {_short(value)}, expected an integer rank"
+        raise TraceFormatError(msg)
+    if not 0 <= value < MAX_RANKS:
+        msg = f"{path}: {where} = {value} is outside [0, {MAX_RANKS}) (the rank limit)"
+        raise TraceFormatError(msg)
+    return value
+
+
+def check_world_size(path: Path | str, value: Any, where: str) -> int:
+    """``value`` as a world size in ``[1, MAX_RANKS]``, or a one-line error naming ``where``."""
+    if isinstance(value, float) and value.is_integer() and math.isfinite(value):
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        msg = f"{path}: {where} is {type_name(value)} {_short(value)}, expected an integer"
+        raise TraceFormatError(msg)
+    if not 1 <= value <= MAX_RANKS:
+        msg = f"{path}: {where} = {value} is outside [1, {MAX_RANKS}] (the world-size limit)"
+        raise TraceFormatError(msg)
+    return value
+
+
+def check_count(path: Path | str, value: Any, where: str, *, limit: int = MAX_RANKS) -> int:
+    """A positive integer size (a parallel degree, a group size) of at most ``limit``."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+        msg = f"{path}: {where} = {_short(value)} is not an integer in [1, {limit}]"
+        raise TraceFormatError(msg)
+    return value
+
+
+def check_regular_file(path: Path) -> None:
+    """Refuse anything but a regular file (after symlinks): FIFOs block, devices never end.
+
+    Raises:
+        TraceFormatError: ``path`` is missing, or a FIFO, socket or device (also via a symlink).
+    """
+    try:
+        st = path.stat()
+    except OSError as exc:
+        msg = f"{path}: cannot read: {exc.strerror or exc}"
+        raise TraceFormatError(msg) from exc
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "a character device"
+            if stat.S_ISCHR(st.st_mode)
+            else "a block device"
+            if stat.S_ISBLK(st.st_mode)
+            else "a socket"
+            if stat.S_ISSOCK(st.st_mode)
+            else "not a regular file"
+        )
+        via = f" (via symlink to {os.path.realpath(path)})" if path.is_symlink() else ""
+        msg = f"{path}: is {kind}{via}; only regular trace files are read"
+        raise TraceFormatError(msg)
+
+
+def expansion_limit(compressed_bytes: int) -> int:
+    """Uncompressed bytes a gzip file of ``compressed_bytes`` may hold before it is a bomb.
+
+    ``PRISM_GZIP_MAX_RATIO`` and ``PRISM_GZIP_FLOOR_BYTES`` override the defaults.
+    """
+    ratio = _env_int("PRISM_GZIP_MAX_RATIO", GZIP_MAX_RATIO)
+    floor = _env_int("PRISM_GZIP_FLOOR_BYTES", GZIP_FLOOR_BYTES)
+    return max(floor, ratio * compressed_bytes)
+
+
+class BoundedGzip(gzip.GzipFile):
+    """A gzip reader that refuses to inflate past ``expansion_limit`` of the file's size.
+
+    Every damage is named as our error: a cut stream (``TruncatedTraceError``), corrupt data and a
+    bomb (``TraceFormatError``), so no reader has to know gzip's exception types.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._limit = expansion_limit(path.stat().st_size)
+        self._seen = 0
+        super().__init__(filename=str(path), mode="rb")
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Read at most ``size`` bytes (never the whole stream in one go)."""
+        want = (1 << 22) if size is None or size < 0 else size
+        if size is None or size < 0:
+            parts = []
+            while chunk := self.read(want):
+                parts.append(chunk)
+            return b"".join(parts)
+        try:
+            data = super().read(min(want, self._limit + 1 - self._seen))
+        except EOFError as exc:
+            msg = f"{self._path}: truncated gzip stream (file ends before the compressed data does)"
+            raise TruncatedTraceError(msg) from exc
+        except (OSError, zlib.error) as exc:
+            msg = f"{self._path}: corrupt gzip data: {exc}"
+            raise TraceFormatError(msg) from exc
+        self._seen += len(data)
+        if self._seen > self._limit:
+            msg = (
+                f"{self._path}: gzip data expands past {self._limit} bytes"
+                f" ({GZIP_MAX_RATIO}x the file, a decompression bomb?);"
+                " set PRISM_GZIP_MAX_RATIO to allow more"
+            )
+            raise TraceFormatError(msg)
+        return data
+
+    def read1(self, size: int = -1) -> bytes:  # buffered readers call this
+        """As ``read``."""
+        return self.read(size if size >= 0 else 1 << 22)
+
+
+def open_bounded(path: Path) -> IO[bytes]:
+    """Open a regular file for binary reading, through ``BoundedGzip`` when it is gzipped."""
+    check_regular_file(path)
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return BoundedGzip(path)  # type: ignore[return-value]
+    return path.open("rb")
