@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
+from prism_trace.ranks import format_ranks
+
 if TYPE_CHECKING:
     from prism_trace.store import Store
 
@@ -82,33 +84,8 @@ def _frame(store: Store, sql: str, params: list[Any]) -> pl.DataFrame:
 
 
 def rank_ranges(ranks: tuple[int, ...] | list[int], *, limit: int = 4) -> str:
-    """Sorted ranks as compact arithmetic runs: ``0..4094 step 2``, ``1, 3, 8..11``.
-
-    Args:
-        ranks: the ranks (any order).
-        limit: runs shown before ``...``.
-
-    Returns:
-        The text.
-    """
-    rs = sorted(set(ranks))
-    runs: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        step = rs[i + 1] - rs[i] if i + 1 < len(rs) else 1
-        while j + 1 < len(rs) and rs[j + 1] - rs[j] == step:
-            j += 1
-        if j - i >= 2:
-            tail = "" if step == 1 else f" step {step}"
-            runs.append(f"{rs[i]}..{rs[j]}{tail}")
-            i = j + 1
-        else:
-            runs.append(str(rs[i]))
-            i += 1
-    if len(runs) > limit:
-        runs = [*runs[:limit], "..."]
-    return ", ".join(runs)
+    """Sorted ranks as compact arithmetic runs: ``0..4094 step 2``, ``1, 3, 8..11``."""
+    return format_ranks(ranks, stride=" step ", sep=", ", limit=limit)
 
 
 def run_facts(store: Store, run_id: int) -> RunFacts:

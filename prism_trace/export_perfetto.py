@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from prism_trace.errors import PrismError
+from prism_trace.ranks import format_ranks
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -154,9 +155,7 @@ def _mapping(
 
 
 def _ranges(ranks: list[int]) -> str:
-    from prism_trace.analysis._report_data import rank_ranges
-
-    return rank_ranges(ranks)
+    return format_ranks(ranks, stride=" step ", sep=", ", limit=4)
 
 
 def _process_label(

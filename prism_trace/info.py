@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from prism_trace.ranks import format_ranks
 from prism_trace.store import Store
 
 __all__ = ["compact_ranks", "describe_run", "list_runs", "render_run"]
@@ -23,20 +24,7 @@ def _rows(store: Store, sql: str, params: list[Any]) -> list[dict[str, Any]]:
 
 def compact_ranks(ranks: Sequence[int]) -> str:
     """``[0, 2, 4, 6, 9]`` -> ``"0..6:2,9"``: rank lists as `prism_trace.ranks` parses them."""
-    rs = sorted(set(ranks))
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j, step = i, (rs[i + 1] - rs[i]) if i + 1 < len(rs) else 1
-        while j + 1 < len(rs) and rs[j + 1] - rs[j] == step:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{rs[i]}..{rs[j]}" + (f":{step}" if step != 1 else ""))
-            i = j + 1
-        else:
-            parts.append(str(rs[i]))
-            i += 1
-    return ",".join(parts)
+    return format_ranks(ranks)
 
 
 def list_runs(store: Store) -> list[dict[str, Any]]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
 from prism_trace.errors import PrismError
 
-__all__ = ["MAX_RANKS", "RankList", "parse_ranks"]
+__all__ = ["MAX_RANKS", "RankList", "format_ranks", "parse_ranks"]
 
 # A bound on what one spec may expand to: `0..1e9` must not allocate a billion ints.
 MAX_RANKS = 1 << 20
@@ -69,3 +70,29 @@ class RankList(click.ParamType):
             return parse_ranks(str(value))
         except PrismError as exc:
             self.fail(str(exc), param, ctx)
+
+
+def format_ranks(
+    ranks: Sequence[int], *, stride: str = ":", sep: str = ",", limit: int | None = None
+) -> str:
+    """Ranks as arithmetic runs, the inverse of `parse_ranks`: ``[0, 2, 4, 6, 9]`` -> ``0..6:2,9``.
+
+    ``stride=" step ", sep=", "`` gives the reports' wording (``0..4094 step 2, 9``); ``limit``
+    keeps that many runs and ends with ``...``.
+    """
+    rs = sorted(set(ranks))
+    runs: list[str] = []
+    i = 0
+    while i < len(rs):
+        j, step = i, (rs[i + 1] - rs[i]) if i + 1 < len(rs) else 1
+        while j + 1 < len(rs) and rs[j + 1] - rs[j] == step:
+            j += 1
+        if j - i >= 2:
+            runs.append(f"{rs[i]}..{rs[j]}" + (f"{stride}{step}" if step != 1 else ""))
+            i = j + 1
+        else:
+            runs.append(str(rs[i]))
+            i += 1
+    if limit is not None and len(runs) > limit:
+        runs = [*runs[:limit], "..."]
+    return sep.join(runs)

@@ -160,7 +160,7 @@ def test_injected_straggler_ranks_first_as_on_the_critical_path(straggler_store:
 @pytest.mark.shared_data
 def test_st_last_stage_is_the_straggler(shared_datasets: Path, tmp_path: Path) -> None:
     """ST's straggler is its last stage (StragglerAnalysis: stage 3 slowdown 1.23, others
-    below 1): the skew ranking and the critical path both put its ranks (6, 7) first."""
+    below 1): the skew ranking puts its ranks (6, 7) first, the critical path that stage."""
     db = tmp_path / "st.duckdb"
     with open_store(db) as s:
         ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
@@ -168,7 +168,11 @@ def test_st_last_stage_is_the_straggler(shared_datasets: Path, tmp_path: Path) -
         ranking = skew(s, "st")
         assert set(ranking["rank"][:2]) == {6, 7}
         on_path = critical_path_shares(s, "st", by="rank").sort("path_ns", descending=True)
-        assert set(on_path["rank"][:2]) == {6, 7}
+        # The path crosses every stage (the warm-up forwards run down the pipeline), but the last
+        # stage holds the most of it, and its rank on the path most often leads.
+        assert on_path["rank"][0] in {6, 7}
+        by_stage = on_path.group_by(pl.col("rank") // 2).agg(pl.col("path_ns").sum())
+        assert by_stage.sort("path_ns", descending=True)["rank"][0] == 3
         t = temporal(s, "st")
         assert set(t["mode"]) == {"timeline"}
         assert (t["compute_pct"] > 30).all()
