@@ -223,6 +223,14 @@ def test_two_of_eight_ranks(tmp_path: Path, shared_datasets: Path) -> None:
     assert res.exit_code == 0, res.output
     res = CliRunner().invoke(main, ["graph", str(tmp_path / "d2.duckdb"), "--run", "d2"])
     assert "partial recording: 2 of 8 ranks recorded; not recorded: 2..7" in res.output
+    # The emulated partial run reports like any other, next to its recording.
+    store.close()
+    html = tmp_path / "f.html"
+    res = CliRunner().invoke(
+        main, ["report", str(tmp_path / "d2.duckdb"), "--run", "f", "--compare", "d2", "-o", html]
+    )
+    assert res.exit_code == 0, res.output
+    assert html.stat().st_size > 10_000
 
 
 @pytest.mark.parametrize(
