@@ -252,3 +252,14 @@ def test_generated_straggler_pair(tmp_path: Path) -> None:
     _, iters = emulate_in_memory(store, run="slow", config=cfg)
     predicted = float(iters["dur"].mean()) / 1e9  # type: ignore[arg-type]
     assert predicted < slow - 0.1
+    # The analyses name the injected straggler: first in the skew ranking and on the critical
+    # path (issue-20's check on a recording with a known straggler).
+    from prism_trace.analysis.critical_path import critical_path_shares
+    from prism_trace.analysis.stragglers import skew
+
+    from prism_trace.graph import build_graph
+
+    build_graph(store, "slow")
+    assert skew(store, "slow")["rank"][0] == 1
+    on_path = critical_path_shares(store, "slow", by="rank").sort("path_ns", descending=True)
+    assert on_path["rank"][0] == 1
