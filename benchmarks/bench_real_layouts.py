@@ -36,7 +36,7 @@ from typing import Any
 
 import yaml
 from _common import REPO, SHARED, host_kind, write_note
-from prism_trace.datasets.variants import kineto_variant
+from prism_trace.datasets.variants import kineto_variant, two_ranks_of_many
 from prism_trace.replay import EmulationConfig, ReplayConfig, emulate_run
 from prism_trace.replay.validate import validate_run
 
@@ -61,21 +61,7 @@ def _dlrm(out: Path, **kw: Any) -> None:
 
 
 def _two_of_128(out: Path) -> None:
-    src = sorted(DLRM.glob("*.json.gz"))
-
-    def bigger(ev: dict) -> dict:
-        if str(ev.get("name", "")).startswith("nccl:all_to_all"):
-            args = dict(ev.get("args") or {})
-            dims = args.get("Input Dims")
-            if dims and dims[0]:
-                args["Input Dims"] = [[dims[0][0] * 1000], *dims[1:]]
-            ev = {**ev, "args": args}
-        return ev
-
-    kineto_variant(src[0], out / "rank0.json.gz", strip_comm_args=True, world_size=128)
-    kineto_variant(
-        src[1], out / "rank64.json.gz", strip_comm_args=True, world_size=128, rank=64, edit=bigger
-    )
+    two_ranks_of_many(sorted(DLRM.glob("*.json.gz")), out)
 
 
 def _sample_tp0(out: Path) -> None:

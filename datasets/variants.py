@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import gzip
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-__all__ = ["kineto_variant"]
+__all__ = ["kineto_variant", "two_ranks_of_many"]
 
 Event = dict[str, Any]
 
@@ -90,3 +90,34 @@ def kineto_variant(
     dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(gzip.compress(orjson.dumps(data), compresslevel=1))
     return dst
+
+
+def _all_to_all_scaled(factor: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def edit(ev: dict[str, Any]) -> dict[str, Any]:
+        if str(ev.get("name", "")).startswith("nccl:all_to_all"):
+            args = dict(ev.get("args") or {})
+            dims = args.get("Input Dims")
+            if dims and dims[0]:
+                args["Input Dims"] = [[dims[0][0] * factor], *dims[1:]]
+            ev = {**ev, "args": args}
+        return ev
+
+    return edit
+
+
+def two_ranks_of_many(
+    src: Sequence[Path], out: Path, *, world_size: int = 128, factor: int = 1000
+) -> None:
+    """Ranks 0 and ``world_size // 2`` of a large job, made from two DLRM Kineto files, with
+    their ``record_param_comms`` args stripped and the second rank's all-to-alls ``factor``
+    times larger: a partial recording whose calls must not be matched by order."""
+    kineto_variant(src[0], out / "rank0.json.gz", strip_comm_args=True, world_size=world_size)
+    half = world_size // 2
+    kineto_variant(
+        src[1],
+        out / f"rank{half}.json.gz",
+        strip_comm_args=True,
+        world_size=world_size,
+        rank=half,
+        edit=_all_to_all_scaled(factor),
+    )

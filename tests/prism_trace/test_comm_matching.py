@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
-from prism_trace.datasets.variants import kineto_variant
+from prism_trace.datasets.variants import kineto_variant, two_ranks_of_many
 
 from prism_trace.collectives import UNMATCHED, match_comms, settle_order_matching
 from prism_trace.formats.kineto import _op_kind_sql
@@ -32,20 +32,7 @@ def variants(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) ->
         kineto_variant(f, tmp / "stripped" / f"rank{i}.json.gz", strip_comm_args=True)
         kineto_variant(f, tmp / "c10d" / f"rank{i}.json.gz", drop=r"^(record_param_comms|nccl:)")
 
-    def bigger(ev: dict) -> dict:  # rank 64's exchanges are 1000 times larger
-        if str(ev.get("name", "")).startswith("nccl:all_to_all"):
-            args = dict(ev.get("args") or {})
-            dims = args.get("Input Dims")
-            if dims and dims[0]:
-                args["Input Dims"] = [[dims[0][0] * 1000], *dims[1:]]
-            ev = {**ev, "args": args}
-        return ev
-
-    two = tmp / "two"
-    kineto_variant(src[0], two / "rank0.json.gz", strip_comm_args=True, world_size=128)
-    kineto_variant(
-        src[1], two / "rank64.json.gz", strip_comm_args=True, world_size=128, rank=64, edit=bigger
-    )
+    two_ranks_of_many(src, tmp / "two")  # rank 64's exchanges are 1000 times larger
     store = open_store(tmp / "v.duckdb")
     for name in ("stripped", "c10d", "two"):
         ingest(store, [tmp / name], run=name, progress=False)
