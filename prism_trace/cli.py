@@ -56,7 +56,8 @@ class _Guarded(click.Group):
         """Click's usage errors print three lines (usage, hint, error): here they are one."""
         standalone = kwargs.pop("standalone_mode", True)
         try:
-            rv = super().main(*args, standalone_mode=False, **kwargs)
+            # click types main() by its overloads on standalone_mode; this passes it through.
+            rv = super().main(*args, standalone_mode=False, **kwargs)  # type: ignore[call-overload]
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx is not None else "prism"
             click.echo(f"error: {exc.format_message()} (see `{where} --help`)", err=True)

@@ -840,7 +840,7 @@ def _prism_edges(events: pl.DataFrame, ids: pl.DataFrame) -> tuple[pl.DataFrame,
         )
         .filter(pl.col("src").is_not_null() & pl.col("dst").is_not_null())
     )
-    edges = ex.select(list(EDGE_SCHEMA)).cast(EDGE_SCHEMA)
+    edges = ex.select(list(EDGE_SCHEMA)).cast(pl.Schema(EDGE_SCHEMA))
     return edges, sorted(own["rank"].unique().to_list())
 
 
@@ -1100,7 +1100,7 @@ def build_graph(store: Store, run: str) -> GraphReport:
     started = time.perf_counter()
     run_id = run_id_of(store, run)
     rules = _rules(store, run_id)
-    by_rule: dict[str, list[int]] = {}
+    by_rule: dict[Rule, list[int]] = {}
     for rank, rule in rules.items():
         by_rule.setdefault(rule, []).append(rank)
     where = "run_id = $1 AND list_contains($2, rank)"

@@ -275,7 +275,9 @@ class ParallelLayout:
         return {a: (r // strides[a]) % self.size(a) for a in AXES}
 
     def rank_of(
-        self, coords: Mapping[ParallelAxis | str, np.ndarray | Sequence[int] | int]
+        self,
+        coords: Mapping[ParallelAxis, np.ndarray | Sequence[int] | int]
+        | Mapping[str, np.ndarray | Sequence[int] | int],
     ) -> np.ndarray:
         """Global ranks of coordinates (axes left out are 0), vectorised.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import duckdb
 import polars as pl
@@ -12,6 +12,9 @@ import polars as pl
 from prism_trace.errors import PrismError
 from prism_trace.jsonout import dumps
 from prism_trace.store import Store
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["run_query"]
 
@@ -42,7 +45,7 @@ def run_query(
         if prepare is not None:
             prepare(cur)
         rel = cur.sql(sql)
-        df = pl.DataFrame() if rel is None else pl.from_arrow(rel.to_arrow_table())
+        df = pl.DataFrame() if rel is None else _frame(rel.to_arrow_table())
     except duckdb.Error as exc:
         msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
         raise PrismError(msg) from exc
@@ -60,3 +63,10 @@ def run_query(
         output.write_text(text)
         return ""
     return text
+
+
+def _frame(table: pa.Table) -> pl.DataFrame:
+    """A query result as a DataFrame (``pl.from_arrow`` is typed to return a Series too)."""
+    df = pl.from_arrow(table)
+    assert isinstance(df, pl.DataFrame)  # a Table always converts to a DataFrame
+    return df

@@ -388,7 +388,8 @@ def _fit_link(
         )
         return LinkFit(link, kind, alpha0, gbps0, 0, 0, None, None, "preset", why)
     fit = fit_alpha_beta(x1, x2, y, offset=offset)
-    alpha, gbps, source, note = fit.alpha_ns, gbps0, "fit", ""
+    source: Literal["fit", "fit+preset", "preset"] = "fit"
+    alpha, gbps, note = fit.alpha_ns, gbps0, ""
     if fit.inv_bw > 0 and fit.alpha_ns > 0:
         gbps = 1.0 / fit.inv_bw
         rel, r2, used = fit.median_rel_error, fit.r2, fit.used
@@ -507,9 +508,9 @@ def calibrate(
                             "fit",
                         )
                     )
-    for f in (intra, inter):
-        if f.source != "fit":
-            notes.append(f"{f.link}: {f.note or 'no data'} (preset {base.system!r})")
+    for link_fit in (intra, inter):
+        if link_fit.source != "fit":
+            notes.append(f"{link_fit.link}: {link_fit.note or 'no data'} (preset {base.system!r})")
 
     usable = samples.filter(
         (pl.col("msg_bytes") >= 0)

@@ -199,8 +199,8 @@ def emulate(
     m, s = src.size, sync_node.size
     e0, e1, e2 = m, m + n, m + n + s
     idx_t = np.int32 if 1 << 22 <= n_points < 2**31 - 1 else np.int64
-    p_src = np.empty(e2 + s, dtype=idx_t)
-    p_dst = np.empty(e2 + s, dtype=idx_t)
+    p_src: np.ndarray = np.empty(e2 + s, dtype=idx_t)
+    p_dst: np.ndarray = np.empty(e2 + s, dtype=idx_t)
     p_w = np.empty(e2 + s, dtype=np.int64)
     p_src[:e0] = src
     np.add(p_src[:e0], n, out=p_src[:e0], where=from_end)

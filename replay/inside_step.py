@@ -135,5 +135,5 @@ def inside_step(
             .filter(pl.col("rec") > 0)
         )
         if per.height:
-            comm = float(((per["emu"] - per["rec"]).abs() / per["rec"]).mean() * 100.0)  # type: ignore[operator]
+            comm = 100.0 * float(((per["emu"] - per["rec"]).abs() / per["rec"]).mean() or 0.0)  # type: ignore[arg-type]
     return InsideStep(p50, p99, comm, int(err.size))

@@ -866,7 +866,7 @@ def _substitute_outputs(
     except orjson.JSONDecodeError:
         return out
     for j, v in enumerate(vals):
-        items = [(v, j, None)] if _is_ref(v) else []
+        items: list[tuple[Any, int, int | None]] = [(v, j, None)] if _is_ref(v) else []
         if isinstance(v, list) and not _is_ref(v):
             items = [(x, j, k) for k, x in enumerate(v) if _is_ref(x)]
         for ref, jj, k in items:

@@ -431,4 +431,4 @@ def _patch(c10d: ModuleType) -> None:
         )
 
     init_process_group.__prism__ = True  # type: ignore[attr-defined]
-    c10d.init_process_group = init_process_group
+    c10d.init_process_group = init_process_group  # type: ignore[attr-defined]

@@ -738,7 +738,8 @@ class PrismProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
             session: The world this group belongs to.
             timeout: The group's timeout (also bounds waits for virtual peers).
         """
-        super().__init__(group_rank, group_size)
+        # torch's stub lists only the (store, rank, size) constructor; c10d also binds (rank, size).
+        super().__init__(group_rank, group_size)  # type: ignore[call-arg]
         self._session = session
         self._members = _Members.build(ranks, group_rank, session.real_ranks)
         self._timeout = timeout

@@ -141,16 +141,16 @@ def agree(
             elif s.kind == "recv":
                 recvs[(s.group[0] if s.group[1] == rank else s.group[1], rank)].append(s)
             else:
-                members = tuple(sorted(real.intersection(s.group)))
-                coll[members][rank].append(s)
+                coll_members = tuple(sorted(real.intersection(s.group)))
+                coll[coll_members][rank].append(s)
 
     nbytes: dict[tuple[int, int], int] = {}  # (rank, unit) -> agreed size
-    for members, per_rank in coll.items():
-        _check_collectives(members, per_rank)
-        for row in zip(*(per_rank[r] for r in members), strict=True):
-            n = max(s.msg_bytes for s in row)
-            for r, s in zip(members, row, strict=True):
-                nbytes[(r, s.unit)] = n
+    for coll_members, per_rank in coll.items():
+        _check_collectives(coll_members, per_rank)
+        for row in zip(*(per_rank[r] for r in coll_members), strict=True):
+            n = max(spec.msg_bytes for spec in row)
+            for r, spec in zip(coll_members, row, strict=True):
+                nbytes[(r, spec.unit)] = n
     for pair in sorted(set(sends) | set(recvs)):
         src, dst = pair
         out, inc = sends.get(pair, []), recvs.get(pair, [])
@@ -160,10 +160,10 @@ def agree(
                 f" replayed iterations; their send/recv calls do not match"
             )
             raise PrismError(msg)
-        for s, r in zip(out, inc, strict=True):
-            n = max(s.msg_bytes, r.msg_bytes)
-            nbytes[(src, s.unit)] = n
-            nbytes[(dst, r.unit)] = n
+        for sent, received in zip(out, inc, strict=True):
+            n = max(sent.msg_bytes, received.msg_bytes)
+            nbytes[(src, sent.unit)] = n
+            nbytes[(dst, received.unit)] = n
 
     ops: dict[int, dict[int, RealOp]] = {}
     for rank, lst in specs.items():

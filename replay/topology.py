@@ -98,7 +98,11 @@ class Topology:
         for name in _FROM_PRESET:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, base[name])
-        object.__setattr__(self, "ranks_per_node", int(self.ranks_per_node))
+        object.__setattr__(
+            self,
+            "ranks_per_node",
+            self.per_node,
+        )
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name not in ("system", "ranks_per_node") and not (
@@ -106,7 +110,7 @@ class Topology:
             ):
                 msg = f"topology `{f.name}` must be a positive finite number, got {v!r}"
                 raise ValueError(msg)
-        if self.ranks_per_node < 1:
+        if self.per_node < 1:
             msg = f"topology `ranks_per_node` must be >= 1, got {self.ranks_per_node!r}"
             raise ValueError(msg)
 
@@ -130,14 +134,25 @@ class Topology:
         )
 
     @property
+    def per_node(self) -> int:
+        """``ranks_per_node`` once resolved from the preset (never None after construction)."""
+        return int(self._resolved("ranks_per_node"))
+
+    def _resolved(self, name: str) -> float:
+        """A preset-backed field after ``__post_init__`` filled it in."""
+        value = getattr(self, name)
+        assert value is not None, name  # __post_init__ fills every _FROM_PRESET field
+        return float(value)
+
+    @property
     def intra_bytes_per_ns(self) -> float:
         """Effective intra-node bus bandwidth, what-if applied (GB/s == bytes/ns)."""
-        return float(self.intra_node_gbps) * self.bandwidth_scale * self.intra_bandwidth_scale
+        return self._resolved("intra_node_gbps") * self.bandwidth_scale * self.intra_bandwidth_scale
 
     @property
     def inter_bytes_per_ns(self) -> float:
         """Effective per-GPU inter-node bus bandwidth, what-if applied (bytes/ns)."""
-        return float(self.inter_node_gbps) * self.bandwidth_scale * self.inter_bandwidth_scale
+        return self._resolved("inter_node_gbps") * self.bandwidth_scale * self.inter_bandwidth_scale
 
     # -- where a group lies ----------------------------------------------------------------------
 
@@ -172,7 +187,7 @@ class Topology:
         Returns:
             ``(n_nodes, ranks_per_node_of_group)``, int64 arrays (``ceil(size / n_nodes)``).
         """
-        per = self.ranks_per_node
+        per = self.per_node
         lo = np.asarray(lowest, dtype=np.int64)
         hi = np.asarray(highest, dtype=np.int64)
         n = np.maximum(np.asarray(size, dtype=np.int64), 1)
@@ -195,7 +210,7 @@ class Topology:
         most = np.zeros(n_groups, dtype=np.int64)
         ranks = np.asarray(ranks, dtype=np.int64)
         if ranks.size:
-            pair = np.stack([np.asarray(group, dtype=np.int64), ranks // self.ranks_per_node])
+            pair = np.stack([np.asarray(group, dtype=np.int64), ranks // self.per_node])
             uniq, count = np.unique(pair, axis=1, return_counts=True)
             np.add.at(nodes, uniq[0], 1)
             np.maximum.at(most, uniq[0], count)
@@ -211,6 +226,8 @@ class Topology:
             ``(alpha_ns, bytes_per_ns)`` arrays.
         """
         spans = np.asarray(spans, dtype=bool)
-        alpha = np.where(spans, self.inter_node_latency_ns, self.intra_node_latency_ns)
+        alpha = np.where(
+            spans, self._resolved("inter_node_latency_ns"), self._resolved("intra_node_latency_ns")
+        )
         beta = np.where(spans, self.inter_bytes_per_ns, self.intra_bytes_per_ns)
-        return alpha.astype(np.float64), beta.astype(np.float64)
+        return np.asarray(alpha, dtype=np.float64), np.asarray(beta, dtype=np.float64)
