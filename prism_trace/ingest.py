@@ -9,7 +9,6 @@ failed ingest leaves the store exactly as it was. Rows are written once: there i
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import tempfile
 import threading
@@ -24,13 +23,20 @@ import duckdb
 import polars as pl
 from tqdm import tqdm
 
-from prism_trace import schema
 from prism_trace.collectives import settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
-from prism_trace.errors import DuplicateRankError, DuplicateRunError, PrismError, TraceFormatError
+from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
 from prism_trace.limits import check_rank, check_world_size
 from prism_trace.store import Store
+from prism_trace.store_write import (
+    RUN_TABLES,
+    append,
+    claim_run_name,
+    drop_run,
+    new_run,
+    next_run_id,
+)
 
 __all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace"]
 
@@ -310,10 +316,7 @@ def ingest(
         DuplicateRankError: a rank appears twice, or a file was already ingested.
         TraceFormatError: a file is bad (its subclasses say how).
     """
-    old_id = store.run_id(run)
-    if old_id is not None and not replace:
-        msg = f"{store.path}: run {run!r} already exists; pass --replace to overwrite it"
-        raise DuplicateRunError(msg)
+    old_id = claim_run_name(store, run, replace=replace)
     files, skipped = discover(paths, format=format)
     if not files:
         msg = f"{', '.join(map(str, paths))}: no trace files found"
@@ -330,11 +333,10 @@ def ingest(
         store.transaction() as con,
     ):
         if old_id is not None:
-            _delete_run(con, old_id)
-        row = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
+            drop_run(con, old_id)
         return _ingest_files(
             store,
-            run_id=int(row[0][0]),
+            run_id=next_run_id(con),
             tmp=Path(tmp),
             files=files,
             skipped=skipped,
@@ -449,9 +451,9 @@ def _ingest_files(
                         if book.timeline.get(r, ("",))[0] == "kineto":
                             ops, n_linked = _link_rank(con, run_id, r, ops)
                         et_counts[r] = (ops.height, n_linked)
-                        _insert(con, "et_op", run_id, ops)
+                        append(con, "et_op", run_id=run_id, df=ops)
                 else:
-                    _insert(con, "et_op", run_id, t.et_ops)
+                    append(con, "et_op", run_id=run_id, df=t.et_ops)
                 keep = pl.col("rank").is_in(mine)
                 iterations = t.iterations.filter(keep)
                 colls = _number(t.collectives.filter(keep), ["rank", "group_name"])
@@ -461,15 +463,15 @@ def _ingest_files(
                 )
                 events = t.events.filter(keep)
                 shared.claim(t.path, events["rank"].unique().to_list())
-                _insert(con, "track", run_id, t.tracks.filter(keep))
-                _insert(con, "event", run_id, events)
-                _insert(con, "flow", run_id, t.flows.filter(keep))
-                _insert(con, "iteration", run_id, iterations)
-                _insert(
+                append(con, "track", run_id=run_id, df=t.tracks.filter(keep))
+                append(con, "event", run_id=run_id, df=events)
+                append(con, "flow", run_id=run_id, df=t.flows.filter(keep))
+                append(con, "iteration", run_id=run_id, df=iterations)
+                append(
                     con,
                     "memory",
-                    run_id,
-                    assign_iteration(t.memory.filter(keep), "ts", iterations),
+                    run_id=run_id,
+                    df=assign_iteration(t.memory.filter(keep), "ts", iterations),
                 )
             coll_frames.append(assign_iteration(colls, "host_ts", iterations))
             p2p_frames.append(assign_iteration(p2p, "host_ts", iterations))
@@ -495,23 +497,27 @@ def _ingest_files(
     rank_rows = _rank_rows(rank_frames, et_counts)
     config = {"paths": [str(p) for p in paths], "format": format, "comm_matching": matching}
     source_format = formats.pop() if len(formats) == 1 else "mixed"
-    con.execute(
-        "INSERT INTO run (run_id, name, kind, created_at, config_json, world_size,"
-        " source_format) VALUES (?, ?, 'recorded', ?, ?, ?, ?)",
-        [run_id, run, now, json.dumps(config), world, source_format],
+    new_run(
+        con,
+        name=run,
+        kind="recorded",
+        world_size=world,
+        source_format=source_format,
+        config=config,
+        run_id=run_id,
     )
-    _insert(con, "comm_group", run_id, groups)
-    _insert(con, "rank", run_id, rank_rows)
+    append(con, "comm_group", run_id=run_id, df=groups)
+    append(con, "rank", run_id=run_id, df=rank_rows)
     group_ids = groups.select(pl.col("name").alias("group_name"), "group_id")
     for tbl, frames in (("collective", coll_frames), ("p2p", p2p_frames)):
         calls = _concat(frames)
         if not calls.is_empty():
             calls = calls.join(group_ids, on="group_name", how="left", nulls_equal=False)
-        _insert(con, tbl, run_id, calls)
+        append(con, tbl, run_id=run_id, df=calls)
     con.executemany(
         "INSERT INTO source_file VALUES (?, ?, ?, ?, ?, ?, ?)", [[run_id, *s] for s in sources]
     )
-    counts = {tbl: _count(con, tbl, run_id) for tbl in _RUN_TABLES}
+    counts = {tbl: _count(con, tbl, run_id) for tbl in RUN_TABLES}
     return IngestReport(
         run=run,
         run_id=run_id,
@@ -675,36 +681,8 @@ def _rank_rows(frames: list[pl.DataFrame], et_counts: dict[int, tuple[int, int]]
 
 
 # Every per-run table: what a --replace deletes and what the report counts.
-_RUN_TABLES = tuple(t.name for t in schema.TABLES if t.name not in ("meta", "run"))
-
-
 def _count(con: object, table_name: str, run_id: int) -> int:
     row = con.execute(  # type: ignore[attr-defined]
         f"SELECT count(*) FROM {table_name} WHERE run_id = ?", [run_id]
     ).fetchall()[0]
     return int(row[0])
-
-
-def _delete_run(con: object, run_id: int) -> None:
-    for tbl in _RUN_TABLES:
-        con.execute(f"DELETE FROM {tbl} WHERE run_id = ?", [run_id])  # type: ignore[attr-defined]
-    con.execute("DELETE FROM run WHERE run_id = ?", [run_id])  # type: ignore[attr-defined]
-
-
-def _insert(con: object, table_name: str, run_id: int, df: pl.DataFrame) -> None:
-    """Insert ``df`` into ``table_name`` under ``run_id``, matching columns by name."""
-    if df.is_empty():
-        return
-    cols = [c for c in schema.table(table_name).column_names if c != "run_id" and c in df.columns]
-    data = df.select(cols).to_arrow()
-    con.register("_ingest_frame", data)  # type: ignore[attr-defined]
-    try:
-        con.execute(  # type: ignore[attr-defined]
-            f"INSERT INTO {table_name} (run_id, {', '.join(cols)})"
-            f" SELECT {run_id}, {', '.join(cols)} FROM _ingest_frame"
-        )
-    finally:
-        # After a failed insert the transaction is aborted and unregistering fails too; the
-        # insert's error is the one to report.
-        with contextlib.suppress(duckdb.Error):
-            con.unregister("_ingest_frame")  # type: ignore[attr-defined]

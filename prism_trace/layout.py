@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from prism_trace.errors import PrismError
 from prism_trace.parallel import (
     AXES,
     DEFAULT_ORDER,
@@ -43,6 +44,7 @@ from prism_trace.parallel import (
     _write_axes,
 )
 from prism_trace.store import Store
+from prism_trace.store_write import drop_run
 
 __all__ = ["LayoutChoice", "choose_layout", "declare_layout", "declared_layout"]
 
@@ -179,6 +181,22 @@ def declare_layout(store: Store, run: str, layout: ParallelLayout) -> LayoutChoi
         tx.execute("UPDATE run SET config_json = ? WHERE run_id = ?", [json.dumps(config), run_id])
         _write_axes(tx, run_id, layout, run=run)
     return LayoutChoice(layout, "declared", [f"declared {layout.spec}"])
+
+
+def declare_layout_of_new_run(
+    store: Store, run: str, layout: ParallelLayout, *, run_id: int
+) -> LayoutChoice:
+    """`ingest --layout`: declare the layout of a run just ingested, or drop the run.
+
+    All or nothing, like the ingest itself: a layout the recording contradicts leaves no run
+    behind (the store is as before the command).
+    """
+    try:
+        return declare_layout(store, run, layout)
+    except PrismError:
+        with store.transaction() as con:
+            drop_run(con, run_id)
+        raise
 
 
 def _trace_coords(store: Store, run_id: int) -> tuple[np.ndarray, dict[ParallelAxis, np.ndarray]]:

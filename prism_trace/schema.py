@@ -83,7 +83,8 @@ RANK = _c("rank", "INTEGER", "Global rank in the run's world.", "rank.rank", nul
 TABLES: tuple[Table, ...] = (
     Table(
         "meta",
-        "Store-wide facts: `schema_version` and the prism-trace version that created the file.",
+        "Store-wide facts: `schema_version`, the prism-trace version that created the file, and"
+        " `last_run_id` (run ids are never reused).",
         (
             _c("key", "VARCHAR", "Name of the fact.", null=False),
             _c("value", "VARCHAR", "Its value."),

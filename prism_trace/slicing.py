@@ -8,17 +8,14 @@ rank). See docs/slicing.md for the rules, with formulas.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from prism_trace import schema
-from prism_trace.errors import DuplicateRunError, PrismError
+from prism_trace.errors import PrismError
 from prism_trace.parallel import (
     AXES,
     EMBD,
@@ -35,6 +32,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from prism_trace.store import Store
+from prism_trace.store_write import append, claim_run_name, drop_run, new_run
 
 __all__ = ["RULES", "SliceClass", "SliceError", "SliceReport", "slice_run"]
 
@@ -386,27 +384,6 @@ def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.Da
     return con.sql(sql, params=params).pl()
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table_name: str, df: pl.DataFrame) -> None:
-    if df.is_empty():
-        return
-    cols = [c for c in schema.table(table_name).column_names if c in df.columns]
-    con.register("_slice_frame", df.select(cols).to_arrow())
-    try:
-        con.execute(
-            f"INSERT INTO {table_name} ({', '.join(cols)})"
-            f" SELECT {', '.join(cols)} FROM _slice_frame"
-        )
-    finally:
-        con.unregister("_slice_frame")
-
-
-def _delete_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    for t in schema.TABLES:
-        if t.name not in ("meta", "run"):
-            con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
-    con.execute("DELETE FROM run WHERE run_id = ?", [run_id])
-
-
 def _op_label(row: dict[str, Any]) -> str:
     return f"{row['kind']} {row['name']!r} (node {row['node_id']}, event {row['event_id']})"
 
@@ -461,18 +438,9 @@ def slice_run(
     if out_run == run:
         msg = f"{store.path}: --out-run {out_run!r} is the recorded run itself; choose a new name"
         raise SliceError(msg)
-    old_id = store.run_id(out_run)
-    if old_id is not None and not replace:
-        msg = f"{store.path}: run {out_run!r} already exists; pass --replace to overwrite it"
-        raise DuplicateRunError(msg)
-    if old_id is not None:
-        ((old_kind,),) = con.execute("SELECT kind FROM run WHERE run_id = ?", [old_id]).fetchall()
-        if old_kind == "recorded":
-            msg = (
-                f"{store.path}: run {out_run!r} is a recorded run;"
-                " --replace only overwrites derived runs"
-            )
-            raise SliceError(msg)
+    old_id = claim_run_name(
+        store, out_run, replace=replace, over=("sliced", "emulated", "replayed")
+    )
 
     recorded = infer_layout(store, run)
     _check_layouts(recorded, layout, world)
@@ -583,10 +551,8 @@ def slice_run(
                     rescaled[rule] += int(row["n"])
                     if rule == "other":
                         other_ops.add(f"{row['comm_kind']} {row['name']!r} on `{axis}`")
-        ((next_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
         if old_id is not None:
-            _delete_run(con, old_id)
-        run_id = int(next_id)
+            drop_run(con, old_id)
         config = {
             "parent_run": run,
             "layout": layout.spec,
@@ -596,13 +562,16 @@ def slice_run(
             "recorded_layout": recorded.spec,
             "recorded_order": recorded.order_spec,
         }
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
-        con.execute(
-            "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
-            " created_at, config_json) VALUES (?, ?, 'sliced', ?, ?, ?, ?, ?)",
-            [run_id, out_run, rec_id, world, source_format, now, json.dumps(config)],
+        run_id = new_run(
+            con,
+            name=out_run,
+            kind="sliced",
+            parent_run_id=rec_id,
+            world_size=world,
+            source_format=source_format,
+            config=config,
         )
-        _insert(con, "rank", _rank_frame(con, run_id, rec_id, layout, classes))
+        append(con, "rank", _rank_frame(con, run_id, rec_id, layout, classes))
         n_groups = _write_groups(con, run_id, tgt, rec_axes, rec_groups)
         n_nodes, n_edges = _write_graph(con, run_id, rec_id, classes, group_rows, peer_rows)
 
@@ -705,7 +674,7 @@ def _write_groups(
     if not frames:
         return 0
     df = pl.concat(frames)
-    _insert(con, "comm_group", df)
+    append(con, "comm_group", df)
     return df.height
 
 

@@ -16,7 +16,6 @@ torch is imported inside the functions that need it, never at module import.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import pickle
 import statistics
@@ -24,7 +23,6 @@ import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -43,12 +41,11 @@ from prism_trace.replay.kernels import (
 from prism_trace.replay.lifetimes import hold, recorded_frees
 from prism_trace.replay.peers import PeerSchedule, _schedule
 from prism_trace.replay.real_comm import RealComm, agree, specs_for_rank
-from prism_trace.replay.run import _check_out_run as _check_run_name
-from prism_trace.replay.run import _delete_run, _insert
 
 from prism_trace.errors import PrismError
 from prism_trace.ingest import assign_iteration
 from prism_trace.scratch import ram_scratch_dir
+from prism_trace.store_write import append, claim_run_name, drop_run, new_run
 
 if TYPE_CHECKING:
     from prism_trace.replay.run import EmulationConfig
@@ -1178,10 +1175,6 @@ def _align_cpu_levels(memory: pl.DataFrame, levels: dict[int, int]) -> pl.DataFr
 # -- writing ----------------------------------------------------------------
 
 
-def _check_out_run(store: Store, out_run: str, *, replace: bool) -> int | None:
-    return _check_run_name(store, out_run, replace=replace, kind_written="replayed")
-
-
 _COMM_FROM_CALL = {
     "group_id": "coalesce(f.call_group_id, c.group_id)",
     "seq": "coalesce(f.call_seq, c.seq)",
@@ -1214,15 +1207,18 @@ def write_replayed_header(
         The new run's id.
     """
     if old_id is not None:
-        _delete_run(con, old_id)
-    ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
-    run_id = int(run_id)
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
-    con.execute(
-        "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
-        " created_at, config_json) SELECT ?, ?, 'replayed', run_id, world_size,"
-        " source_format, ?, ? FROM run WHERE run_id = ?",
-        [run_id, out_run, now, json.dumps(config), input_run_id],
+        drop_run(con, old_id)
+    ((world_size, source_format),) = con.execute(
+        "SELECT world_size, source_format FROM run WHERE run_id = ?", [input_run_id]
+    ).fetchall()
+    run_id = new_run(
+        con,
+        name=out_run,
+        kind="replayed",
+        parent_run_id=input_run_id,
+        world_size=int(world_size),
+        source_format=source_format,
+        config=config,
     )
     con.execute(
         "INSERT INTO rank (run_id, rank, backend, hostname, pid, device, class_id,"
@@ -1271,10 +1267,10 @@ def _write(
             )
             f = r.frames
             lit = pl.lit(run_id, pl.Int32).alias("run_id")
-            _insert(con, "event", f["event"].with_columns(lit))
-            _insert(con, "iteration", f["iteration"].with_columns(lit))
+            append(con, "event", f["event"].with_columns(lit))
+            append(con, "iteration", f["iteration"].with_columns(lit))
             if not f["memory"].is_empty():
-                _insert(con, "memory", f["memory"].with_columns(lit))
+                append(con, "memory", f["memory"].with_columns(lit))
             if not f["comm"].is_empty():
                 con.register("_replay_comm", f["comm"].to_arrow())
                 try:
@@ -1446,7 +1442,7 @@ def replay_run(
             " gaps='none', instrument='none' and ranks replayed alone (together=False)"
         )
         raise PrismError(msg)
-    old_id = _check_out_run(store, out_run, replace=replace)
+    old_id = claim_run_name(store, out_run, replace=replace, over=("replayed",))
     run_id = store.require_run(run)
     _, source_run = _source_of(store, run_id)
     # One emulation; each rank replayed alone sees every other rank, selected or not, as virtual.

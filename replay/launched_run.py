@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from prism_trace.replay.hybrid import write_replayed_header
-from prism_trace.replay.run import _check_out_run, _insert
 
 from prism_trace.errors import PrismError
+from prism_trace.store_write import append, claim_run_name
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -91,7 +91,7 @@ def write_launched_run(
             " marked by torch.profiler's step() or an optimizer step)"
         )
         raise PrismError(msg)
-    old_id = _check_out_run(store, out_run, replace=replace, kind_written="replayed")
+    old_id = claim_run_name(store, out_run, replace=replace, over=("replayed",))
     input_id = store.require_run(run)
     ranks = [r.rank for r in result.ranks]
     recorded = _recorded_starts(store, input_id, ranks)
@@ -127,7 +127,7 @@ def write_launched_run(
             ranks=ranks,
             backend="prism",
         )
-        _insert(con, "iteration", iters.with_columns(pl.lit(run_id, pl.Int32).alias("run_id")))
+        append(con, "iteration", iters.with_columns(pl.lit(run_id, pl.Int32).alias("run_id")))
     return run_id
 
 

@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -65,8 +64,8 @@ from prism_trace.replay.whatif import (
     spans_dp,
 )
 
-from prism_trace import schema
-from prism_trace.errors import DuplicateRunError, PrismError
+from prism_trace.errors import PrismError
+from prism_trace.store_write import append, claim_run_name, drop_run, new_run
 
 if TYPE_CHECKING:
     import duckdb
@@ -1259,46 +1258,6 @@ def _comm_frames(res: _Result, run_id: int, g_size: dict[int, int]) -> tuple[Any
 # -- writing -------------------------------------------------------------------------------------
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table_name: str, df: pl.DataFrame) -> int:
-    if df.is_empty():
-        return 0
-    cols = [c for c in schema.table(table_name).column_names if c in df.columns]
-    con.register("_emu_frame", df.select(cols).to_arrow())
-    try:
-        con.execute(
-            f"INSERT INTO {table_name} ({', '.join(cols)}) SELECT {', '.join(cols)} FROM _emu_frame"
-        )
-    finally:
-        con.unregister("_emu_frame")
-    return df.height
-
-
-def _delete_run(con: duckdb.DuckDBPyConnection, run_id: int) -> None:
-    for t in schema.TABLES:
-        if t.name not in ("meta", "run"):
-            con.execute(f"DELETE FROM {t.name} WHERE run_id = ?", [run_id])
-    con.execute("DELETE FROM run WHERE run_id = ?", [run_id])
-
-
-def _check_out_run(
-    store: Store, out_run: str, *, replace: bool, kind_written: str = "emulated"
-) -> int | None:
-    """The id of ``out_run`` to replace (None: a new name); refuses to overwrite another kind."""
-    old = store.run_id(out_run)
-    if old is not None and not replace:
-        msg = f"{store.path}: run {out_run!r} already exists; pass --replace to overwrite it"
-        raise DuplicateRunError(msg)
-    if old is not None:
-        ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [old]).fetchall()
-        if kind != kind_written:
-            msg = (
-                f"{store.path}: run {out_run!r} is a {kind} run; --replace only overwrites"
-                f" {kind_written} runs"
-            )
-            raise PrismError(msg)
-    return old
-
-
 @dataclass
 class _Writing:
     """An emulated run being written (see ``_writing``)."""
@@ -1315,7 +1274,7 @@ class _Writing:
     def memory(self) -> None:
         """Queue the memory rows (``res.memory``, once worked out) behind the events."""
         rows = _memory_rows(self.res, self.run_id)
-        self.pending.append(self.worker.submit(_insert, self.con, "memory", rows))
+        self.pending.append(self.worker.submit(append, self.con, "memory", rows))
 
     def finish(self, iters: pl.DataFrame) -> int:
         """Wait for the queued inserts, write the iterations and the communication rows.
@@ -1326,12 +1285,12 @@ class _Writing:
         self.n_events = self.pending[0].result()
         for f in self.pending[1:]:
             f.result()
-        n_iter = _insert(
+        n_iter = append(
             self.con, "iteration", iters.with_columns(run_id=pl.lit(self.run_id, pl.Int32))
         )
         coll, p2p = _comm_frames(self.res, self.run_id, self.g_size)
-        _insert(self.con, "collective", coll)
-        _insert(self.con, "p2p", p2p)
+        append(self.con, "collective", coll)
+        append(self.con, "p2p", p2p)
         return n_iter
 
 
@@ -1365,7 +1324,7 @@ def _writing(
         with ThreadPoolExecutor(max_workers=1) as worker, store.transaction() as con:
             run_id = _write_header(con, res, out_run=out_run, old_id=old_id, config=config)
             frame = _event_frame(res, run_id, config.keep_events)
-            events = worker.submit(_insert, con, "event", frame)
+            events = worker.submit(append, con, "event", frame)
             w = _Writing(
                 con=con,
                 reader=dataclasses.replace(store, con=cursor),
@@ -1396,23 +1355,15 @@ def _write_header(
     """In the open transaction: the run row, ranks, groups and tracks; returns the run id."""
     inputs = res.inputs
     if old_id is not None:
-        _delete_run(con, old_id)
-    ((run_id,),) = con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM run").fetchall()
-    run_id = int(run_id)
-    cfg = {"input_run": inputs.run, "input_kind": inputs.kind, **config.as_dict()}
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
-    con.execute(
-        "INSERT INTO run (run_id, name, kind, parent_run_id, world_size, source_format,"
-        " created_at, config_json) VALUES (?, ?, 'emulated', ?, ?, ?, ?, ?)",
-        [
-            run_id,
-            out_run,
-            inputs.parent_run_id or inputs.run_id,
-            inputs.world_size,
-            inputs.source_format,
-            now,
-            json.dumps(cfg),
-        ],
+        drop_run(con, old_id)
+    run_id = new_run(
+        con,
+        name=out_run,
+        kind="emulated",
+        parent_run_id=inputs.parent_run_id or inputs.run_id,
+        world_size=inputs.world_size,
+        source_format=inputs.source_format,
+        config={"input_run": inputs.run, "input_kind": inputs.kind, **config.as_dict()},
     )
     # class_id: the rank whose events a rank shares (what-ifs may have expanded replicas);
     # args.what_if: why a rank is left out of the results (a removed GPU and its slot).
@@ -1822,7 +1773,7 @@ def temporary_slice(
         tmp_id = store.run_id(name)
         if tmp_id is not None:
             with store.transaction() as con:
-                _delete_run(con, tmp_id)
+                drop_run(con, tmp_id)
 
 
 def emulate_run(
@@ -1862,7 +1813,7 @@ def emulate_run(
     if out_run == run:
         msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
         raise PrismError(msg)
-    old_id = _check_out_run(store, out_run, replace=replace)
+    old_id = claim_run_name(store, out_run, replace=replace, over=("emulated",))
     with _dp_what_if(store, run, config) as target:
         inputs = _prepare_what_if(store, target, config, input_run=run)
         t_load = time.perf_counter() - t0

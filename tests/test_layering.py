@@ -1,8 +1,11 @@
 """Dependencies point one way, and the core works without torch.
 
-`prism_trace` never imports `replay` or `analysis` (its CLI only inside command functions); only
-`replay` and `datasets` may import torch.
-Checked on the source with `ast`, and by importing every `prism_trace` module with torch hidden.
+The layers: core (`prism_trace`, minus its CLI) -> `replay` | `analysis` -> `prism_trace.cli`.
+The core imports neither `replay`, `analysis` nor the CLI; `replay` and `analysis` do not import
+each other (one listed exception) nor the CLI; nothing imports the CLI. Only `replay` and
+`datasets` may import torch. Checked on the source with `ast` (import-linter cannot see
+`replay/` and `analysis/` as subpackages: setuptools maps them in with `package-dir`), and by
+importing every core module with torch hidden.
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SUBPACKAGES = {"replay", "analysis", "datasets"}
+SUBPACKAGES = {"replay", "analysis", "datasets", "cli"}
+
+ALLOWED_ACROSS = {("analysis/_report_data.py", "replay")}
+"""Imports between `replay` and `analysis` that stay, each for a reason: the report draws a
+recorded run's memory from its host ET with the replay's tensor-lifetime model (inside the
+function that needs it)."""
 
 
 def _layer(module: str) -> str:
-    """``prism_trace.replay.x`` -> ``replay``, ``prism_trace.x`` -> ``prism_trace``."""
+    """``prism_trace.replay.x`` -> ``replay``, ``prism_trace.cli.x`` -> ``cli``,
+    ``prism_trace.x`` -> ``prism_trace``."""
     parts = module.split(".")
     if parts[0] == "prism_trace" and len(parts) > 1 and parts[1] in SUBPACKAGES:
         return parts[1]
@@ -42,11 +51,40 @@ def test_the_layer_names_resolve() -> None:
     assert "analysis" in imported_modules(REPO / "analysis" / "report.py")
 
 
+def _core_files() -> list[Path]:
+    cli = REPO / "prism_trace" / "cli"
+    return [p for p in (REPO / "prism_trace").rglob("*.py") if cli not in p.parents]
+
+
+def test_the_cli_is_a_package_on_top() -> None:
+    assert (REPO / "prism_trace" / "cli" / "__init__.py").is_file()
+    assert not (REPO / "prism_trace" / "cli.py").exists()
+
+
 def test_prism_trace_imports_no_upper_layer_and_no_torch() -> None:
-    for path in (REPO / "prism_trace").rglob("*.py"):
-        # cli.py tops the stack: it may import a command's module inside the command function.
-        mods = imported_modules(path, top_level_only=path.name == "cli.py")
-        assert not mods & {"replay", "analysis", "torch"}, f"{path.relative_to(REPO)}: {mods}"
+    for path in _core_files():
+        mods = imported_modules(path)
+        assert not mods & {"replay", "analysis", "cli", "torch"}, (
+            f"{path.relative_to(REPO)}: {mods}"
+        )
+
+
+def test_replay_and_analysis_are_independent_and_below_the_cli() -> None:
+    for layer, other in (("replay", "analysis"), ("analysis", "replay")):
+        for path in (REPO / layer).rglob("*.py"):
+            mods = imported_modules(path)
+            rel = str(path.relative_to(REPO))
+            assert "cli" not in mods, rel
+            if (rel, other) not in ALLOWED_ACROSS:
+                assert other not in mods, f"{rel} imports {other}"
+
+
+def test_the_cli_holds_no_sql() -> None:
+    """The CLI parses and prints; queries belong to the layers below it."""
+    for path in (REPO / "prism_trace" / "cli").rglob("*.py"):
+        text = path.read_text()
+        assert ".execute(" not in text, path.relative_to(REPO)
+        assert ".sql(" not in text, path.relative_to(REPO)
 
 
 def test_analysis_does_not_import_torch() -> None:
@@ -57,7 +95,7 @@ def test_analysis_does_not_import_torch() -> None:
 def test_core_imports_with_torch_hidden() -> None:
     modules = sorted(
         ".".join(p.relative_to(REPO).with_suffix("").parts)  # prism_trace/x.py -> prism_trace.x
-        for p in (REPO / "prism_trace").rglob("*.py")
+        for p in _core_files()
         if p.name != "__main__.py"
     )
     code = (

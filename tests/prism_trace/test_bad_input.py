@@ -176,16 +176,16 @@ def test_failure_inside_the_write_rolls_back(
 ) -> None:
     import prism_trace.ingest as ingest_mod
 
-    real = ingest_mod._insert
+    real = ingest_mod.append
 
-    def failing(con: object, table_name: str, run_id: int, df: object) -> None:
+    def failing(con: object, table_name: str, df: object, *, run_id: int | None = None) -> int:
         # The rank rows are written last, after every file's tables: fail there.
         if table_name == "rank":
             msg = "disk full (simulated)"
             raise OSError(msg)
-        real(con, table_name, run_id, df)  # type: ignore[arg-type]
+        return real(con, table_name, df, run_id=run_id)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ingest_mod, "_insert", failing)
+    monkeypatch.setattr(ingest_mod, "append", failing)
     before = snapshot(seeded_db)
     src = shared_datasets / "chakra-et/astrasim_et_examples/microbenchmarks/all_to_all/4npus_1MB"
     with open_store(seeded_db) as store, pytest.raises(OSError, match="simulated"):

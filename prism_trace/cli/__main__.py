@@ -1,0 +1,5 @@
+"""`python -m prism_trace.cli`: the same as the `prism` script."""
+
+from prism_trace.cli import main
+
+main()

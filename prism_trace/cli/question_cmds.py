@@ -1,0 +1,158 @@
+"""Commands that answer questions about runs: analyze, report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from prism_trace.analysis import WORDS
+from prism_trace.cli._group import RANKS, _one_line_errors, main
+
+_EMPTY_WHY = {
+    "idle": " (idle time is per device stream: the selected ranks have no kernels)",
+    "kernels": " (the selected ranks have no device ops)",
+    "skew": " (no communication calls)",
+}
+"""Why an analysis can come back empty when the selection itself exists."""
+
+
+def _json_value(value: object) -> object:
+    """Numbers stay numbers in --json: Decimal as float, anything else as its text."""
+    from decimal import Decimal
+
+    if isinstance(value, Decimal):
+        return float(value)
+    return str(value)
+
+
+def _json_rows(df: Any) -> list[dict[str, Any]]:
+    """Rows of a polars frame for --json; NaN becomes null (JSON has no NaN)."""
+    import polars as pl
+
+    floats = [c for c, t in df.schema.items() if t in (pl.Float32, pl.Float64)]
+    if floats:
+        df = df.with_columns(pl.col(c).fill_nan(None) for c in floats)
+    rows: list[dict[str, Any]] = df.to_dicts()
+    return rows
+
+
+@main.command("analyze")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.argument(
+    "what",
+    # The analysis layer's words, plus `slowdown`, which the replay layer computes.
+    type=click.Choice([*WORDS, "slowdown"]),
+)
+@click.option("--run", "run_name", required=True, help="Run to analyse (any kind).")
+@click.option(
+    "--by",
+    type=click.Choice(["optype", "rank", "stage", "dp_rank"]),
+    default=None,
+    help="slowdown: attribute it to op types, ranks, pipeline stages or data-parallel ranks.",
+)
+@click.option("--compare", default=None, help="diff: the other run (differences are OTHER - RUN).")
+@click.option("--iteration", type=int, default=None, help="Only this iteration.")
+@click.option(
+    "--ranks", "ranks_text", type=RANKS, default=None, help="Only these ranks, e.g. 0,3,5..7."
+)
+@click.option(
+    "--window",
+    type=click.Choice(["step", "hta"]),
+    default="step",
+    show_default=True,
+    help="temporal/kernels/overlap/idle: device work counts to the step that launched it (step),"
+    " or HTA's one window per rank over all but the last step (hta).",
+)
+@click.option(
+    "--threshold-pct",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="diff: an op diverges when its start shifts by more than this % of its iteration.",
+)
+@click.option("--min-ns", type=int, default=0, show_default=True, help="bubbles: shortest window.")
+@click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
+@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown as table.")
+@_one_line_errors
+def analyze_cmd(
+    db: Path,
+    what: str,
+    run_name: str,
+    compare: str | None,
+    iteration: int | None,
+    ranks_text: list[int] | None,
+    window: str,
+    threshold_pct: float,
+    min_ns: int,
+    as_json: bool,
+    max_rows: int,
+    by: str | None,
+) -> None:
+    """Answer WHAT about a run: temporal/kernel breakdown, overlap, idle time, collective skew,
+    pipeline bubbles, critical path across ranks, its diff with another run, or its straggler
+    slowdown (emulated with and without typical op times, `--by` a group)."""
+    import polars as pl
+
+    from prism_trace.analysis import analyze, describe_selection
+    from prism_trace.analysis.selection import exemplar_hint
+    from prism_trace.store import open_store
+
+    ranks = ranks_text
+    empty: list[str] = []
+    if what == "slowdown":
+        from prism_trace.replay.slowdown import slowdown
+
+        with open_store(db) as store:  # writable: a recorded run gets its graph first
+            frames = {what: slowdown(store, run_name, by=by)}
+    else:
+        with open_store(db, read_only=True) as store:
+            frames = analyze(
+                store,
+                what,
+                run_name,
+                compare=compare,
+                iteration=iteration,
+                ranks=ranks,
+                window=window,  # type: ignore[arg-type]
+                threshold_pct=threshold_pct,
+                min_ns=min_ns,
+            )
+            empty = [k for k, v in frames.items() if v.is_empty()]
+            hint = exemplar_hint(store, run_name, ranks) if empty else ""
+    if empty and not as_json:
+        where = describe_selection(run_name, ranks=ranks, iteration=iteration)
+        for name in empty:
+            why = hint or _EMPTY_WHY.get(name if len(frames) > 1 else what, "")
+            click.echo(f"{name}: nothing for {where}{why}", err=True)
+    if as_json:
+        out: object = {k: _json_rows(v) for k, v in frames.items()}
+        if len(frames) == 1:
+            out = _json_rows(next(iter(frames.values())))
+        click.echo(json.dumps(out, default=_json_value, indent=1, allow_nan=False))
+    else:
+        with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+            for name, df in frames.items():
+                if df.is_empty():
+                    continue
+                if len(frames) > 1:
+                    click.echo(f"{name}:")
+                click.echo(str(df))
+
+
+@main.command("report")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Run to report on (any kind).")
+@click.option("--compare", default=None, help="Another run to compare iteration times with.")
+@click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="HTML file.")
+@_one_line_errors
+def report_cmd(db: Path, run_name: str, compare: str | None, out: Path) -> None:
+    """A self-contained HTML report: timelines, breakdowns, waits, iteration times, memory."""
+    from prism_trace.analysis.report import write_report
+    from prism_trace.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        summary = write_report(store, run=run_name, out=out, compare=compare)
+    click.echo(summary.summary())

@@ -1,0 +1,305 @@
+"""Commands that make time: emulate, replay with real kernels, validate, run a script."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from prism_trace.cli._group import RANKS, _given_flags, _one_line_errors, main
+from prism_trace.errors import PrismError
+
+
+@main.command("emulate")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
+@click.option("--out-run", required=True, help="Name of the emulated run.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@click.option(
+    "--what-if",
+    "what_ifs",
+    multiple=True,
+    help="Repeatable: slow-ranks=3,5..7@1.2 | slow-ops=GLOB@1.5 | slow-kind=kernel@1.1 |"
+    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op].",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the variance mode.")
+@click.option(
+    "--keep-events",
+    "keep_events",
+    type=RANKS,
+    default=None,
+    help="Ranks whose own per-op events are written (default: class exemplars only): 5,9..11.",
+)
+@click.option(
+    "--topology",
+    "system",
+    type=click.Choice(["generic", "a100", "h100", "h200"]),
+    default="generic",
+    show_default=True,
+    help="Network preset of the transfer model (docs/network.md).",
+)
+@click.option(
+    "--timing",
+    "timing_model",
+    type=click.Choice(["scaled", "recorded", "alpha_beta"]),
+    default="scaled",
+    show_default=True,
+    help="Transfer times: recorded, carried to a new scale by the model, or the pure model.",
+)
+@click.option("--calibrate", is_flag=True, help="Fit the network model to recorded collectives.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML of the emulation's sections (docs/network.md); flags given override it.",
+)
+@click.option(
+    "--partial",
+    is_flag=True,
+    help="A recording of some ranks: complete each collective over the ranks present.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def emulate_cmd(
+    db: Path,
+    run_name: str,
+    out_run: str,
+    replace: bool,
+    what_ifs: tuple[str, ...],
+    seed: int,
+    keep_events: list[int] | None,
+    system: str,
+    timing_model: str,
+    calibrate: bool,
+    config_file: Path | None,
+    partial: bool,
+    as_json: bool,
+) -> None:
+    """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
+    from dataclasses import replace as with_
+
+    from prism_trace.replay import EmulationConfig, emulate_run
+    from prism_trace.replay.config_file import load_emulation_config
+    from prism_trace.replay.whatif import parse_what_if
+    from prism_trace.store import open_store
+
+    config = EmulationConfig() if config_file is None else load_emulation_config(config_file)
+    given = _given_flags()
+    if what_ifs:
+        config = with_(config, what_if=parse_what_if(what_ifs))
+    if "seed" in given or config_file is None:
+        config = with_(config, seed=seed)
+    if "system" in given or config_file is None:
+        config = with_(config, topology=with_(config.topology, system=system))
+    if "timing_model" in given or config_file is None:
+        config = with_(config, timing=with_(config.timing, model=timing_model))
+    if calibrate:
+        config = with_(config, timing=with_(config.timing, calibrate=True))
+    if partial:
+        config = with_(config, replay=with_(config.replay, allow_partial=True))
+    if keep_events:
+        config = with_(config, keep_events=tuple(keep_events))
+    with open_store(db) as store:
+        report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
+@main.command("replay")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
+@click.option("--ranks", type=RANKS, required=True, help="Ranks to replay with real kernels: 0,5.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--out-run", required=True, help="Name of the replayed run.")
+@click.option("--iterations", type=int, default=3, show_default=True, help="Measured passes.")
+@click.option("--warmup", type=int, default=1, show_default=True, help="Passes not measured.")
+@click.option("--substitute-recorded", is_flag=True, help="Unsupported ops: recorded duration.")
+@click.option("--gaps", type=click.Choice(["recorded", "none"]), default="recorded")
+@click.option("--instrument", type=click.Choice(["none", "profiler"]), default="none")
+@click.option(
+    "--call-overhead/--no-call-overhead",
+    default=True,
+    show_default=True,
+    help="Under --instrument profiler, spend the recorded gaps less the replay's own cost of"
+    " calling each op outside its profiled span (measured in two calibration passes).",
+)
+@click.option("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads).")
+@click.option(
+    "--recorded-lifetimes/--op-lifetimes",
+    default=True,
+    show_default=True,
+    help="Free each result when the recording's allocator did (when it has allocator events"
+    " and that is after the result's last use), or right after its last use.",
+)
+@click.option(
+    "--wait",
+    type=click.Choice(["auto", "spin", "sleep"]),
+    default="auto",
+    show_default=True,
+    help="Waits for gaps and virtual peers: spin on the clock, or sleep through long ones"
+    " (auto: spin when each replaying process has cores of its own).",
+)
+@click.option(
+    "--together/--one-by-one",
+    default=True,
+    show_default=True,
+    help="Several ranks: one process each, talking through torch.distributed; or one after the"
+    " other in this process, each seeing the others as virtual peers.",
+)
+@click.option("--replace", is_flag=True, help="Overwrite an existing replayed run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def replay_cmd(
+    db: Path,
+    run_name: str,
+    ranks: list[int],
+    device: str,
+    out_run: str,
+    iterations: int,
+    warmup: int,
+    substitute_recorded: bool,
+    gaps: str,
+    instrument: str,
+    call_overhead: bool,
+    threads: int | None,
+    recorded_lifetimes: bool,
+    wait: str,
+    together: bool,
+    replace: bool,
+    as_json: bool,
+) -> None:
+    """Replay RANKS of RUN with real kernels; the other ranks are virtual peers."""
+    from prism_trace.replay.hybrid import ReplayOptions, replay_run
+    from prism_trace.store import open_store
+
+    options = ReplayOptions(
+        device=device,  # type: ignore[arg-type]
+        iterations=iterations,
+        warmup=warmup,
+        substitute_recorded=substitute_recorded,
+        gaps=gaps,  # type: ignore[arg-type]
+        instrument=instrument,  # type: ignore[arg-type]
+        call_overhead=call_overhead,
+        threads=threads,
+        recorded_lifetimes=recorded_lifetimes,
+        wait=wait,
+        together=together,
+    )
+    with open_store(db) as store:
+        report = replay_run(
+            store, run=run_name, ranks=ranks, out_run=out_run, options=options, replace=replace
+        )
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
+@main.command("validate")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", default=None, help="A run whose ranks were all recorded.")
+@click.option("--replayed", default=None, help="Instead: a replayed run against its recording.")
+@click.option("--slice-ranks", type=RANKS, default=None, help="Ranks to slice from, e.g. 0..6:2.")
+@click.option(
+    "--variance",
+    type=click.Choice(["iteration", "op"]),
+    default=None,
+    help="Also emulate the slice with each replica drawing its durations (seeded).",
+)
+@click.option("--seeds", type=int, default=5, show_default=True, help="Seeds of --variance.")
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="A run missing ranks: replay the recorded ones (collectives over the ranks present).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@_one_line_errors
+def validate_cmd(
+    db: Path,
+    run_name: str | None,
+    replayed: str | None,
+    slice_ranks: list[int] | None,
+    variance: str | None,
+    seeds: int,
+    allow_partial: bool,
+    as_json: bool,
+) -> None:
+    """Iteration-time error of emulating RUN from all its ranks, and from a slice of them."""
+    from prism_trace.replay import validate_run
+    from prism_trace.store import open_store
+
+    if replayed is not None:
+        from prism_trace.replay.validate import validate_replayed
+
+        with open_store(db, read_only=True) as store:
+            rv = validate_replayed(store, replayed=replayed)
+        click.echo(json.dumps(rv.as_dict(), indent=2) if as_json else rv.summary())
+        return
+    if run_name is None:
+        msg = "give --run RUN (or --replayed NAME)"
+        raise click.UsageError(msg)
+    with open_store(db) as store:
+        report = validate_run(
+            store,
+            run=run_name,
+            slice_ranks=slice_ranks,
+            variance=variance,  # type: ignore[arg-type]
+            seeds=seeds,
+            allow_partial=allow_partial,
+        )
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
+@main.command(
+    "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@click.option("--world", "world_size", required=True, type=int, help="Ranks of the emulated job.")
+@click.option(
+    "--ranks", type=RANKS, default="0", show_default=True, help="Ranks to run for real, e.g. 0,1."
+)
+@click.option("--db", type=click.Path(path_type=Path), default=None, help="Store with --run.")
+@click.option("--run", "run_name", default=None, help="Run whose timing the virtual peers follow.")
+@click.option("--timeout-s", type=float, default=None, help="Stop every rank after this long.")
+@click.option("--out-run", default=None, help="Store the step times as this replayed run.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing replayed run (--out-run).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@_one_line_errors
+def run_cmd(
+    world_size: int,
+    ranks: list[int],
+    db: Path | None,
+    run_name: str | None,
+    timeout_s: float | None,
+    out_run: str | None,
+    replace: bool,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Run an unmodified training COMMAND as --ranks of a --world job; the rest are virtual."""
+    from prism_trace.replay.launch import launch
+
+    if out_run is not None and (db is None or run_name is None):
+        msg = "--out-run needs --db and --run (the replayed run's parent)"
+        raise PrismError(msg)
+    res = launch(
+        list(command),
+        world_size=world_size,
+        ranks=ranks,
+        db=db,
+        run=run_name,
+        timeout_s=timeout_s,
+    )
+    click.echo(json.dumps(res.as_dict(), indent=2) if as_json else res.summary(), err=not as_json)
+    if out_run is not None and res.returncode == 0:
+        from prism_trace.replay.launched_run import write_launched_run
+        from prism_trace.store import open_store
+
+        with open_store(db) as store:  # type: ignore[arg-type]
+            write_launched_run(
+                store, run=run_name, out_run=out_run, result=res, command=command, replace=replace
+            )  # type: ignore[arg-type]
+        click.echo(
+            f"wrote replayed run {out_run!r}; compare: prism validate {db} --replayed {out_run}",
+            err=True,
+        )
+    sys.exit(res.returncode)

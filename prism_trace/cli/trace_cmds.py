@@ -1,0 +1,246 @@
+"""Commands over traces and the store: ingest, info, query, graph, slice."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from prism_trace.cli._group import RANKS, _one_line_errors, main
+from prism_trace.errors import PrismError
+
+
+@main.command("ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--db", required=True, type=click.Path(path_type=Path), help="DuckDB store.")
+@click.option("--run", "run_name", default=None, help="Run name (default: the first path's name).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["auto", "kineto", "host_et", "chakra", "op_timeline"]),
+    default="auto",
+    show_default=True,
+)
+@click.option("--rank", type=int, default=None, help="Rank of a single file that does not say.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@click.option(
+    "--jobs",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Files read at the same time: faster on idle cores, more memory per file in flight.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
+@click.option(
+    "--layout",
+    "layout_spec",
+    default=None,
+    help="The recorded job's layout, e.g. tp=8 (when the trace does not say it).",
+)
+@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
+@_one_line_errors
+def ingest_cmd(
+    paths: tuple[Path, ...],
+    db: Path,
+    run_name: str | None,
+    fmt: str,
+    rank: int | None,
+    replace: bool,
+    jobs: int,
+    quiet: bool,
+    as_json: bool,
+    layout_spec: str | None,
+    order: str | None,
+) -> None:
+    """Ingest trace files or folders (the ranks of one job) into DB as one run."""
+    from prism_trace.ingest import ingest
+    from prism_trace.layout import declare_layout_of_new_run
+    from prism_trace.parallel import ParallelLayout
+    from prism_trace.store import open_store
+
+    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
+    name = run_name or paths[0].resolve().name.split(".")[0]
+    with open_store(db) as store:
+        report = ingest(
+            store,
+            list(paths),
+            run=name,
+            format=fmt,  # type: ignore[arg-type]
+            rank=rank,
+            replace=replace,
+            progress=not quiet and sys.stderr.isatty(),
+            jobs=jobs,
+        )
+        if declared is not None:
+            declare_layout_of_new_run(store, name, declared, run_id=report.run_id)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    elif not quiet:
+        rows = ", ".join(f"{v} {k}" for k, v in report.rows.items() if v)
+        click.echo(
+            f"run {report.run!r}: {len(report.ranks)} ranks of {report.world_size}"
+            f" from {len(report.files)} files: {rows}"
+        )
+        for r, n in sorted(report.et_ops.items()):
+            click.echo(f"  rank {r}: {report.et_ops_linked[r]}/{n} host ET ops linked to Kineto")
+        if report.skipped:
+            click.echo(f"  skipped {len(report.skipped)} files that are not traces")
+
+
+@main.command("info")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", default=None, help="Only this run, in detail.")
+@click.option("--ranks", type=RANKS, default=None, help="With --run: these ranks, one line each.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@_one_line_errors
+def info_cmd(db: Path, run_name: str | None, ranks: list[int] | None, as_json: bool) -> None:
+    """Runs; with --run, its ranks (classes when sliced or emulated), groups and step times."""
+    from prism_trace.info import describe_run, list_runs, render_run
+    from prism_trace.jsonout import dumps
+    from prism_trace.store import open_store
+
+    if ranks is not None and run_name is None:
+        msg = "--ranks goes with --run"
+        raise PrismError(msg)
+    with open_store(db, read_only=True) as store:
+        if run_name is None:
+            runs = list_runs(store)
+            out: Any = {"runs": runs}
+            if not as_json:
+                for r in runs:
+                    click.echo(
+                        f"{r['name']:<24} {r['kind']:<9} ranks {r['ranks']}/{r['world_size']}"
+                        f"  iterations {r['iterations']}  source {r['source_format']}"
+                    )
+                return
+        else:
+            out = describe_run(store, run_name, ranks=ranks)
+            if not as_json:
+                click.echo(render_run(out))
+                return
+    click.echo(dumps(out))
+
+
+@main.command("query")
+@click.argument("args", nargs=-1, required=True, metavar="[DB] SQL")
+@click.option(
+    "--parquet",
+    default=None,
+    help="Query a `prism export parquet` folder (local path or s3://...) instead of DB.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "parquet"]),
+    default="table",
+    show_default=True,
+)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
+@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown as table.")
+@_one_line_errors
+def query_cmd(
+    args: tuple[str, ...], parquet: str | None, fmt: str, output: Path | None, max_rows: int
+) -> None:
+    """Run SQL against DB (read-only), or against a Parquet export, and print or write it."""
+    from prism_trace.analysis import load_views
+    from prism_trace.query import run_query
+    from prism_trace.store import open_store
+
+    if len(args) != (1 if parquet else 2):
+        msg = "give DB and SQL, or --parquet DIR and SQL"
+        raise click.UsageError(msg)
+    if parquet:
+        from prism_trace.parquet import open_parquet
+
+        opened = open_parquet(parquet)
+    else:
+        opened = open_store(Path(args[0]), read_only=True)
+    with opened as store:
+        text = run_query(
+            store,
+            args[-1],
+            fmt=fmt,  # type: ignore[arg-type]
+            output=output,
+            max_rows=max_rows,
+            prepare=load_views,
+        )
+    if text:
+        click.echo(text, nl=not text.endswith("\n"))
+
+
+@main.command("graph")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--layout",
+    "layout_spec",
+    default=None,
+    help="Declare (or correct) the recorded layout, e.g. tp=8.",
+)
+@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
+@_one_line_errors
+def graph_cmd(
+    db: Path, run_name: str, as_json: bool, layout_spec: str | None, order: str | None
+) -> None:
+    """Build the per-rank execution graph of a run and check collectives match across ranks."""
+    from prism_trace.graph_setup import set_up_graph
+    from prism_trace.parallel import ParallelLayout
+    from prism_trace.store import open_store
+
+    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
+    with open_store(db) as store:
+        setup = set_up_graph(store, run_name, declared=declared)
+    if as_json:
+        click.echo(json.dumps(setup.as_dict(), indent=2))
+    else:
+        click.echo("\n".join(setup.lines(run_name)))
+
+
+@main.command("slice")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.option("--run", "run_name", required=True, help="Recorded run to slice.")
+@click.option("--layout", required=True, help="Target layout, e.g. tp=8,cp=1,ep=1,dp=128,pp=8.")
+@click.option("--world", type=int, required=True, help="Target world size.")
+@click.option("--order", default=None, help="Axis order, fastest first (default tp-cp-ep-dp-pp).")
+@click.option(
+    "--from-ranks", type=RANKS, default=None, help="Recorded ranks to take roles from, e.g. 0,3."
+)
+@click.option("--out-run", required=True, help="Name of the sliced run.")
+@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@click.option("--json", "as_json", is_flag=True, help="Print the mapping report as JSON.")
+@_one_line_errors
+def slice_cmd(
+    db: Path,
+    run_name: str,
+    layout: str,
+    world: int,
+    order: str | None,
+    from_ranks: list[int] | None,
+    out_run: str,
+    replace: bool,
+    as_json: bool,
+) -> None:
+    """Build the full-scale graph of WORLD ranks from the recorded ranks of RUN."""
+    from prism_trace.parallel import ParallelLayout
+    from prism_trace.slicing import slice_run
+    from prism_trace.store import open_store
+
+    with open_store(db) as store:
+        report = slice_run(
+            store,
+            run=run_name,
+            layout=ParallelLayout.parse(layout, order),
+            world=world,
+            from_ranks=from_ranks,
+            out_run=out_run,
+            replace=replace,
+        )
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo(report.summary())
