@@ -120,18 +120,10 @@ def run_facts(store: Store, run_id: int) -> RunFacts:
 
 def iteration_ancestor(store: Store, run_id: int) -> int | None:
     """The nearest ancestor of ``run_id`` (parent, grandparent, ...) that has iteration rows."""
-    rows = _rows(
-        store,
-        "WITH RECURSIVE up(run_id, depth) AS ("
-        " SELECT parent_run_id, 1 FROM run WHERE run_id = $1"
-        " UNION ALL SELECT r.parent_run_id, u.depth + 1 FROM run r JOIN up u USING (run_id)"
-        " WHERE u.depth < 16)"
-        " SELECT u.run_id FROM up u WHERE u.run_id IS NOT NULL"
-        " AND EXISTS (SELECT 1 FROM iteration i WHERE i.run_id = u.run_id)"
-        " ORDER BY u.depth LIMIT 1",
-        [run_id],
-    )
-    return rows[0][0] if rows else None
+    for link in store.run_ancestry(run_id)[1:]:
+        if _rows(store, "SELECT 1 FROM iteration WHERE run_id = $1 LIMIT 1", [link.run_id]):
+            return link.run_id
+    return None
 
 
 def lane_groups(store: Store, run_id: int) -> list[LaneGroup]:

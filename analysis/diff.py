@@ -64,10 +64,8 @@ class RunDiff:
 
 def _info(store: Store, run: str) -> tuple[int, str, int | None]:
     run_id = store.require_run(run)
-    ((kind, parent),) = store.con.execute(
-        "SELECT kind, parent_run_id FROM run WHERE run_id = ?", [run_id]
-    ).fetchall()
-    return run_id, str(kind), None if parent is None else int(parent)
+    line = store.run_ancestry(run_id)
+    return run_id, line[0].kind, line[1].run_id if len(line) > 1 else None
 
 
 def _units(store: Store, run_id: int) -> pl.DataFrame:

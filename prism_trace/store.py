@@ -12,7 +12,17 @@ import duckdb
 from prism_trace import __version__, schema
 from prism_trace.errors import PrismError, SchemaVersionError, StoreLockedError
 
-__all__ = ["Store", "open_store"]
+__all__ = ["RunLink", "Store", "open_store"]
+
+
+@dataclass(frozen=True)
+class RunLink:
+    """One run on a run's line of descent (see ``Store.run_ancestry``)."""
+
+    run_id: int
+    name: str
+    kind: str
+    depth: int  # 0: the run itself, 1: its parent, ...
 
 
 @dataclass
@@ -49,6 +59,23 @@ class Store:
             msg = f"{self.path}: no run named {name!r} (runs: {', '.join(names) or 'none'})"
             raise PrismError(msg)
         return rid
+
+    def run_ancestry(self, run_id: int) -> list[RunLink]:
+        """The run and its ancestors, nearest first: an emulation, the slice it came from, the
+        recording that was sliced. The one way every module walks ``run.parent_run_id``."""
+        rows = self.con.execute(
+            "WITH RECURSIVE up(run_id, depth) AS (SELECT ?::INTEGER, 0"
+            " UNION ALL SELECT r.parent_run_id, u.depth + 1 FROM run r JOIN up u USING (run_id)"
+            " WHERE r.parent_run_id IS NOT NULL AND u.depth < 64)"
+            " SELECT u.run_id, r.name, r.kind, u.depth FROM up u JOIN run r USING (run_id)"
+            " ORDER BY u.depth",
+            [run_id],
+        ).fetchall()
+        return [RunLink(int(i), str(n), str(k), int(d)) for i, n, k, d in rows]
+
+    def recorded_ancestor(self, run_id: int) -> RunLink | None:
+        """The nearest recorded run on ``run_id``'s line (itself when it is recorded)."""
+        return next((r for r in self.run_ancestry(run_id) if r.kind == "recorded"), None)
 
     def close(self) -> None:
         """Close the connection (checkpointing the WAL)."""

@@ -269,13 +269,12 @@ class _RankInputs:
 
 
 def _source_of(store: Store, run_id: int) -> tuple[str, int]:
-    ((kind, parent),) = store.con.execute(
-        "SELECT kind, parent_run_id FROM run WHERE run_id = ?", [run_id]
-    ).fetchall()
+    line = store.run_ancestry(run_id)
+    kind = line[0].kind
     if kind not in ("recorded", "sliced"):
         msg = f"{store.path}: run id {run_id} is {kind}; replay needs a recorded or sliced run"
         raise PrismError(msg)
-    return str(kind), int(parent) if kind == "sliced" else run_id
+    return kind, line[1].run_id if kind == "sliced" else run_id
 
 
 def _load_rank(

@@ -1712,15 +1712,12 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     from prism_trace.parallel import infer_layout
 
     run_id = store.require_run(run)
-    ((kind, parent),) = store.con.execute(
-        "SELECT kind, parent_run_id FROM run WHERE run_id = ?", [run_id]
-    ).fetchall()
+    line = store.run_ancestry(run_id)
+    kind = line[0].kind
     from_ranks: list[int] | None = None
     if kind == "sliced":
         layout = _run_layout(store, run_id)
-        ((source,),) = store.con.execute(
-            "SELECT name FROM run WHERE run_id = ?", [parent]
-        ).fetchall()
+        source = line[1].name
         from_ranks = sorted(
             int(r)
             for (r,) in store.con.execute(

@@ -591,26 +591,15 @@ def validate_replayed(store: Store, *, replayed: str) -> ReplayValidation:
         PrismError: not a replayed run, or no recorded run behind it.
     """
     run_id = store.require_run(replayed)
-    ((kind, parent),) = store.con.execute(
-        "SELECT kind, parent_run_id FROM run WHERE run_id = ?", [run_id]
-    ).fetchall()
+    kind = store.run_ancestry(run_id)[0].kind
     if kind != "replayed":
         msg = f"{store.path}: run {replayed!r} is {kind}; --replayed needs a replayed run"
         raise PrismError(msg)
-    rec_id = parent
-    for _ in range(3):
-        rows = store.con.execute(
-            "SELECT kind, parent_run_id, name FROM run WHERE run_id = ?", [rec_id]
-        ).fetchall()
-        if not rows:
-            break
-        if rows[0][0] == "recorded":
-            break
-        rec_id = rows[0][1]
-    if not rows or rows[0][0] != "recorded":
+    recorded = store.recorded_ancestor(run_id)
+    if recorded is None:
         msg = f"{store.path}: run {replayed!r} has no recorded run behind it to compare with"
         raise PrismError(msg)
-    rec_name = str(rows[0][2])
+    rec_id, rec_name = recorded.run_id, recorded.name
     ranks = store.con.sql(
         "SELECT rank, coalesce(represented_by, rank) AS src FROM rank WHERE run_id = $1"
         " ORDER BY rank",
