@@ -13,12 +13,9 @@ SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 
 @pytest.fixture(scope="session")
-def sample_store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """The bundled gloo CPU sample as run `sample`, reopened read-only."""
-    db = tmp_path_factory.mktemp("analysis_sample") / "s.duckdb"
-    with open_store(db) as s:
-        ingest(s, [SAMPLE], run="sample", progress=False)
-    return open_store(db, read_only=True)
+def sample_store(sample_template: Path) -> Store:
+    """The bundled gloo CPU sample as run `sample` (the session's one ingest), read-only."""
+    return open_store(sample_template, read_only=True)
 
 
 @pytest.fixture(scope="session")
