@@ -140,7 +140,7 @@ def test_peak_memory_matches_the_recording(sample_store: object, replayed: objec
 def test_cpu_levels_are_aligned_per_iteration() -> None:
     """Each replayed iteration's CPU level moves to the recorded level at that iteration's start
     (the CPU allocator counts from when profiling began); deltas within it are kept."""
-    from prism_trace.replay.hybrid import _align_cpu_levels
+    from prism_trace.replay.hybrid_frames import _align_cpu_levels
 
     mem = pl.DataFrame(
         {
@@ -265,7 +265,7 @@ def test_waits_spin_when_each_process_has_its_cores() -> None:
     import os
     import time
 
-    from prism_trace.replay.hybrid import _sleeps, _wait_until
+    from prism_trace.replay.hybrid_pass import _sleeps, _wait_until
 
     cpus = os.cpu_count() or 1
     assert not _sleeps(ReplayOptions(threads=1), cpus)
