@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from prism_trace.errors import PrismError
 from prism_trace.formats import chakra_pb2 as pb
+from prism_trace.formats.chakra import PRISM_MSG_ATTR
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -118,6 +119,11 @@ CHAKRA_COMM_TYPE: dict[str, int] = {
     "barrier": pb.BARRIER,
 }
 """``graph_node.comm_kind`` of a collective → Chakra ``CollectiveCommType`` (``comm_type``)."""
+
+_INPUT_SIZED = ("all_gather", "gather", "scatter")
+"""Recorded kinds written as ALL_GATHER, whose ``comm_size`` is each member's input: the
+nccl-tests size (the output) over the group size, as the PyTorch converter writes it and
+ASTRA-sim simulates it (each ring step sends ``comm_size``)."""
 
 CTRL_EDGE_KINDS = ("ctrl",)
 """Edge kinds written as ``ctrl_deps``; ``sync`` goes to ``sync_deps`` and every other kind
@@ -693,6 +699,12 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
                 size = _rule_size(t, ck or "", n_members, plan.bandwidth)
                 sized += 1
                 node.attr.append(_attr("comm_size_rule", bool_val=True))
+            elif kind == "collective" and row["comm_kind"] in _INPUT_SIZED and n_members > 1:
+                # An ALL_GATHER's comm_size is each member's input (docs/export.md).
+                msg_bytes = int(size)
+                size = -(-msg_bytes // n_members)
+                if size * n_members != msg_bytes:
+                    node.attr.append(_attr(PRISM_MSG_ATTR, int64_val=msg_bytes))
             node.attr.append(_attr("comm_size", int64_val=int(size)))
             if gid is not None:
                 gid = int(gid)
