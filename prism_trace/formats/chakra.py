@@ -39,7 +39,8 @@ Files of prism's own export (``GlobalMetadata`` ``schema`` ``prism-trace-…``) 
 group's name is its ``pg_desc`` (``pg_name`` is ASTRA-sim's decimal id), ``prism_kind`` gives the
 kind of copies and one-member collectives written as COMP_NODEs, ``prism_comm_kind`` the
 recorded kind of a substituted collective, ``sync_deps`` become ``sync`` flows, and the
-``order_deps`` added for ASTRA-sim's issue order are dropped (docs/export.md).
+``order_deps`` added for ASTRA-sim's issue order are dropped, and so is the ``## prism:start ##``
+node they may point to (docs/export.md).
 
 The rank comes from the file name (``<prefix>.<rank>.et``, also ``name.0.et_schema1.0.1_HEAD.gz``),
 else from the ``rank`` argument.
@@ -98,6 +99,9 @@ _CATEGORY = {
 
 PRISM_SCHEMA_PREFIX = "prism-trace"
 """``GlobalMetadata.schema`` of prism's own export, whose extra attributes are read back."""
+
+PRISM_START_NAME = "## prism:start ##"
+"""Name of the start node of prism's export (ASTRA-sim's issue order only): not read back."""
 
 PRISM_MSG_ATTR = "prism_msg_bytes"
 """Node attribute of prism's export: the exact ``msg_bytes`` of an ALL_GATHER whose size is not
@@ -440,6 +444,8 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
                     msg = f"{path}: not a Chakra ET: record at byte offset {rec[0]} is not a Node"
                     raise TraceFormatError(msg)
             nid = node.id
+            if own and node.name == PRISM_START_NAME and node.type == pb.COMP_NODE:
+                continue  # the export's start node; its edges are order_deps
             if nid in seen:  # at once: a stream of empty records would run for minutes
                 msg = f"{path}: node id {nid} appears more than once (record at byte {rec[0]})"
                 raise TraceFormatError(msg)

@@ -12,7 +12,12 @@ require of a file, read from their source, is checked here on the bundled sample
   ``['<json>']`` (two characters cut at each end), a list of ``{pg_name: "<decimal>", ranks}``
   (``std::stoi(pg_name)``; empty ranks = every NPU); the groups it lists replace those of
   ``--comm-group-configuration`` under the same key, so they must have the same members;
-- ``skip_invalid`` does not issue the nodes it frees: nothing may depend on the METADATA node.
+- ``skip_invalid`` does not issue the nodes it frees: nothing may depend on the METADATA node;
+- the groups the METADATA node lists replace the configuration's *objects* when it is issued,
+  which restarts their stream numbering: it must come before any communication. So the only
+  dependency-free nodes are the METADATA node (a CPU op) and prism's start node (a GPU COMP_NODE
+  of duration 0, 1 ns in the newer ``Workload``) that every other root depends on: both are
+  issued together at the start, on different resources, before anything else.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import pytest
 from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 
-from prism_trace.export import export_chakra
+from prism_trace.export import START_NAME, export_chakra
 from prism_trace.ingest import ingest
 from prism_trace.store import open_store
 
@@ -104,6 +109,11 @@ def test_sample_export_meets_the_feeder_v3_contract(tmp_path: Path) -> None:
         assert not any(meta.id in n.data_deps or meta.id in n.ctrl_deps for n in nodes)
         is_cpu = {a.name: a.bool_val for a in meta.attr}.get("is_cpu_op")
         assert is_cpu is True  # the old ETFeeder skips it as a CPU op of 0 runtime, 0 ops
+        roots = [n for n in nodes if not n.data_deps and not n.ctrl_deps]
+        (start,) = [n for n in roots if n.id != meta.id]
+        assert (start.name, start.type, start.duration_micros) == (START_NAME, pb.COMP_NODE, 0)
+        assert {a.name: a.bool_val for a in start.attr}.get("is_cpu_op") is False
+        assert order[:2] in ([meta.id, start.id], [start.id, meta.id])
         groups = workload_pg_metadata(meta, world=8)
         assert groups, path
         for name, members in groups.items():
