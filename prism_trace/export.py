@@ -3,8 +3,10 @@
 Chakra ET (``export_chakra``): every rank of a recorded or sliced run becomes
 ``<prefix>.<rank>.et``, a stream of length-delimited protobuf records (the framing of
 ``chakra.src.third_party.utils.protolib.encodeMessage``): one ``GlobalMetadata``, one
-``## process_group:init ##`` metadata node listing the rank's own communicators, then the
-``Node`` messages of its execution graph in a topological order; and ``comm_groups.json``, the
+``## process_group:init ##`` metadata node listing the rank's own communicators, a
+``## prism:start ##`` node that every other root depends on (so that the newer ASTRA-sim reads
+the groups before any communication), then the ``Node`` messages of its execution graph in a
+topological order; and ``comm_groups.json``, the
 communicators as ASTRA-sim's ``--comm-group-configuration`` (``pg_name`` is a decimal key of it).
 The files are written for ASTRA-sim to run to completion: every communication node has a size
 (the recorded one, else the size rule), copies and one-member collectives are compute, kinds it
@@ -35,6 +37,7 @@ from tqdm import tqdm
 
 from prism_trace.errors import PrismError
 from prism_trace.formats import chakra_pb2 as pb
+from prism_trace.formats.chakra import PRISM_MSG_ATTR, PRISM_START_NAME
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -46,6 +49,7 @@ __all__ = [
     "CTRL_EDGE_KINDS",
     "PG_INIT_NAME",
     "SIZE_BANDWIDTH_GBPS",
+    "START_NAME",
     "SYNC_EDGE_KINDS",
     "ChakraExportError",
     "ExportReport",
@@ -61,6 +65,12 @@ CHAKRA_SCHEMA = "prism-trace-1-chakra.0.0.4"
 
 PG_INIT_NAME = "## process_group:init ##"
 """Name of the metadata node listing the rank's communicators (the PyTorch converter's)."""
+
+START_NAME = PRISM_START_NAME
+"""Name of the start node (a COMP_NODE of duration 0, id = the METADATA node's + 1) that every
+other dependency-free node depends on: the METADATA node is then the only other node ready at
+the start, so the newer ASTRA-sim parses the rank's groups before any communication
+(docs/export.md, "The newer feeder"). Prism's reader drops it."""
 
 CHAKRA_NODE_TYPE: dict[str, int] = {
     "host": pb.COMP_NODE,
@@ -118,6 +128,11 @@ CHAKRA_COMM_TYPE: dict[str, int] = {
     "barrier": pb.BARRIER,
 }
 """``graph_node.comm_kind`` of a collective → Chakra ``CollectiveCommType`` (``comm_type``)."""
+
+_INPUT_SIZED = ("all_gather", "gather", "scatter")
+"""Recorded kinds written as ALL_GATHER, whose ``comm_size`` is each member's input: the
+nccl-tests size (the output) over the group size, as the PyTorch converter writes it and
+ASTRA-sim simulates it (each ring step sends ``comm_size``)."""
 
 CTRL_EDGE_KINDS = ("ctrl",)
 """Edge kinds written as ``ctrl_deps``; ``sync`` goes to ``sync_deps`` and every other kind
@@ -627,6 +642,7 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
                 added[nid] = prev
             prev = nid
     pg_init_id = (max(by_id) + 1) if by_id else 0
+    start_id = pg_init_id + 1
 
     runs: list[bytes] = []
     holes: list[_Hole] = []
@@ -650,6 +666,9 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
         dd = list(data.get(nid, []))
         if nid in added:
             dd.append(added[nid])
+        gated = not dd and not ctrl.get(nid)
+        if gated:  # a root: after the start node, so that METADATA is issued first
+            dd.append(start_id)
         node = pb.Node(
             id=nid,
             name=row["name"] or "",
@@ -665,8 +684,9 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
             node.attr.append(_attr("tid", int64_val=int(row["track_id"])))
         if kind in ("memcpy", "memset") or ntype != CHAKRA_NODE_TYPE[kind]:
             node.attr.append(_attr(PRISM_KIND_ATTR, string_val=kind))
-        if nid in added:
-            node.attr.append(_attr("order_deps", int64_list=pb.Int64List(values=[added[nid]])))
+        if nid in added or gated:
+            extra = added.get(nid, start_id)
+            node.attr.append(_attr("order_deps", int64_list=pb.Int64List(values=[extra])))
         if nid in sync:
             node.attr.append(_attr("sync_deps", int64_list=pb.Int64List(values=sync[nid])))
         if nid in exact:
@@ -693,6 +713,12 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
                 size = _rule_size(t, ck or "", n_members, plan.bandwidth)
                 sized += 1
                 node.attr.append(_attr("comm_size_rule", bool_val=True))
+            elif kind == "collective" and row["comm_kind"] in _INPUT_SIZED and n_members > 1:
+                # An ALL_GATHER's comm_size is each member's input (docs/export.md).
+                msg_bytes = int(size)
+                size = -(-msg_bytes // n_members)
+                if size * n_members != msg_bytes:
+                    node.attr.append(_attr(PRISM_MSG_ATTR, int64_val=msg_bytes))
             node.attr.append(_attr("comm_size", int64_val=int(size)))
             if gid is not None:
                 gid = int(gid)
@@ -773,6 +799,7 @@ class _Writer:
         self.prefix = prefix
         self._pg_attr: dict[int, bytes] = {}
         self._pg_json: dict[int, str] = {}
+        self._start: dict[int, bytes] = {}
         self.astra_id = {gid: i + 1 for i, gid in enumerate(sorted(rd.groups))}
         """group_id → ASTRA-sim's decimal communicator id (≥ 1: its feeder needs one)."""
 
@@ -918,10 +945,23 @@ class _Writer:
         node.attr.append(_attr("is_cpu_op", bool_val=True))
         return _record(node.SerializeToString())
 
+    def start(self, tpl: _Template) -> bytes:
+        """The start node: a GPU COMP_NODE of duration 0 with no dependency (`START_NAME`).
+
+        The old ETFeeder skips it at once (runtime 0, no ops) and frees its children; the newer
+        ``Workload`` runs it for 1 ns on the GPU slot, whose end issues the rank's first nodes.
+        """
+        b = self._start.get(tpl.pg_init_id)
+        if b is None:
+            node = pb.Node(id=tpl.pg_init_id + 1, name=START_NAME, type=pb.COMP_NODE)
+            node.attr.append(_attr("is_cpu_op", bool_val=False))
+            b = self._start[tpl.pg_init_id] = _record(node.SerializeToString())
+        return b
+
     def write(self, tpl: _Template, rank: int) -> int:
         """Write ``rank``'s file from ``tpl``; return its size in bytes."""
         suffix: dict[tuple[str, int | None, int | None], bytes] = {}
-        parts = [self.metadata(tpl, rank), self.pg_init(tpl, rank), tpl.runs[0]]
+        parts = [self.metadata(tpl, rank), self.pg_init(tpl, rank), self.start(tpl), tpl.runs[0]]
         for hole, run_bytes in zip(tpl.holes, tpl.runs[1:], strict=True):
             key = (hole.kind, hole.group_id, hole.peer)
             tail = suffix.get(key)

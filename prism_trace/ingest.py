@@ -146,6 +146,42 @@ def _merge_groups(frames: list[pl.DataFrame], comm_names: set[str], world: int) 
     )
 
 
+def fill_sizes(calls: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
+    """Sizes a reader could not finish without the group's size, from the run's groups.
+
+    A Chakra file without process groups gives an all-gather's input (``comm_size``) but not
+    its output, which is ``group size x`` that; the number of files tells the default group's
+    size only here. Fills ``group_size``, an all-gather's ``out_bytes`` (a reduce-scatter's:
+    ``in / size``) and ``msg_bytes = max(in, out)`` where they are NULL; known values stay.
+    """
+    need = ("kind", "group_name", "group_size", "in_bytes", "out_bytes", "msg_bytes")
+    if calls.is_empty() or any(c not in calls.columns for c in need):
+        return calls
+    if calls["msg_bytes"].null_count() == 0 and calls["group_size"].null_count() == 0:
+        return calls
+    sizes = groups.select(pl.col("name").alias("group_name"), pl.col("size").alias("_gsize"))
+    n = pl.col("group_size")
+    return (
+        calls.join(sizes, on="group_name", how="left", maintain_order="left")
+        .with_columns(group_size=pl.coalesce(n, pl.col("_gsize")).cast(calls["group_size"].dtype))
+        .with_columns(
+            out_bytes=pl.coalesce(
+                pl.col("out_bytes"),
+                pl.when(pl.col("kind") == "all_gather")
+                .then(pl.col("in_bytes") * n)
+                .when(pl.col("kind") == "reduce_scatter")
+                .then(pl.col("in_bytes") // n),
+            ).cast(calls["out_bytes"].dtype)
+        )
+        .with_columns(
+            msg_bytes=pl.coalesce(
+                pl.col("msg_bytes"), pl.max_horizontal("in_bytes", "out_bytes")
+            ).cast(calls["msg_bytes"].dtype)
+        )
+        .drop("_gsize")
+    )
+
+
 def _number(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
     """Fill a null ``seq`` by host-time order within ``keys`` (all rows of a key, or none).
 
@@ -492,7 +528,8 @@ def _ingest_files(
     ranks = sorted(set(book.timeline) | set(book.host_et))
     world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)
     groups = _merge_groups(group_frames, comm_names, world)
-    colls, groups, matching = settle_order_matching(_concat(coll_frames), groups, ranks)
+    colls = fill_sizes(_concat(coll_frames), groups)
+    colls, groups, matching = settle_order_matching(colls, groups, ranks)
     coll_frames = [colls]
     rank_rows = _rank_rows(rank_frames, et_counts)
     config = {"paths": [str(p) for p in paths], "format": format, "comm_matching": matching}

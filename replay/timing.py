@@ -297,6 +297,31 @@ def collective_cost(
 
 _F = ("algorithm", "intra_steps", "inter_steps", "intra_bytes", "inter_bytes")
 
+_REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+
+
+def reduction_ns(
+    kind: np.ndarray, msg_bytes: np.ndarray, group_size: np.ndarray, gbps: float | None
+) -> np.ndarray:
+    """Local reduction time per instance, ns: ``3 (n-1)/n S / gbps`` (0 where ``gbps`` is None).
+
+    A reducing ring (all_reduce, reduce_scatter, reduce) adds ``(n-1)/n S`` received bytes into
+    its own, reading two operands and writing one at the memory bandwidth ``gbps``, after each
+    step's transfer instead of during it. NCCL fuses the reduction into the copy (no extra
+    time: the default); ASTRA-sim charges it (``PacketBundle::call``: three passes at its
+    ``local-mem-bw``), which the reduce-scatter's few bytes per step make visible
+    (docs/network.md).
+    """
+    kinds = np.asarray(kind, dtype=object)
+    out = np.zeros(kinds.size, dtype=np.float64)
+    if gbps is None:
+        return out
+    n = np.maximum(np.asarray(group_size, dtype=np.float64), 1.0)
+    size = np.maximum(np.asarray(msg_bytes, dtype=np.float64), 0.0)
+    red = np.isin(kinds, _REDUCING)
+    out[red] = 3.0 * (n[red] - 1.0) / n[red] * size[red] / float(gbps)
+    return out
+
 
 # -- what a model is told --------------------------------------------------------------------------
 
@@ -455,6 +480,7 @@ class AlphaBetaTransfer:
     algorithm: Algorithm = "auto"
     chunks: int = 1
     all_to_all: AllToAll = "pairwise"
+    reduction_gbps: float | None = None
 
     def cost(self, query: TransferQuery) -> CollectiveCost:
         """The terms per instance (which algorithm, steps, bytes): for reports and tests."""
@@ -474,6 +500,9 @@ class AlphaBetaTransfer:
         """Modelled transfer per instance, ns."""
         size = np.asarray(query.msg_bytes, dtype=np.int64)
         model = self.cost(query).time_ns(self.topology)
+        if self.reduction_gbps is not None:
+            _, n, *_ = query.shapes(self.topology)
+            model = model + reduction_ns(query.kind, size, n, self.reduction_gbps)
         return np.where(size >= 0, np.rint(model), query.recorded_ns).astype(np.int64)
 
 
@@ -493,6 +522,9 @@ class TimingConfig:
         chunks: ``alpha_beta`` only: collectives run as this many pieces in sequence, each
             paying the latency (4 matches ASTRA-sim's default system config; docs/network.md).
         all_to_all: ``alpha_beta`` only: ``pairwise`` (NCCL) or ``ring`` (ASTRA-sim).
+        reduction_gbps: ``alpha_beta`` only: a reducing collective also spends
+            ``3 (n-1)/n S / reduction_gbps`` ns on its local reduction (`reduction_ns`;
+            ASTRA-sim's ``local-mem-bw``, 1600 in its default config). None: fused, free (NCCL).
     """
 
     model: Literal["recorded", "scaled", "alpha_beta"] = "scaled"
@@ -500,6 +532,7 @@ class TimingConfig:
     algorithm: Algorithm = "auto"
     chunks: int = 1
     all_to_all: AllToAll = "pairwise"
+    reduction_gbps: float | None = None
 
     def __post_init__(self) -> None:
         if self.model not in ("recorded", "scaled", "alpha_beta"):
@@ -514,6 +547,12 @@ class TimingConfig:
         if self.all_to_all not in ("pairwise", "ring"):
             msg = f"timing `all_to_all` must be pairwise or ring, got {self.all_to_all!r}"
             raise ValueError(msg)
+        r = self.reduction_gbps
+        if r is not None and (
+            isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0 or r == float("inf")
+        ):
+            msg = f"timing `reduction_gbps` must be a number > 0 (GB/s), got {r!r}"
+            raise ValueError(msg)
 
 
 def transfer_model(config: TimingConfig, topology: Topology) -> TransferModel:
@@ -527,7 +566,9 @@ def transfer_model(config: TimingConfig, topology: Topology) -> TransferModel:
         The model.
     """
     if config.model == "alpha_beta":
-        return AlphaBetaTransfer(topology, config.algorithm, config.chunks, config.all_to_all)
+        return AlphaBetaTransfer(
+            topology, config.algorithm, config.chunks, config.all_to_all, config.reduction_gbps
+        )
     if config.model == "scaled":
         return ScaledTransfer(topology, config.algorithm)
     return RecordedTransfer(topology, config.algorithm)

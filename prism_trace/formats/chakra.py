@@ -19,9 +19,11 @@ Mapping (one rank per file):
 - ``collectives``: COMM_COLL_NODEs that carry ``comm_type`` (the converter's GPU-side kernels and
   ASTRA-sim nodes; CPU-side ``c10d::*`` COMM_COLL_NODEs have none and stay plain events, but a GPU
   node whose dependency is such a host node gets it as ``event_id`` and the GPU node as
-  ``kernel_event_id``). ``msg_bytes`` = ``comm_size``; ``in_bytes``/``out_bytes`` follow the kind
-  (all-gather input = comm_size / group size, reduce-scatter output likewise, NULL while the group
-  size is unknown). ``group_name`` = ``pg_name`` attribute, else ``"0"`` (PyTorch's default group).
+  ``kernel_event_id``). ``comm_size`` is the call's input, as the PyTorch converter writes it
+  (the sum of the input tensors) and as ASTRA-sim simulates it: an all-gather's output is
+  ``comm_size x group size``, a reduce-scatter's ``comm_size / group size``; ``msg_bytes`` is
+  nccl-tests' ``max(in, out)``, filled in by ingest when the group size comes from the run.
+  ``group_name`` = ``pg_name`` attribute, else ``"0"`` (PyTorch's default group).
   Chakra has no timestamps, so ``seq`` is numbered here per group in a topological order of the
   dependency graph (ties broken by node id).
 - ``p2p``: COMM_SEND/RECV_NODEs; peer = ``comm_dst``/``comm_src``, tag = ``comm_tag``, bytes =
@@ -37,7 +39,8 @@ Files of prism's own export (``GlobalMetadata`` ``schema`` ``prism-trace-…``) 
 group's name is its ``pg_desc`` (``pg_name`` is ASTRA-sim's decimal id), ``prism_kind`` gives the
 kind of copies and one-member collectives written as COMP_NODEs, ``prism_comm_kind`` the
 recorded kind of a substituted collective, ``sync_deps`` become ``sync`` flows, and the
-``order_deps`` added for ASTRA-sim's issue order are dropped (docs/export.md).
+``order_deps`` added for ASTRA-sim's issue order are dropped, and so is the ``## prism:start ##``
+node they may point to (docs/export.md).
 
 The rank comes from the file name (``<prefix>.<rank>.et``, also ``name.0.et_schema1.0.1_HEAD.gz``),
 else from the ``rank`` argument.
@@ -96,6 +99,13 @@ _CATEGORY = {
 
 PRISM_SCHEMA_PREFIX = "prism-trace"
 """``GlobalMetadata.schema`` of prism's own export, whose extra attributes are read back."""
+
+PRISM_START_NAME = "## prism:start ##"
+"""Name of the start node of prism's export (ASTRA-sim's issue order only): not read back."""
+
+PRISM_MSG_ATTR = "prism_msg_bytes"
+"""Node attribute of prism's export: the exact ``msg_bytes`` of an ALL_GATHER whose size is not
+a multiple of its group size (``comm_size`` is each member's input, rounded up)."""
 
 _OWN_TYPE = {
     (pb.COMP_NODE, "memcpy"): pb.MEM_LOAD_NODE,
@@ -434,6 +444,8 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
                     msg = f"{path}: not a Chakra ET: record at byte offset {rec[0]} is not a Node"
                     raise TraceFormatError(msg)
             nid = node.id
+            if own and node.name == PRISM_START_NAME and node.type == pb.COMP_NODE:
+                continue  # the export's start node; its edges are order_deps
             if nid in seen:  # at once: a stream of empty records would run for minutes
                 msg = f"{path}: node id {nid} appears more than once (record at byte {rec[0]})"
                 raise TraceFormatError(msg)
@@ -645,9 +657,8 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         gname = renamed.get(gname, gname)
         kind = str(a.get("prism_comm_kind") or kind)
         grp = group(gname)
-        size = a.get("comm_size")
         gsize = grp["size"]
-        in_b, out_b = _in_out(kind, size, gsize)
+        in_b, out_b, size = _in_out(kind, ct, a.get("comm_size"), gsize, a.get(PRISM_MSG_ATTR))
         i = by_id[nid]
         host_id = nid
         kernel_id = None
@@ -752,15 +763,31 @@ def _frame(rows: list[dict[str, Any]], r: int) -> pl.DataFrame:
     return pl.DataFrame(rows, infer_schema_length=None).with_columns(pl.lit(r).alias("rank"))
 
 
-def _in_out(kind: str, size: int | None, gsize: int | None) -> tuple[int | None, int | None]:
-    """Input and output bytes of a call whose Chakra ``comm_size`` is ``size``."""
+def _in_out(
+    kind: str, comm_type: int, size: int | None, gsize: int | None, msg: Any = None
+) -> tuple[int | None, int | None, int | None]:
+    """Input, output and nccl-tests bytes of a call whose Chakra ``comm_size`` is ``size``.
+
+    ``comm_size`` is the call's *input* (the PyTorch converter sums the input tensors, and
+    ASTRA-sim's ring sends ``comm_size`` per step of an all-gather): an ALL_GATHER's output is
+    ``group size x comm_size``, a REDUCE_SCATTER's is ``comm_size / group size``. ``msg_bytes``
+    is ``max(in, out)``; NULL while the group size is unknown (ingest fills it in from the
+    run's groups, ``ingest.fill_sizes``). ``msg`` is prism's exact ``msg_bytes`` where its
+    export had to round (attribute ``prism_msg_bytes``).
+    """
     if size is None:
-        return None, None
-    if kind == "all_gather":
-        return (size // gsize if gsize else None), size
+        return None, None, None
+    if comm_type == pb.ALL_GATHER:
+        # gather/scatter exported as ALL_GATHER of their per-member piece (docs/export.md)
+        full = size * gsize if gsize else None
+        if isinstance(msg, int) and msg > 0:
+            full = msg
+        if kind == "scatter":
+            return full, size, full
+        return size, full, full
     if kind == "reduce_scatter":
-        return size, (size // gsize if gsize else None)
-    return size, size
+        return size, (size // gsize if gsize else None), size
+    return size, size, size
 
 
 def _counts(xs: list[int]) -> dict[int, int]:

@@ -15,6 +15,7 @@ from chakra.src.third_party.utils.protolib import decodeMessage, encodeMessage, 
 from prism_trace.errors import RankUnknownError, TraceFormatError, TruncatedTraceError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.formats.chakra import rank_from_name, read_chakra, sniff_chakra
+from prism_trace.ingest import fill_sizes
 
 ASTRA = Path("chakra-et") / "astrasim_et_examples"
 TESTS = Path("chakra-et") / "chakra_tests"
@@ -160,7 +161,17 @@ def test_microbenchmark_one_collective_per_rank(
     colls = pl.concat([read_chakra(f).collectives for f in files])
     assert sorted(colls["rank"].to_list()) == list(range(npus))
     assert set(colls["kind"]) == {kind}
-    assert set(colls["msg_bytes"]) == {1 << 20}
+    # comm_size is each rank's input (ASTRA-sim's and the PyTorch converter's meaning): an
+    # all-gather's output, hence its nccl-tests size, needs the group size, which the files
+    # leave to the number of ranks (ingest.fill_sizes).
+    assert set(colls["in_bytes"]) == {1 << 20}
+    if kind == "all_gather":
+        assert set(colls["msg_bytes"]) == {None}
+        calls = fill_sizes(colls, pl.DataFrame({"name": ["0"], "size": [npus]}))
+        assert set(calls["out_bytes"]) == set(calls["msg_bytes"]) == {npus << 20}
+        assert set(calls["group_size"]) == {npus}
+    else:
+        assert set(colls["msg_bytes"]) == {1 << 20}
     assert set(colls["group_name"]) == {"0"}
     assert set(colls["seq"]) == {0}
 
@@ -258,10 +269,11 @@ def test_synthetic_graph_maps_every_frame(tmp_path: Path) -> None:
     assert colls[9]["seq"] == 0
     assert colls[5]["seq"] == 1
     assert colls[9]["kind"] == "all_gather"
+    # comm_size is the all-gather's input: the output is the group's 2 inputs
     assert (colls[9]["in_bytes"], colls[9]["out_bytes"], colls[9]["msg_bytes"]) == (
-        2048,
         4096,
-        4096,
+        8192,
+        8192,
     )
     assert colls[5]["group_size"] == 2
     groups = {r["name"]: r for r in t.comm_groups.iter_rows(named=True)}

@@ -447,3 +447,40 @@ def test_cli_size_bandwidth_and_bad_value(tmp_path: Path) -> None:
     )
     assert bad.exit_code != 0
     assert "size bandwidth" in bad.output
+
+
+def test_all_gather_comm_size_is_each_members_input(tmp_path: Path) -> None:
+    """An ALL_GATHER's ``comm_size`` is a member's input (ASTRA-sim and the PyTorch converter):
+    the recorded nccl-tests size over the group size, rounded up, with the exact size kept in
+    ``prism_msg_bytes`` where it is not a multiple; both read back to the recorded size."""
+    store = open_store(tmp_path / "g.duckdb")
+    ingest(store, [SAMPLE], run="g", progress=False)
+    build_graph(store, "g")
+    rid = run_id(store, "g")
+    # The sample's all-gathers run in groups of 2 at 64 KiB; make every other one odd.
+    store.con.execute(
+        "UPDATE graph_node SET msg_bytes = 65537 WHERE run_id = ? AND comm_kind = 'all_gather'"
+        " AND seq % 2 = 1",
+        [rid],
+    )
+    sizes = Counter(
+        q(
+            store,
+            "SELECT msg_bytes FROM graph_node WHERE run_id = ? AND comm_kind = 'all_gather'",
+            rid,
+        )
+    )
+    assert sizes == {(65536,): 16, (65537,): 16}
+    roundtrip(store, "g", tmp_path)  # asserts every msg_bytes comes back
+    written: Counter[tuple[int, int | None]] = Counter()
+    for path in sorted((tmp_path / "g_et").glob("*.et")):
+        fh = openFileRd(str(path))
+        decodeMessage(fh, pb.GlobalMetadata())
+        node = pb.Node()
+        while decodeMessage(fh, node):
+            a = attrs(node)
+            if node.type == pb.COMM_COLL_NODE and a["comm_type"][1] == pb.ALL_GATHER:
+                exact = a.get("prism_msg_bytes", (None, None))[1]
+                written[(a["comm_size"][1], exact)] += 1
+        fh.close()
+    assert written == {(32768, None): 16, (32769, 65537): 16}

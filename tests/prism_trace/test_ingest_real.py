@@ -207,7 +207,10 @@ def test_chakra_sets(store: Store) -> None:
                 " WHERE run.name = ?",
                 f"{coll}_{n}",
             )
-            assert rows == [(n, coll, 1 << 20, 1 << 20, n)]
+            # comm_size (1 MiB) is each rank's input: an all-gather's nccl-tests size is its
+            # output, n MiB, with the group size from the number of files (ingest.fill_sizes)
+            size = (n if coll == "all_gather" else 1) << 20
+            assert rows == [(n, coll, size, size, n)]
     per_rank = q(
         store,
         "SELECT count(*) FROM collective JOIN run USING (run_id)"

@@ -14,12 +14,15 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "network.md"
 
 
 def test_the_documented_toml_loads() -> None:
-    block = re.search(r"```toml\n(.*?)```", DOC.read_text(), re.S)
-    assert block is not None, "docs/network.md has no TOML example"
-    cfg = load_emulation_config(_write(block.group(1), "network.md"))
+    blocks = re.findall(r"```toml\n(.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) == 2, "docs/network.md: the ASTRA-sim block and the Configuration one"
+    astra, cfg = (load_emulation_config(_write(b, "network.md")) for b in blocks)
     assert cfg.topology.system == "h100"
     assert cfg.timing.model == "scaled"
     assert cfg.what_if.bandwidth_scale == 0.5
+    assert (astra.timing.chunks, astra.timing.all_to_all) == (4, "ring")
+    assert astra.timing.reduction_gbps == 1600.0
+    assert astra.topology.intra_node_gbps == pytest.approx(50 * 2**30 / 1e9, rel=1e-4)
 
 
 def _write(text: str, name: str) -> Path:

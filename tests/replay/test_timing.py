@@ -16,6 +16,7 @@ from prism_trace.replay.timing import (
     TransferQuery,
     bus_factor,
     collective_cost,
+    reduction_ns,
     transfer_model,
 )
 from prism_trace.replay.topology import PRESETS, Topology
@@ -272,3 +273,33 @@ def test_astra_sim_options_chunks_and_ring_all_to_all() -> None:
     model = transfer_model(TimingConfig(model="alpha_beta", chunks=4), topo)
     assert isinstance(model, AlphaBetaTransfer)
     assert model.chunks == 4
+
+
+def test_reduction_option_matches_astra_sim_reduce_scatter() -> None:
+    # ASTRA-sim (docs/network.md): 8 NPUs, 1 MiB, its "50 GB/s" is 50 GiB/s, 500 ns per hop plus
+    # a 10 ns endpoint delay per message, 4 chunks, reductions at local-mem-bw 1600 GB/s:
+    # 33 080 ns for the reduce-scatter, 19 080 ns at latency 0.
+    mib, bw, hop = 1 << 20, 50 * GIB / 1e9, 510.0
+    topo = Topology(ranks_per_node=8, intra_node_gbps=bw, intra_node_latency_ns=hop)
+    q = TransferQuery(
+        kind=arr("reduce_scatter", "all_reduce", "all_gather", "send"),
+        msg_bytes=arr(mib, mib, 8 * mib, mib),
+        group_size=arr(8, 8, 8, 2),
+        spans_nodes=np.zeros(4, dtype=bool),
+        recorded_ns=arr(1, 1, 1, 1),
+    )
+    red = reduction_ns(q.kind, q.msg_bytes, q.group_size, 1600.0)
+    # three passes over the (n-1)/n S bytes a rank reduces; nothing for gathers and p2p
+    assert red.tolist() == pytest.approx([3 * 7 / 8 * mib / 1600] * 2 + [0.0, 0.0])
+    assert reduction_ns(q.kind, q.msg_bytes, q.group_size, None).tolist() == [0.0] * 4
+    plain = AlphaBetaTransfer(topo, "ring", chunks=4).transfer(q)
+    model = transfer_model(
+        TimingConfig(model="alpha_beta", algorithm="ring", chunks=4, reduction_gbps=1600), topo
+    ).transfer(q)
+    assert (model - plain).tolist() == pytest.approx(np.rint(red).tolist(), abs=1)
+    assert abs(model[0] / 33_080 - 1) < 0.005
+    assert abs(plain[0] / 33_080 - 1) > 0.02  # without it, 2.6 % short
+    assert abs(model[2] / 151_016 - 1) < 0.005  # the all-gather moves 7 x its 1 MiB input
+    for bad in (0, -1.0, float("inf"), "fast", True):
+        with pytest.raises(ValueError, match="reduction_gbps"):
+            TimingConfig(reduction_gbps=bad)  # type: ignore[arg-type]
