@@ -72,7 +72,7 @@ other dependency-free node depends on: the METADATA node is then the only other 
 the start, so the newer ASTRA-sim parses the rank's groups before any communication
 (docs/export.md, "The newer feeder"). Prism's reader drops it."""
 
-CHAKRA_NODE_TYPE: dict[str, int] = {
+CHAKRA_NODE_TYPE: dict[str, pb.NodeType] = {
     "host": pb.COMP_NODE,
     "kernel": pb.COMP_NODE,
     "memcpy": pb.COMP_NODE,
@@ -573,8 +573,8 @@ def _topo_order(
 
 def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Template:
     con = store.con
-    cols = ("node_id", "kind", "track_id", "name", "ts", "dur", "group_id", "seq", "peer")
-    cols += ("msg_bytes", "comm_kind")
+    cols: tuple[str, ...] = ("node_id", "kind", "track_id", "name", "ts", "dur", "group_id")
+    cols += ("seq", "peer", "msg_bytes", "comm_kind")
     nodes = [
         dict(zip(cols, row, strict=True))
         for row in con.sql(_NODE_SQL, params=[rd.run_id, graph_rank]).fetchall()
@@ -703,14 +703,14 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
             if size is None or size <= 0:
                 if kind == "collective":
                     k = plan.coll.get((gid, row["seq"])) if gid is not None else None
-                    t = k[1] if k is not None and k[1] is not None else row["dur"]
+                    took: int | None = k[1] if k is not None and k[1] is not None else row["dur"]
                 else:
                     peer = row["peer"]
                     pcls = rd.graph_rank.get(int(peer), int(peer)) if peer is not None else -1
                     key = (graph_rank, pcls) if kind == "send" else (pcls, graph_rank)
-                    t = plan.p2p.get((*key, int(row["seq"] or 0)), row["dur"])
+                    took = plan.p2p.get((*key, int(row["seq"] or 0)), row["dur"])
                 ck = row["comm_kind"] if kind == "collective" else kind
-                size = _rule_size(t, ck or "", n_members, plan.bandwidth)
+                size = _rule_size(took, ck or "", n_members, plan.bandwidth)
                 sized += 1
                 node.attr.append(_attr("comm_size_rule", bool_val=True))
             elif kind == "collective" and row["comm_kind"] in _INPUT_SIZED and n_members > 1:
