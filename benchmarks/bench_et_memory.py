@@ -88,7 +88,7 @@ def _naive_peak(ops: pl.DataFrame) -> int:
     """The earlier last-use prototype: one life per (storage_id, device), from its first output
     (or the start, if first read) to its last use, size the largest (offset + numel) * elem_bytes;
     residents left out (CPU convention). No recycled-id split, no nested-op care."""
-    from prism_trace.replay.kernels import _is_ref
+    from prism_trace.replay.kernels_schema import _is_ref
 
     first: dict[tuple[int, str], int] = {}
     last: dict[tuple[int, str], int] = {}

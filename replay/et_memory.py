@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 import polars as pl
-from prism_trace.replay.kernels import TensorMeta, _contiguous, _is_ref
+from prism_trace.replay.kernels_schema import TensorMeta, _contiguous, _is_ref
 from prism_trace.replay.memory import MEMORY_COLUMNS, MEMORY_SCHEMA
 
 if TYPE_CHECKING:
