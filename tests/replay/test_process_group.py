@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+import prism_trace.replay.pg_timeline as ppg_timeline  # noqa: E402
 import prism_trace.replay.process_group as ppg  # noqa: E402
 from prism_trace.replay.peers import PeerCall, PeerSchedule  # noqa: E402
 
@@ -234,11 +235,11 @@ def test_virtual_peers_that_waited_for_a_late_rank_arrive_later() -> None:
         _call(1, 1, own=20 * MS, peers=40 * MS, transfer=0),
         _call(2, 2, own=50 * MS, peers=70 * MS, transfer=0),
     ]
-    tl = ppg._Timeline(_schedule(calls), frozenset({0}))
+    tl = ppg_timeline._Timeline(_schedule(calls), frozenset({0}))
     clock = iter([1_000 * MS, 1_050 * MS, 1_065 * MS])
-    real_now = ppg._now
+    real_now = ppg_timeline._now
     try:
-        ppg._now = lambda: next(clock)  # type: ignore[assignment]
+        ppg_timeline._now = lambda: next(clock)  # type: ignore[assignment]
         t0 = tl.collective((0, 1), "", 0, "all_reduce", 0)
         assert t0 == 1_000 * MS  # anchored: no wait
         # In emulation the peer arrives at call 1 20 ms after call 0 ended (at 10); here call 0
@@ -250,7 +251,7 @@ def test_virtual_peers_that_waited_for_a_late_rank_arrive_later() -> None:
         t2 = tl.collective((0, 1), "", 2, "all_reduce", 0)
         assert t2 == 1_080 * MS
     finally:
-        ppg._now = real_now  # type: ignore[assignment]
+        ppg_timeline._now = real_now  # type: ignore[assignment]
 
 
 def test_mismatch_is_one_clear_error_and_never_a_wait() -> None:
