@@ -38,6 +38,7 @@ from tqdm import tqdm
 from prism_trace.errors import PrismError
 from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.chakra import PRISM_MSG_ATTR, PRISM_START_NAME
+from prism_trace.graph_chakra import PRISM_EDGE_CODES
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -93,9 +94,6 @@ prism's reader restores every edge exactly; ``code = 2 * PRISM_EDGE_CODES.index(
 PRISM_DEP_KINDS_ATTR = "prism_dep_kinds"
 """Node attribute (string list), only where a kind has no code: ``kind@anchor`` of each
 incoming edge, in the order of ``prism_deps``."""
-
-PRISM_EDGE_CODES = ("program", "launch", "stream", "wait", "sync", "comm", "data", "ctrl")
-"""Edge kinds with a code in ``prism_deps`` (fixed: files written today must read back later)."""
 
 PRISM_KIND_ATTR = "prism_kind"
 """Node attribute (string) naming the ``graph_node.kind`` where the Chakra type loses it."""
