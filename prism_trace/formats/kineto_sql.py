@@ -1,0 +1,170 @@
+"""The SQL of the Kineto reader: loading the trace-event records, their categories, op kinds and
+dtypes, and the bounds of their times."""
+
+from __future__ import annotations
+
+_LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+"""Host categories of the runtime calls that launch device work."""
+
+_TWO_POW_43 = 8796093022208  # µs; beyond it a DOUBLE holds less than 1 ns of fraction
+# Bounds of a record's times, in µs: ``ts`` up to year ~2096 as epoch µs, so that the base time
+# plus ``ts`` in ns still fits a BIGINT; a ``dur`` up to ~11 days.
+_MAX_TS_US = 4e15
+_MAX_DUR_US = 1e12
+_MAX_BASE_NS = 4 * 10**18
+
+
+# The three ids become typed columns and leave ``args`` as the file's rows are stored, so the
+# (large) args text exists once, in ``raw``; ``ev`` joins it back by ``ord`` where needed. A
+# record's ``ord`` is its position in the array: ``raw``'s rowid, since a CREATE TABLE AS keeps
+# the order of its source (``preserve_insertion_order``, on by default) and several files are
+# read in the order listed. Numbering rows in the query instead (``row_number() OVER ()``) would
+# make DuckDB parse the files on one thread.
+_LOAD = """
+CREATE OR REPLACE TABLE raw AS
+SELECT * EXCLUDE (ids, args),
+       TRY_CAST(ids[1] AS BIGINT) AS correlation, TRY_CAST(ids[2] AS BIGINT) AS external_id,
+       TRY_CAST(ids[3] AS BIGINT) AS rf_id,
+       CASE WHEN ids[1] IS NULL AND ids[2] IS NULL AND ids[3] IS NULL THEN args::VARCHAR
+            ELSE nullif(json_merge_patch(args, '{{"correlation": null, "External id": null,
+                                                 "Record function id": null}}')::VARCHAR, '{{}}')
+       END AS args
+FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
+                                           '$."Record function id"']) AS ids
+      FROM ({select}))
+"""
+
+# The fields every timed record must have, read as JSON so that their types are checked, not
+# cast: a ``ts`` of ``"123"``, a ``dur`` of ``true`` or a ``name`` of ``{}`` would otherwise be
+# taken. ``bad`` names the first field of a record that is missing, mistyped or out of range,
+# ``bad_value`` shows it; ``load`` refuses the file on the first such record.
+_NUMBER = "('DOUBLE', 'BIGINT', 'UBIGINT')"
+_ID = "('VARCHAR', 'BIGINT', 'UBIGINT')"
+_SELECT_FAST = f"""
+SELECT ph_t AS ph, cat->>'$' AS cat, name_t AS name, pid_t AS pid, tid_t AS tid,
+       CAST(floor(ts_d) AS BIGINT) * 1000
+           + CAST(round((ts_d - floor(ts_d)) * 1000) AS BIGINT) AS ts_us_ns,
+       CAST(round(dur_d * 1000) AS BIGINT) AS dur_ns, id, args, ts_d AS ts_raw, bad,
+       CASE bad WHEN 'ph' THEN ph WHEN 'ts' THEN ts WHEN 'dur' THEN dur WHEN 'name' THEN name
+                WHEN 'pid' THEN pid WHEN 'tid' THEN tid WHEN 'cat' THEN cat
+                WHEN 'args' THEN left(args::VARCHAR, 80) END::VARCHAR AS bad_value
+FROM (
+    SELECT *,
+           CASE WHEN ts_ok THEN ts::DOUBLE END AS ts_d,
+           CASE WHEN dur_ok THEN dur::DOUBLE END AS dur_d,
+           CASE WHEN json_type(ph) IS DISTINCT FROM 'VARCHAR' THEN 'ph'
+                WHEN ph_t NOT IN ('X', 'i', 'I') THEN NULL
+                WHEN NOT ts_ok THEN 'ts'
+                WHEN ph_t = 'X' AND NOT dur_ok THEN 'dur'
+                WHEN json_type(name) IS DISTINCT FROM 'VARCHAR' THEN 'name'
+                WHEN coalesce(json_type(pid) NOT IN {_ID}, true) THEN 'pid'
+                WHEN coalesce(json_type(tid) NOT IN {_ID}, true) THEN 'tid'
+                WHEN coalesce(json_type(cat) NOT IN ('VARCHAR', 'NULL'), false) THEN 'cat'
+                WHEN coalesce(json_type(args) NOT IN ('OBJECT', 'NULL'), false) THEN 'args'
+           END AS bad
+    FROM (
+        SELECT *, ph->>'$' AS ph_t, name->>'$' AS name_t, pid->>'$' AS pid_t,
+               tid->>'$' AS tid_t,
+               coalesce(json_type(ts) IN {_NUMBER}
+                        AND abs(ts::DOUBLE) < {_MAX_TS_US}, false) AS ts_ok,
+               coalesce(json_type(dur) IN {_NUMBER}
+                        AND dur::DOUBLE BETWEEN 0 AND {_MAX_DUR_US}, false) AS dur_ok
+        FROM read_json(?, format = 'array', maximum_object_size = {{object_bytes}},
+                       columns = {{{{ph: 'JSON', cat: 'JSON', name: 'JSON', pid: 'JSON',
+                                    tid: 'JSON', ts: 'JSON', dur: 'JSON', id: 'VARCHAR',
+                                    args: 'JSON'}}}})))
+"""
+
+# Exact path, for traces whose ts are epoch µs with decimals (DOUBLE would lose the ns).
+_SELECT_EXACT = r"""
+SELECT j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
+       j->>'pid' AS pid, j->>'tid' AS tid,
+       CAST(TRY_CAST(regexp_extract(j, '"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
+            * 1000 AS BIGINT) AS ts_us_ns,
+       CAST(TRY_CAST(regexp_extract(j, '"dur"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
+            * 1000 AS BIGINT) AS dur_ns,
+       j->>'id' AS id, j->'args' AS args, NULL::DOUBLE AS ts_raw, NULL::VARCHAR AS bad,
+       NULL::VARCHAR AS bad_value
+FROM read_json_objects(?, format = 'array', maximum_object_size = {object_bytes}) AS t(j)
+"""
+
+_CATEGORY_SQL = """
+CASE
+    WHEN ph IN ('i', 'I') THEN 'instant'
+    WHEN lower(cat) IN ('cpu_op', 'user_annotation', 'python_function', 'cuda_runtime',
+                        'cuda_driver', 'kernel', 'gpu_user_annotation', 'cuda_sync')
+        THEN lower(cat)
+    WHEN lower(cat) IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
+    WHEN lower(cat) IN ('gpu_memset', 'memset') THEN 'memset'
+    WHEN lower(cat) = 'operator' THEN 'cpu_op'
+    WHEN lower(cat) = 'runtime' THEN 'cuda_runtime'
+    WHEN lower(cat) = 'driver' THEN 'cuda_driver'
+    ELSE 'other'
+END
+"""
+
+# ``coalesced`` (the record closing a ``_coalescing_manager`` block), ``_coalescing_manager`` and
+# ``batch_isend_irecv`` are no entries on purpose: they wrap calls that are recorded one by one.
+# Lookups by MAP, not ``CASE x WHEN ...``: DuckDB expands a simple CASE into one comparison per
+# branch, each with its own copy of ``x``, and the nested ones (the size of a normalised dtype)
+# multiplied the copies; planning them took longer than running the query.
+_OP_KIND_MAP = """
+MAP {'allreduce': 'all_reduce', 'all_reduce': 'all_reduce',
+     'allreduce_coalesced': 'all_reduce', 'all_reduce_coalesced': 'all_reduce',
+     'allreduce_sparse': 'all_reduce', 'allgather': 'all_gather',
+     'all_gather': 'all_gather', 'allgather_base': 'all_gather',
+     'all_gather_base': 'all_gather', 'allgather_coalesced': 'all_gather',
+     'all_gather_into_tensor': 'all_gather',
+     'allgather_into_tensor_coalesced': 'all_gather',
+     'all_gather_into_tensor_coalesced': 'all_gather', 'reduce_scatter': 'reduce_scatter',
+     'reducescatter': 'reduce_scatter', 'reduce_scatter_base': 'reduce_scatter',
+     'reduce_scatter_tensor': 'reduce_scatter',
+     'reduce_scatter_tensor_coalesced': 'reduce_scatter', 'alltoall': 'all_to_all',
+     'all_to_all': 'all_to_all', 'alltoall_base': 'all_to_all',
+     'all_to_all_single': 'all_to_all', 'alltoallv': 'all_to_all',
+     'all_to_allv': 'all_to_all', 'broadcast': 'broadcast', 'broadcast_oop': 'broadcast',
+     'reduce': 'reduce', 'reduce_oop': 'reduce', 'gather': 'gather', 'scatter': 'scatter',
+     'barrier': 'barrier', 'monitored_barrier': 'barrier', 'send': 'send', 'isend': 'send',
+     'recv': 'recv', 'irecv': 'recv', 'recvanysource': 'recv', 'recv_any_source': 'recv',
+     'reduce_scatter_base_coalesced': 'reduce_scatter',
+     'reduce_scatter_coalesced': 'reduce_scatter', 'allgather_base_coalesced': 'all_gather',
+     'all_gather_coalesced': 'all_gather', 'all_gather_base_coalesced': 'all_gather',
+     'alltoall_base_coalesced': 'all_to_all', 'broadcast_coalesced': 'broadcast'}
+"""
+
+# Lower-case element type names as torch prints them, and their sizes in bytes.
+_DTYPE_MAP = """
+MAP {'long int': 'long', 'int64': 'long', 'int64_t': 'long', 'int32': 'int', 'int': 'int',
+     'short int': 'short', 'int16': 'short', 'unsigned char': 'byte', 'uint8': 'byte',
+     'signed char': 'char', 'int8': 'char', 'float32': 'float', 'float64': 'double',
+     'float16': 'half'}
+"""
+_DTYPE_SIZE_MAP = """
+MAP {'float': 4, 'double': 8, 'half': 2, 'bfloat16': 2, 'int': 4, 'long': 8, 'short': 2,
+     'byte': 1, 'char': 1, 'bool': 1, 'complexfloat': 8, 'complexdouble': 16,
+     'complexhalf': 4, 'uint16': 2, 'uint32': 4, 'uint64': 8}
+"""
+
+
+def _op_kind_sql(x: str) -> str:
+    """SQL for the collective kind (``all_reduce``, ``send``...) of op name ``x``; NULL if none.
+
+    The name is normalised first: lower case, a ``c10d::``-style namespace and leading or
+    trailing underscores dropped, so the c10d op (``c10d::_allgather_base_``), the backend's
+    annotation (``nccl:_all_gather_base``) and ``Collective name`` (``_allgather_base``) of one
+    call all give ``all_gather``.
+    """
+    bare = f"regexp_replace(lower(trim({x})), '^[a-z0-9]+::?', '')"
+    norm = f"regexp_replace({bare}, '^_+|_+$', '', 'g')"
+    return f"({_OP_KIND_MAP.strip()}[{norm}])"
+
+
+def _dtype_sql(x: str) -> str:
+    """SQL for the normalised element type name of ``x`` (``c10::Half`` -> ``half``)."""
+    d = f"regexp_replace(lower(trim({x})), '^(c10::|torch\\.)', '')"
+    return f"coalesce({_DTYPE_MAP.strip()}[{d}], {d})"
+
+
+def _dtype_size_sql(x: str) -> str:
+    """SQL for the size in bytes of the normalised element type ``x``; NULL if unknown."""
+    return f"coalesce({_DTYPE_SIZE_MAP.strip()}[{x}], CASE WHEN {x} LIKE 'float8%' THEN 1 END)"
