@@ -312,12 +312,25 @@ def replica_durations(
 ) -> np.ndarray:
     """``(nodes, replicas)`` durations: ``base`` everywhere, drawn per replica with variance.
 
-    The draws are those of ``replay.whatif.resample_durations``, one column per replica: per
-    (class, recorded iteration, replica) one recorded iteration (``iteration`` mode) or per
-    (node, replica) one (``op`` mode), from the same op's recorded durations. Replica 0 (the
-    exemplars, the recording itself) keeps ``base``; communication nodes keep theirs (their
-    time is waiting, recomputed by the emulator). Columns are filled in blocks, so the
-    transient memory stays a few times ``nodes x block`` whatever the replica count.
+    Replica 0 (the exemplars, the recording itself) keeps ``base``; communication nodes keep
+    theirs (their time is waiting, recomputed by the emulator). Every other replica's
+    computation node of recorded step ``t`` takes the same op's duration in a drawn recorded
+    step ``X``, times ``C[class, t] / C[class, X]``, where ``C`` is the class's total
+    computation in a step:
+
+    - ``iteration`` mode draws one ``X`` per (replica, step), the same for every class of the
+      replica (one uniform, mapped into each class's pool of recorded steps); ``op`` mode
+      draws one per (node, replica).
+    - The factor keeps step ``t``'s *common mode*: what slowed or sped up the whole job in that
+      step (on ST the per-step computation of any two ranks, of one replica or of two,
+      correlates at 0.90-0.99), and draws only an op's own deviation. Drawing whole steps
+      independently per class and replica (the earlier rule) mixed stages of different steps
+      and moved the common mode between replicas: emulated steps slower and faster than any
+      recorded one (ST: 2495 ms vs 2382 ms at most, std 63 vs 51 ms); see
+      benchmarks/bench_draws.py.
+
+    Columns are filled in blocks, so the transient memory stays a few times ``nodes x block``
+    whatever the replica count.
     """
     n = nodes.height
     out = np.empty((n, replicas), dtype=np.int64)
@@ -330,43 +343,46 @@ def replica_durations(
     rows = np.flatnonzero(ok)
     if rows.size == 0:
         return out
-    unit = nodes["unit"].to_numpy().astype(np.int64)
+    unit = nodes["unit"].to_numpy().astype(np.int64)[rows]
     size = t.r_len[rec][rows]
     off = t.r_off[rec][rows]
+    own = t.r_code[rec][rows] - 1  # the node's recorded step, as a column of `table`
     # Per drawing node, its duration in every recorded iteration (its own where the op is
     # missing from one): a draw is then one lookup in this table.
     n_its = int(t.pool.max()) + 1
     cells = t.r_cell[rec][rows, None] + np.arange(n_its, dtype=np.int64)
-    table = np.where(t.present[cells], t.recorded[cells], base[rows, None]).ravel()
+    table = np.where(t.present[cells], t.recorded[cells], base[rows, None])
     del cells
+    # The common mode: each class's total computation per recorded step, and per node the
+    # ratio of its own step's total to every step's (1 where a total is 0).
+    total = np.zeros((int(unit.max()) + 1, n_its), dtype=np.float64)
+    np.add.at(total, unit, table)
+    mine = total[unit, own]
+    ratio = np.divide(
+        mine[:, None], total[unit], out=np.ones((rows.size, n_its)), where=total[unit] > 0
+    ).ravel()
+    table = table.ravel()
     if mode == "iteration":
-        # One draw per (class, recorded iteration): the nodes of a pair share their pool.
-        _, first, pair = np.unique(
-            np.stack([unit[rows], t.r_code[rec][rows]], axis=1),
-            axis=0,
-            return_index=True,
-            return_inverse=True,
-        )
-        pair = pair.ravel()
-        d_size, d_off = size[first], off[first]
-    else:
-        pair = np.arange(rows.size, dtype=np.int64)
-        d_size, d_off = size, off
+        # One uniform per (recorded step, replica), shared by the classes of the replica.
+        codes, step = np.unique(own, return_inverse=True)
+        step = step.ravel()
     base_idx = (np.arange(rows.size, dtype=np.int64) * n_its)[:, None]
     rng = np.random.default_rng(seed)
     block = max(1, (1 << 22) // max(rows.size, 1))
     for c0 in range(1, replicas, block):
         c1 = min(replicas, c0 + block)
-        u = rng.random((d_size.size, c1 - c0))
-        u *= d_size[:, None]
+        if mode == "iteration":
+            u = rng.random((codes.size, c1 - c0))[step]
+        else:
+            u = rng.random((rows.size, c1 - c0))
+        u *= size[:, None]
         pick = u.astype(np.int64)
         del u
-        np.minimum(pick, (d_size - 1)[:, None], out=pick)
-        pick += d_off[:, None]
-        it = t.pool[pick]  # the drawn recorded iteration, per draw
-        idx = it[pair]
+        np.minimum(pick, (size - 1)[:, None], out=pick)
+        pick += off[:, None]
+        idx = t.pool[pick]  # the drawn recorded step, per draw
         idx += base_idx
-        out[rows, c0:c1] = table[idx]
+        out[rows, c0:c1] = np.rint(table[idx] * ratio[idx]).astype(np.int64)
     return out
 
 

@@ -43,3 +43,15 @@ def test_st_draws_reproduce_the_recorded_mean_and_p90(store: Store) -> None:
     assert abs(d.mean_error_pct) <= 2
     assert abs(d.p90_error_pct) <= 2
     assert store.run_id("_draws_st_slice") is None  # the slice is cleaned up
+
+
+def test_st_draws_keep_the_spread_of_the_recorded_steps(store: Store) -> None:
+    # The step's common mode is kept and only an op's own deviation is drawn: independent whole
+    # steps per class and replica made the spread 1.25x the recorded one (std 63 vs 51 ms).
+    d = check_draws(store, run="st", seeds=2, mode="op")
+    assert 0.9 <= d.std_ratio <= 1.15
+    assert d.emulated.max() <= 1.02 * d.recorded.max()
+    # The slice without variance is the baseline: biased low, and further from the recording.
+    assert d.baseline.size == d.recorded.size
+    assert d.baseline_mean_error_pct < 0
+    assert d.ks[0] < d.baseline_ks

@@ -153,11 +153,14 @@ def test_every_replica_distinct_and_the_slowest_of_n_grows(store: Store) -> None
     assert a.equals(b)
     res, big = emulate(store, "s2048", "variance", seed=3)
     assert np.mean(step_times(big)) > np.mean(step_times(a))
-    # distinct replicas: each draws one of the 2 recorded steps per class and step (2**8
-    # combinations), so their op timelines between data-parallel collectives differ
+    # iteration mode: a replica draws one of the 2 recorded steps per step, the same for all
+    # its classes (2**2 combinations: 4 distinct timelines, every one of them present)
     vt = res.replicas  # type: ignore[attr-defined]
     assert vt.end.shape[1] == 2048
-    assert np.unique(vt.start.T, axis=0).shape[0] > 100
+    assert np.unique(vt.start.T, axis=0).shape[0] == 4
+    # op mode: every op draws, so the replicas' timelines between collectives differ
+    res, _ = emulate(store, "s2048", "variance=op", seed=3)
+    assert np.unique(res.replicas.start.T, axis=0).shape[0] > 100  # type: ignore[attr-defined]
 
 
 def test_replica_grid_and_columns() -> None:
