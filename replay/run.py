@@ -37,6 +37,7 @@ from prism_trace.replay.memory import (
     optimizer_shard_delta,
     retime_memory,
 )
+from prism_trace.replay.rank_step import rank_step_rows, rank_steps
 from prism_trace.replay.timing import (
     TimingConfig,
     TransferQuery,
@@ -545,6 +546,7 @@ class _Result:
     seconds: float
     memory: pl.DataFrame | None = None  # unit + replay.memory.MEMORY_COLUMNS less rank
     replicas: ReplicaTimeline | None = None  # every replica's times (inputs.grid set)
+    shared: np.ndarray | None = None  # per instance: spans the replicas (inputs.grid set)
 
 
 def _groups(store: Store, run_id: int, group_ids: list[int]) -> pl.DataFrame:
@@ -794,10 +796,10 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
 
     t = time.perf_counter()
     if inputs.grid is not None:
-        vt = _emulate_replicas(inputs, graph, comm, sync, g_axis, config, label)
+        vt, shared = _emulate_replicas(inputs, graph, comm, sync, g_axis, config, label)
         seconds = time.perf_counter() - t
         timeline = Timeline(vt.start[:, 0], vt.end[:, 0], vt.arrival[:, 0], vt.rounds)
-        return _Result(inputs, timeline, sync, nc, npp, seconds, replicas=vt)
+        return _Result(inputs, timeline, sync, nc, npp, seconds, replicas=vt, shared=shared)
     timeline = emulate(graph, comm, label=label)
     seconds = time.perf_counter() - t
     return _Result(inputs, timeline, sync, nc, npp, seconds)
@@ -811,8 +813,9 @@ def _emulate_replicas(
     g_axis: dict[int, Any],
     config: EmulationConfig,
     label: Any,
-) -> ReplicaTimeline:
-    """The class graph once, a column per data-parallel replica (``replay.vector``)."""
+) -> tuple[ReplicaTimeline, np.ndarray]:
+    """The class graph once, a column per data-parallel replica (``replay.vector``); also
+    which instances span the replicas."""
     assert inputs.grid is not None
     w = config.what_if
     draw = w.variance and not w.no_stragglers  # no-stragglers replaces every op's time anyway
@@ -833,7 +836,7 @@ def _emulate_replicas(
         g_axis,
         comm.n_instances,
     )
-    return emulate_replicas(graph, comm, dur=dur, shared=shared, label=label)
+    return emulate_replicas(graph, comm, dur=dur, shared=shared, label=label), shared
 
 
 # -- results as frames ---------------------------------------------------------------------------
@@ -1060,6 +1063,49 @@ def rank_peaks(res: _Result) -> pl.DataFrame:
         .select("rank", "peak")
         .sort("rank")
     )
+
+
+def _rank_step_rows(res: _Result, run_id: int) -> pl.DataFrame:
+    """``rank_step`` rows of every rank of the world (``replay.rank_step``): from the replica
+    vector's columns, or from the units (class members share their unit's)."""
+    inputs, s = res.inputs, res.sync
+    if s.is_empty() and (res.memory is None or res.memory.is_empty()):
+        return pl.DataFrame()
+    if res.replicas is not None:
+        start, arrival = res.replicas.start, res.replicas.arrival
+    else:
+        start, arrival = res.timeline.start, res.timeline.arrival
+    steps = rank_steps(
+        start,
+        arrival,
+        sync_node=s["sync_idx"].to_numpy(),
+        instance=s["instance"].to_numpy(),
+        unit=s["unit"].to_numpy(),
+        iteration=s["iteration"].fill_null(-1).to_numpy(),
+        shared=res.shared,
+    )
+    if inputs.grid is not None:
+        rank_of, column_of = inputs.grid.grid, inputs.grid.column
+    else:  # a unit's class members, -1 padded
+        ru = inputs.rank_unit.filter(
+            (pl.col("unit") >= 0) & ~pl.col("rank").is_in(list(inputs.left_out))
+        ).sort("unit", "rank")
+        unit = ru["unit"].to_numpy().astype(np.int64)
+        pos = np.arange(unit.size) - np.searchsorted(unit, unit)
+        rank_of = np.full((inputs.unit_rank.size, int(pos.max(initial=0)) + 1), -1, np.int64)
+        rank_of[unit, pos] = ru["rank"].to_numpy()
+        column_of = np.zeros(rank_of.shape[1], dtype=np.int64)
+    peaks = None
+    if res.memory is not None and not res.memory.is_empty():
+        peaks = (
+            res.memory.filter(pl.col("iteration").is_not_null())
+            .group_by("unit", "iteration")
+            .agg(pl.col("total_allocated").max().alias("peak"))
+        )
+    rows = rank_step_rows(steps, rank_of=rank_of, column_of=column_of, peaks=peaks)
+    if inputs.left_out:
+        rows = rows.filter(~pl.col("rank").is_in(list(inputs.left_out)))
+    return rows.with_columns(run_id=pl.lit(run_id, pl.Int32))
 
 
 def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
@@ -1332,6 +1378,7 @@ class _Writing:
         coll, p2p = _comm_frames(self.res, self.run_id, self.g_size)
         _insert(self.con, "collective", coll)
         _insert(self.con, "p2p", p2p)
+        _insert(self.con, "rank_step", _rank_step_rows(self.res, self.run_id))
         return n_iter
 
 
