@@ -49,6 +49,7 @@ from prism_trace.replay.typical import typical_durations, typical_transfers
 from prism_trace.replay.vector import (
     Replicas,
     ReplicaTimeline,
+    class_groups,
     emulate_replicas,
     kineto_iterations,
     replica_durations,
@@ -58,6 +59,7 @@ from prism_trace.replay.vector import (
     vector_eligible,
 )
 from prism_trace.replay.whatif import (
+    SlowDown,
     WhatIfConfig,
     WhatIfError,
     expand_replicas,
@@ -276,6 +278,9 @@ class _Inputs:
     # replicas distinct on the class graph (replay.vector): the data-parallel replicas as
     # columns; None: one unit per class, or expanded units
     grid: Replicas | None = None
+    # remove-gpu on the replica vector: the failed replica's column, its tp groups' sizes (class
+    # graph group ids) and the factor on its compute and transfers (replay.vector.class_groups)
+    failed_column: tuple[int, dict[int, int], float] | None = None
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
@@ -715,7 +720,6 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         topology = cal.topology
         inputs.notes.extend(cal.notes)
     model = transfer_model(config.timing, topology)
-    n_nodes, _ = topology.group_nodes(lo, hi, gsize)
     rec_size = per["rec_size"].fill_null(pl.Series(gsize)).to_numpy().astype(np.int64)
     rec_nodes, _ = topology.group_nodes(
         per["rec_lo"].fill_null(pl.Series(lo)).to_numpy(),
@@ -723,19 +727,25 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         rec_size,
     )
     msg = per["msg_bytes"].fill_null(-1).to_numpy()
-    transfer = model.transfer(
-        TransferQuery(
-            kind=kinds,
-            msg_bytes=msg,
-            group_size=gsize,
-            spans_nodes=n_nodes > 1,
-            recorded_ns=per["transfer"].to_numpy().astype(np.int64),
-            n_nodes=n_nodes,
-            recorded_group_size=rec_size,
-            recorded_msg_bytes=per["rec_bytes"].fill_null(pl.Series(msg)).to_numpy(),
-            recorded_n_nodes=rec_nodes,
+
+    def transfer_at(sizes: np.ndarray) -> np.ndarray:
+        """Each instance's transfer with these group sizes."""
+        n_nodes, _ = topology.group_nodes(lo, hi, sizes)
+        return model.transfer(
+            TransferQuery(
+                kind=kinds,
+                msg_bytes=msg,
+                group_size=sizes,
+                spans_nodes=n_nodes > 1,
+                recorded_ns=per["transfer"].to_numpy().astype(np.int64),
+                n_nodes=n_nodes,
+                recorded_group_size=rec_size,
+                recorded_msg_bytes=per["rec_bytes"].fill_null(pl.Series(msg)).to_numpy(),
+                recorded_n_nodes=rec_nodes,
+            )
         )
-    )
+
+    transfer = transfer_at(gsize)
 
     release = nodes["ts"].fill_null(inputs.origin).to_numpy().astype(np.int64) - inputs.origin
     dur = np.maximum(
@@ -750,6 +760,15 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     if config.replay.completion == "common":
         skew = np.zeros_like(skew)
     per_part = transfer[inst]
+    failed = None
+    if inputs.failed_column is not None:  # the failed replica's column: its own transfers
+        col, sizes, f = inputs.failed_column
+        g_of = per["group_id"].fill_null(-1).to_numpy()
+        gs = np.where(
+            np.isin(g_of, list(sizes)), [sizes.get(int(g), 0) for g in g_of], gsize
+        ).astype(np.int64)
+        fac = sync["factor"].fill_null(1.0).to_numpy() if "factor" in sync.columns else 1.0
+        failed = col, np.rint(transfer_at(gs)[inst] * (fac * f)).astype(np.int64) + skew
     if "factor" in sync.columns:  # a slow-down of communication ops scales their transfer
         per_part = np.rint(per_part * sync["factor"].fill_null(1.0).to_numpy()).astype(np.int64)
     per_part = per_part + skew
@@ -796,7 +815,13 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
 
     t = time.perf_counter()
     if inputs.grid is not None:
-        vt, shared = _emulate_replicas(inputs, graph, comm, sync, g_axis, config, label)
+        t_cols = None
+        if failed is not None:
+            t_cols = np.repeat(comm.transfer[:, None], inputs.grid.n_columns, axis=1)
+            t_cols[:, failed[0]] = failed[1]
+        vt, shared = _emulate_replicas(
+            inputs, graph, comm, sync, g_axis, config, label, transfer=t_cols
+        )
         seconds = time.perf_counter() - t
         timeline = Timeline(vt.start[:, 0], vt.end[:, 0], vt.arrival[:, 0], vt.rounds)
         return _Result(inputs, timeline, sync, nc, npp, seconds, replicas=vt, shared=shared)
@@ -813,6 +838,8 @@ def _emulate_replicas(
     g_axis: dict[int, Any],
     config: EmulationConfig,
     label: Any,
+    *,
+    transfer: np.ndarray | None = None,
 ) -> tuple[ReplicaTimeline, np.ndarray]:
     """The class graph once, a column per data-parallel replica (``replay.vector``); also
     which instances span the replicas."""
@@ -828,7 +855,12 @@ def _emulate_replicas(
         mode=w.variance_mode,
     )
     scale = inputs.nodes["scale"].to_numpy() if "scale" in inputs.nodes.columns else np.ones(1)
-    scale_replicas(dur, inputs.nodes, np.broadcast_to(scale, dur.shape[:1]), w.slow, inputs.grid)
+    slow = w.slow
+    if inputs.failed_column is not None:  # the failed replica computes f times longer
+        col, _, f = inputs.failed_column
+        ranks = tuple(int(r) for r in inputs.grid.column_grid()[:, col])
+        slow = (*slow, SlowDown(factor=f, ranks=ranks))
+    scale_replicas(dur, inputs.nodes, np.broadcast_to(scale, dur.shape[:1]), slow, inputs.grid)
     shared = shared_instances(
         comm.instance,
         sync["kind"],
@@ -836,7 +868,8 @@ def _emulate_replicas(
         g_axis,
         comm.n_instances,
     )
-    return emulate_replicas(graph, comm, dur=dur, shared=shared, label=label), shared
+    vt = emulate_replicas(graph, comm, dur=dur, shared=shared, label=label, transfer=transfer)
+    return vt, shared
 
 
 # -- results as frames ---------------------------------------------------------------------------
@@ -1169,21 +1202,20 @@ def _replica_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
         frame = groups.select("iteration", "name")[np.repeat(np.arange(groups.height), reps)]
         rank = grid[rows].ravel()
         ts, dur = ts_m[:, column].ravel(), dur_m[:, column].ravel()
-    return (
-        frame.with_columns(
-            pl.Series("rank", rank.astype(np.int32)),
-            pl.Series("ts", ts.astype(np.int64)),
-            pl.Series("dur", dur.astype(np.int64)),
-        )
-        .select(
-            "rank",
-            pl.col("iteration").cast(pl.Int32),
-            "ts",
-            "dur",
-            pl.col("name").cast(pl.Utf8),
-        )
-        .sort("rank", "iteration")
+    out = frame.with_columns(
+        pl.Series("rank", rank.astype(np.int32)),
+        pl.Series("ts", ts.astype(np.int64)),
+        pl.Series("dur", dur.astype(np.int64)),
     )
+    if inputs.left_out:  # a failed GPU's tp slot (remove-gpu) leaves the results
+        out = out.filter(~pl.col("rank").is_in(list(inputs.left_out)))
+    return out.select(
+        "rank",
+        pl.col("iteration").cast(pl.Int32),
+        "ts",
+        "dur",
+        pl.col("name").cast(pl.Utf8),
+    ).sort("rank", "iteration")
 
 
 def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
@@ -1664,6 +1696,10 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     extra = np.ones(nodes.height)
     if w.remove_gpu is not None:
         extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
+        if inputs.grid is not None:  # the failed replica is a column: replay.vector
+            n_tp = int(coords["tp"].max()) + 1
+            f = n_tp / (n_tp - 1)
+            extra = _failed_column(store, inputs, int(dp_of[w.remove_gpu]), f, extra)
     dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
     if w.variance and inputs.grid is not None:
         inputs.notes.append(
@@ -1696,6 +1732,22 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     inputs.nodes = nodes.with_columns(
         pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
     )
+
+
+def _failed_column(
+    store: Store, inputs: _Inputs, replica: int, f: float, extra: np.ndarray
+) -> np.ndarray:
+    """remove-gpu on the replica vector: the failed replica's column gets the compute and
+    transfer factor and its smaller tp groups (``inputs.failed_column``), instead of the per-node
+    factor and the group sizes ``_remove_gpu`` set for every column; returns factors of 1."""
+    assert inputs.grid is not None
+    groups = _fetch(
+        store.con, "SELECT group_id, ranks FROM comm_group WHERE run_id = $1", [inputs.run_id]
+    )
+    sizes = class_groups(inputs.grid, replica, groups, inputs.size_override)
+    inputs.size_override = {}
+    inputs.failed_column = (int(inputs.grid.column[replica]), sizes, f)
+    return np.ones_like(extra)
 
 
 def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) -> np.ndarray:

@@ -8,6 +8,8 @@ show up as the late one while every other replica waits for it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -128,3 +130,22 @@ def test_every_rank_at_8192_and_the_slow_replica_is_late(store: Store) -> None:
     assert slow["late"][0] > peers["late"].max()
     assert slow["wait"][0] < peers["wait"].min()
     assert peers["wait"].n_unique() == 1  # the 2047 identical replicas share one column
+
+
+def test_skew_and_the_report_draw_on_rank_step(store: Store, tmp_path: Path) -> None:
+    from prism_trace.analysis import analyze
+    from prism_trace.analysis.report import ReportLimits, write_report
+
+    if store.run_id("slow8192") is None:
+        cfg = EmulationConfig(what_if=parse_what_if(["slow-ranks=13@1.5"]))
+        emulate_run(store, run="s2048", out_run="slow8192", config=cfg)
+    frames = analyze(store, "skew", "slow8192", ranks=[12, 13, 14, 15, 17])
+    every = frames["rank_step"]
+    assert every["rank"].to_list()[0] == 13  # the slow rank arrived latest of the selection
+    assert every.height == 5
+    assert "rank_step" not in analyze(store, "skew", "sample")  # a recorded run has none
+    out = tmp_path / "r.html"
+    rep = write_report(store, run="slow8192", out=out, limits=ReportLimits(heatmap_cells=4000))
+    text = out.read_text()
+    assert "from the rank_step table" in text
+    assert any("2000 of 8192 ranks shown" in n for n in rep.notes)
