@@ -190,6 +190,7 @@ class EmulationReport:
     events_written: int
     iteration_rows: int
     represented_events: int
+    rank_step_rows: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     iterations: list[dict[str, Any]] = field(default_factory=list)
     peak_memory: dict[int, int] = field(default_factory=dict)
@@ -218,6 +219,7 @@ class EmulationReport:
             "rounds": self.rounds,
             "events_written": self.events_written,
             "iteration_rows": self.iteration_rows,
+            "rank_step_rows": self.rank_step_rows,
             "represented_events": self.represented_events,
             "events_per_s": round(self.events_per_s, 1),
             "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
@@ -1389,6 +1391,8 @@ class _Writing:
     pending: list[Future[int]]  # inserts on the worker thread, in order (events first)
     worker: ThreadPoolExecutor
     n_events: int = 0
+    n_rank_step: int = 0
+    rank_step_s: float = 0.0  # working out and inserting the rank_step rows
 
     def memory(self) -> None:
         """Queue the memory rows (``res.memory``, once worked out) behind the events."""
@@ -1410,7 +1414,9 @@ class _Writing:
         coll, p2p = _comm_frames(self.res, self.run_id, self.g_size)
         _insert(self.con, "collective", coll)
         _insert(self.con, "p2p", p2p)
-        _insert(self.con, "rank_step", _rank_step_rows(self.res, self.run_id))
+        t = time.perf_counter()
+        self.n_rank_step = _insert(self.con, "rank_step", _rank_step_rows(self.res, self.run_id))
+        self.rank_step_s = time.perf_counter() - t
         return n_iter
 
 
@@ -1998,12 +2004,14 @@ def emulate_run(
         rounds=res.timeline.rounds,
         events_written=n_events,
         iteration_rows=n_iter,
+        rank_step_rows=w.n_rank_step,
         represented_events=represented,
         seconds={
             "load": t_load,
             "emulate": res.seconds,
             "prepare_and_emulate": t1 - t0 - t_load,
             "write": t_write,  # with the memory and iterations, worked out while events go in
+            "rank_step": w.rank_step_s,  # of which the rank_step rows
             "total": total,
         },
         iterations=_iteration_summary(iters),

@@ -411,12 +411,23 @@ def replica_durations(
     mine = total[unit, own]
     ratio = np.divide(
         mine[:, None], total[unit], out=np.ones((rows.size, n_its)), where=total[unit] > 0
-    ).ravel()
-    table = table.ravel()
+    )
+    # What a node takes when step X is drawn: its op's duration in X times the ratio.
+    table = np.rint(table * ratio).astype(np.int64).ravel()
+    del ratio
     if mode == "iteration":
-        # One uniform per (recorded step, replica), shared by the classes of the replica.
-        codes, step = np.unique(own, return_inverse=True)
+        # One uniform per (recorded step, replica), shared by the classes of the replica and
+        # mapped into each class's pool: drawn per (class, step) pair, looked up per node.
+        _, first, pair = np.unique(
+            np.stack([unit, own], axis=1), axis=0, return_index=True, return_inverse=True
+        )
+        pair = pair.ravel()
+        codes, step = np.unique(own[first], return_inverse=True)
         step = step.ravel()
+        d_size, d_off = size[first], off[first]
+    else:
+        pair = np.arange(rows.size, dtype=np.int64)
+        d_size, d_off = size, off
     base_idx = (np.arange(rows.size, dtype=np.int64) * n_its)[:, None]
     rng = np.random.default_rng(seed)
     block = max(1, (1 << 22) // max(rows.size, 1))
@@ -426,14 +437,15 @@ def replica_durations(
             u = rng.random((codes.size, c1 - c0))[step]
         else:
             u = rng.random((rows.size, c1 - c0))
-        u *= size[:, None]
+        u *= d_size[:, None]
         pick = u.astype(np.int64)
         del u
-        np.minimum(pick, (size - 1)[:, None], out=pick)
-        pick += off[:, None]
-        idx = t.pool[pick]  # the drawn recorded step, per draw
+        np.minimum(pick, (d_size - 1)[:, None], out=pick)
+        pick += d_off[:, None]
+        it = t.pool[pick]  # the drawn recorded step, per draw
+        idx = it[pair] if mode == "iteration" else it
         idx += base_idx
-        out[rows, c0:c1] = np.rint(table[idx] * ratio[idx]).astype(np.int64)
+        out[rows, c0:c1] = table[idx]
     return out
 
 
