@@ -8,17 +8,20 @@ show up as the late one while every other replica waits for it.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
+from click.testing import CliRunner
 from prism_trace.analysis.stragglers import collective_waits
 from prism_trace.replay import run as run_mod
 from prism_trace.replay.rank_step import rank_step_rows, rank_steps
 from prism_trace.replay.run import EmulationConfig, emulate_in_memory, emulate_run
 from prism_trace.replay.whatif import parse_what_if
 
+from prism_trace.cli import main
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store
@@ -149,3 +152,11 @@ def test_skew_and_the_report_draw_on_rank_step(store: Store, tmp_path: Path) -> 
     text = out.read_text()
     assert "from the rank_step table" in text
     assert any("2000 of 8192 ranks shown" in n for n in rep.notes)
+    store.con.execute("CHECKPOINT")
+    copy = tmp_path / "copy.duckdb"  # the CLI opens the file read-only: not beside this handle
+    shutil.copy(store.path, copy)
+    out = CliRunner().invoke(
+        main, ["analyze", str(copy), "skew", "--run", "slow8192", "--ranks", "13"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "rank_step: every rank of the world, from the rank_step table" in out.output
