@@ -24,6 +24,10 @@ import polars as pl
 
 __all__ = ["RankSteps", "rank_step_rows", "rank_steps"]
 
+_BLOCK = 1 << 21
+"""Elements of one gathered ``(participations, columns)`` block: 16 MB of int64, below the
+allocator's mmap threshold, so the blocks reuse heap pages instead of faulting in new ones."""
+
 
 @dataclass(frozen=True)
 class RankSteps:
@@ -74,13 +78,18 @@ def rank_steps(
     cols = start.shape[1]
     node = np.asarray(sync_node, dtype=np.int64)
     inst = np.asarray(instance, dtype=np.int64)
+    # Columns in blocks: the gathered (participations, block) matrices stay ~16 MB each.
+    blocks = range(0, cols, max(1, _BLOCK // max(node.size, 1)))
     # First arrival per instance and column: a min over its participants, gathered in instance
     # order (every participation counts, with a step or not).
     by_inst = np.argsort(inst, kind="stable")
     first = np.zeros((arrival.shape[0], cols), dtype=np.int64)
     if by_inst.size:
         seg = np.flatnonzero(np.diff(inst[by_inst], prepend=-1))
-        first[inst[by_inst][seg]] = np.minimum.reduceat(start[node[by_inst]], seg, axis=0)
+        rows, at = node[by_inst], inst[by_inst][seg]
+        for c0 in blocks:
+            c1 = min(cols, c0 + blocks.step)
+            first[at, c0:c1] = np.minimum.reduceat(start[rows, c0:c1], seg, axis=0)
     if shared is not None and shared.any():
         first[shared] = first[shared].min(axis=1, keepdims=True)
     # The participations with a step, in (unit, step) order: one gather of each matrix, the
@@ -94,18 +103,24 @@ def rank_steps(
         return RankSteps(z, z, z, np.zeros((0, cols), np.int64), np.zeros((0, cols), np.int64))
     u, it = u_all[order], it_all[order]
     seg = np.flatnonzero((np.diff(u, prepend=-1) != 0) | (np.diff(it, prepend=it[0] - 1) != 0))
-    s = start[node[order]]
-    wait = arrival[inst[order]]
-    wait -= s
-    wait_sum = np.add.reduceat(wait, seg, axis=0)
-    del wait
-    s -= first[inst[order]]
+    wait_sum = np.empty((seg.size, cols), dtype=np.int64)
+    late_sum = np.empty((seg.size, cols), dtype=np.int64)
+    rows, inst_o = node[order], inst[order]
+    for c0 in blocks:
+        c1 = min(cols, c0 + blocks.step)
+        s = start[rows, c0:c1]
+        wait = arrival[inst_o, c0:c1]
+        wait -= s
+        wait_sum[:, c0:c1] = np.add.reduceat(wait, seg, axis=0)
+        del wait
+        s -= first[inst_o, c0:c1]
+        late_sum[:, c0:c1] = np.add.reduceat(s, seg, axis=0)
     return RankSteps(
         unit=u[seg],
         iteration=it[seg],
         calls=np.diff(np.append(seg, u.size)),
         wait=wait_sum,
-        late=np.add.reduceat(s, seg, axis=0),
+        late=late_sum,
     )
 
 

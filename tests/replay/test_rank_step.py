@@ -16,6 +16,7 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from prism_trace.analysis.stragglers import collective_waits
+from prism_trace.replay import rank_step
 from prism_trace.replay import run as run_mod
 from prism_trace.replay.rank_step import rank_step_rows, rank_steps
 from prism_trace.replay.run import EmulationConfig, emulate_in_memory, emulate_run
@@ -40,7 +41,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
     return s
 
 
-def test_sums_per_unit_step_and_column() -> None:
+def test_sums_per_unit_step_and_column(monkeypatch: pytest.MonkeyPatch) -> None:
     # Two units, two columns; instance 0 is shared by the columns, instance 1 is not.
     start = np.array([[10, 30], [20, 20], [5, 7], [9, 3]])
     arrival = np.array([[30, 30], [9, 7]])
@@ -58,6 +59,18 @@ def test_sums_per_unit_step_and_column() -> None:
     # unit 0: instance 0 waits 30-10 / 30-30, late 10-10 / 30-10; instance 1: 9-5 / 7-7, 0 / 4
     assert s.wait.tolist() == [[24, 0], [10, 10]]
     assert s.late.tolist() == [[0, 24], [10, 10]]
+    monkeypatch.setattr(rank_step, "_BLOCK", 1)  # a block per column: the same sums
+    again = rank_steps(
+        start,
+        arrival,
+        sync_node=np.array([0, 1, 2, 3]),
+        instance=np.array([0, 0, 1, 1]),
+        unit=np.array([0, 1, 0, 1]),
+        iteration=np.array([1, 1, 1, -1]),
+        shared=np.array([True, False]),
+    )
+    assert np.array_equal(again.wait, s.wait)
+    assert np.array_equal(again.late, s.late)
     rows = rank_step_rows(s, rank_of=np.array([[0, 2], [1, 3]]), column_of=np.array([0, 1]))
     rows = rows.sort("rank")
     assert rows["rank"].to_list() == [0, 1, 2, 3]
