@@ -55,3 +55,20 @@ def test_st_draws_keep_the_spread_of_the_recorded_steps(store: Store) -> None:
     assert d.baseline.size == d.recorded.size
     assert d.baseline_mean_error_pct < 0
     assert d.ks[0] < d.baseline_ks
+
+
+def test_recorded_run_draws_keep_the_spread_too(store: Store) -> None:
+    # A recorded run emulated with variance: every rank draws (replay.whatif.resample_durations),
+    # with the same rule as the replica vector; whole steps per rank made the spread 1.35x.
+    from prism_trace.replay.run import EmulationConfig, emulate_in_memory
+    from prism_trace.replay.whatif import parse_what_if
+
+    rec = store.con.sql(
+        "SELECT dur FROM iteration WHERE run_id = (SELECT run_id FROM run WHERE name = 'st')"
+    ).pl()["dur"]
+    cfg = EmulationConfig(what_if=parse_what_if(["variance"]), seed=1)
+    res, it = emulate_in_memory(store, run="st", config=cfg)
+    assert res.replicas is None  # the scalar path: units are the recorded ranks
+    assert 0.9 <= it["dur"].std() / rec.std() <= 1.15
+    assert it["dur"].max() <= 1.02 * rec.max()
+    assert not it["dur"].equals(emulate_in_memory(store, run="st")[1]["dur"])  # it did draw
