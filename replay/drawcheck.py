@@ -15,6 +15,7 @@ itself. The baseline's figures say how much of ``D`` the draws could remove at a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -141,10 +142,13 @@ def check_draws(
     seeds: int = 5,
     mode: Literal["iteration", "op"] = "iteration",
     config: EmulationConfig | None = None,
+    sliced: bool = True,
 ) -> DrawCheck:
     """Slice ``run`` from its dp-0 replica to its own layout, emulate it with variance under
     ``seeds`` seeds and pool the per-rank step times; the same slice without variance is the
-    baseline (see the module docstring).
+    baseline (see the module docstring). ``sliced=False`` emulates the recorded run itself
+    instead (every rank draws, ``replay.whatif.resample_durations``; ``slice_ranks`` is then
+    empty): the draws without the slice's bias.
 
     Raises:
         PrismError: not a recorded run with iterations and an inferable layout.
@@ -161,9 +165,14 @@ def check_draws(
     ranks = np.unique(recorded["rank"].to_numpy())
     from_ranks = ranks[layout.coords(ranks)[ParallelAxis.DP] == 0].tolist()
     draws = []
-    with temporary_slice(
-        store, run=run, layout=layout, from_ranks=from_ranks, name=f"_draws_{run}_slice"
-    ) as tmp:
+    target = (
+        temporary_slice(
+            store, run=run, layout=layout, from_ranks=from_ranks, name=f"_draws_{run}_slice"
+        )
+        if sliced
+        else contextlib.nullcontext(run)
+    )
+    with target as tmp:
         for seed in range(seeds):
             cfg = dataclasses.replace(
                 config, what_if=WhatIfConfig(variance=True, variance_mode=mode), seed=seed
@@ -173,7 +182,7 @@ def check_draws(
         baseline = emulate_in_memory(store, run=tmp, config=plain)[1]["dur"]
     return DrawCheck(
         run=run,
-        slice_ranks=[int(r) for r in from_ranks],
+        slice_ranks=[int(r) for r in from_ranks] if sliced else [],
         seeds=seeds,
         mode=mode,
         recorded=recorded["dur"].cast(pl.Int64).to_numpy(),
