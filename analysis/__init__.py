@@ -19,7 +19,13 @@ from prism_trace.analysis.critical_path import (
 )
 from prism_trace.analysis.diff import RunDiff, run_diff
 from prism_trace.analysis.selection import check_selection, describe_selection
-from prism_trace.analysis.stragglers import collective_skew, collective_waits, skew, straggler_ops
+from prism_trace.analysis.stragglers import (
+    collective_skew,
+    collective_waits,
+    rank_step_waits,
+    skew,
+    straggler_ops,
+)
 from prism_trace.analysis.views import load_views
 
 from prism_trace.errors import PrismError
@@ -47,6 +53,7 @@ __all__ = [
     "kernels",
     "load_views",
     "overlap",
+    "rank_step_waits",
     "run_diff",
     "skew",
     "straggler_ops",
@@ -139,7 +146,10 @@ def analyze(
         fn = {"temporal": temporal, "overlap": overlap, "kernels": kernels, "idle": idle}[what]
         return {what: fn(store, run, window=window, **sel)}  # type: ignore[operator]
     if what == "skew":
-        return {what: skew(store, run, **sel)}
+        # An emulated run also ranks every rank of the world (rank_step), not only its
+        # exemplars' collective rows.
+        every = rank_step_waits(store, run, **sel)
+        return {what: skew(store, run, **sel), **({"rank_step": every} if every.height else {})}
     if what == "bubbles":
         return {what: bubble_summary(store, run, iteration=iteration, min_ns=min_ns)}
     if what == "bubble-windows":

@@ -313,7 +313,47 @@ def _waits(
         return figs.esc(g.label, limit=60) if g is not None and g.is_class else f"rank {r}"
 
     sec.figs = [figs.wait_heatmap(z, [rank_label(r) for r in ranks], labels)]
+    every = _rank_step_heatmap(store, run, limits, notes)
+    if every is not None:
+        sec.what += (
+            " Below, every rank of the world per step, from the rank_step table (an emulated"
+            " run: the distinct replicas included): its waits summed over its calls of the step."
+        )
+        sec.figs.append(every)
     return sec
+
+
+def _rank_step_heatmap(
+    store: Store, run: str, limits: ReportLimits, notes: list[str]
+) -> go.Figure | None:
+    """Ranks x steps of an emulated run's ``rank_step`` waits (None without rows); the ranks
+    that waited longest in all are kept first when the cells exceed the limit."""
+    run_id = store.require_run(run)
+    df = store.con.sql(
+        "SELECT rank, iteration, wait_ns FROM rank_step WHERE run_id = $1",
+        params=[run_id],
+    ).pl()
+    if df.is_empty():
+        return None
+    steps = sorted(set(df["iteration"].to_list()))
+    per_rank = df.group_by("rank").agg(pl.col("wait_ns").sum().alias("total"))
+    max_ranks = max(limits.heatmap_cells // max(len(steps), 1), 1)
+    if per_rank.height > max_ranks:
+        notes.append(
+            f"waits per rank (rank_step): {max_ranks} of {per_rank.height} ranks shown"
+            " (largest total wait)"
+        )
+        per_rank = per_rank.sort("total", "rank", descending=[True, False]).head(max_ranks)
+    ranks = sorted(per_rank["rank"].to_list())
+    df = df.filter(pl.col("rank").is_in(ranks))
+    row_of = {r: i for i, r in enumerate(ranks)}
+    col_of = {it: i for i, it in enumerate(steps)}
+    z = np.full((len(ranks), len(steps)), np.nan)
+    z[
+        np.array([row_of[r] for r in df["rank"].to_list()], dtype=np.int64),
+        np.array([col_of[i] for i in df["iteration"].to_list()], dtype=np.int64),
+    ] = df["wait_ns"].cast(pl.Float64).to_numpy() / 1e3
+    return figs.wait_heatmap(z, [f"rank {r}" for r in ranks], [f"step {i}" for i in steps])
 
 
 def _iterations(

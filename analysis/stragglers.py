@@ -11,7 +11,7 @@ from prism_trace.analysis.views import run_view
 
 from prism_trace.store import Store
 
-__all__ = ["collective_skew", "collective_waits", "skew", "straggler_ops"]
+__all__ = ["collective_skew", "collective_waits", "rank_step_waits", "skew", "straggler_ops"]
 
 
 def skew(
@@ -83,3 +83,38 @@ def straggler_ops(store: Store, run: str, *, iteration: int | None = None) -> pl
         order_by="caused_wait_ns DESC, rank, preceding_op",
         params=[iteration],
     )
+
+
+def rank_step_waits(
+    store: Store, run: str, *, iteration: int | None = None, ranks: list[int] | None = None
+) -> pl.DataFrame:
+    """Per rank of an emulated run, from the ``rank_step`` table: every rank of the world.
+
+    An emulated run at scale writes per-op rows for its class exemplars only, so ``skew`` (over
+    the ``collective`` rows) ranks classes; ``rank_step`` holds every rank's waits and
+    lateness per step (``replay.rank_step``), the distinct replicas included. Empty for a run
+    without ``rank_step`` rows (recorded, sliced, replayed).
+
+    Returns:
+        ``rank, steps, comm_calls, wait_ns, late_ns, peak_allocated``, the latest arriver (most
+        lateness) first.
+
+    Raises:
+        PrismError: no run of that name.
+    """
+    run_id = store.require_run(run)
+    where, values = ["run_id = ?"], [run_id]
+    if iteration is not None:
+        where.append("iteration = ?")
+        values.append(int(iteration))
+    if ranks is not None:
+        where.append("list_contains(?, rank)")
+        values.append(list(ranks))  # type: ignore[arg-type]
+    return store.con.sql(
+        "SELECT rank, count(*) AS steps, sum(comm_calls)::BIGINT AS comm_calls,"
+        " sum(wait_ns)::BIGINT AS wait_ns, sum(late_ns)::BIGINT AS late_ns,"
+        " max(peak_allocated) AS peak_allocated"
+        f" FROM rank_step WHERE {' AND '.join(where)}"
+        " GROUP BY rank ORDER BY late_ns DESC, rank",
+        params=values,
+    ).pl()

@@ -130,7 +130,14 @@ def main() -> None:
         ),
         ("events/s, DES core", f"{report.represented_events / core:,.0f}"),
         ("events/s, whole emulate_run", f"{report.represented_events / best:,.0f}"),
-        ("rows written: event / iteration", f"{report.events_written} / {n_iter}"),
+        (
+            "rows written: event / iteration / rank_step",
+            f"{report.events_written} / {n_iter} / {report.rank_step_rows}",
+        ),
+        (
+            "  rank_step rows worked out and inserted (last run)",
+            f"{report.seconds['rank_step']:.2f} s",
+        ),
         ("peak RSS of the process", f"{peak_gb:.2f} GB"),
         (
             "targets",

@@ -24,7 +24,7 @@ __all__ = [
     "table",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bump on every breaking change, with an entry in docs/schema-changes.md."""
 
 RUN_KINDS = ("recorded", "sliced", "emulated", "replayed")
@@ -305,6 +305,35 @@ TABLES: tuple[Table, ...] = (
             _c("name", "VARCHAR", "The marking annotation, e.g. `ProfilerStep#10`."),
         ),
         ("run_id", "rank", "iteration"),
+    ),
+    Table(
+        "rank_step",
+        "Per rank and training step of an emulated run: its communication waits, how late it"
+        " arrived and its peak memory. Written for every rank of the world, class members and"
+        " distinct replicas included, while per-op events are written for the class exemplars"
+        " and `--keep-events` ranks only (replay/rank_step.py). An arrival is the start of the"
+        " call's kernel when it has one, as in `comm_collective_wait`. One row per"
+        " (run_id, rank, iteration).",
+        (
+            RUN_ID,
+            RANK,
+            _c("iteration", "INTEGER", "Training step.", "iteration.iteration", null=False),
+            _c("comm_calls", "INTEGER", "Communication calls (collectives, sends, receives)."),
+            _c("wait_ns", "BIGINT", "Summed over its calls: last arrival minus its arrival, ns."),
+            _c(
+                "late_ns",
+                "BIGINT",
+                "Summed over its calls: its arrival minus the first arrival (arrival skew), ns.",
+            ),
+            _c(
+                "peak_allocated",
+                "BIGINT",
+                "Peak `total_allocated` in the step (its class exemplar's memory re-timed); NULL"
+                " without memory events.",
+            ),
+        ),
+        # One row per (run_id, rank, iteration), not declared: a key index would make inserting
+        # 2 M rows (65,536 ranks x 32 steps) five times slower.
     ),
     Table(
         "et_op",

@@ -36,6 +36,7 @@ from prism_trace.replay.memory import (
     optimizer_shard_delta,
     retime_memory,
 )
+from prism_trace.replay.rank_step import rank_step_rows, rank_steps
 from prism_trace.replay.timing import (
     TimingConfig,
     TransferQuery,
@@ -47,6 +48,7 @@ from prism_trace.replay.typical import typical_durations, typical_transfers
 from prism_trace.replay.vector import (
     Replicas,
     ReplicaTimeline,
+    class_groups,
     emulate_replicas,
     kineto_iterations,
     replica_durations,
@@ -56,6 +58,7 @@ from prism_trace.replay.vector import (
     vector_eligible,
 )
 from prism_trace.replay.whatif import (
+    SlowDown,
     WhatIfConfig,
     WhatIfError,
     expand_replicas,
@@ -186,6 +189,7 @@ class EmulationReport:
     events_written: int
     iteration_rows: int
     represented_events: int
+    rank_step_rows: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
     iterations: list[dict[str, Any]] = field(default_factory=list)
     peak_memory: dict[int, int] = field(default_factory=dict)
@@ -214,6 +218,7 @@ class EmulationReport:
             "rounds": self.rounds,
             "events_written": self.events_written,
             "iteration_rows": self.iteration_rows,
+            "rank_step_rows": self.rank_step_rows,
             "represented_events": self.represented_events,
             "events_per_s": round(self.events_per_s, 1),
             "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
@@ -274,6 +279,9 @@ class _Inputs:
     # replicas distinct on the class graph (replay.vector): the data-parallel replicas as
     # columns; None: one unit per class, or expanded units
     grid: Replicas | None = None
+    # remove-gpu on the replica vector: the failed replica's column, its tp groups' sizes (class
+    # graph group ids) and the factor on its compute and transfers (replay.vector.class_groups)
+    failed_column: tuple[int, dict[int, int], float] | None = None
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
@@ -544,6 +552,7 @@ class _Result:
     seconds: float
     memory: pl.DataFrame | None = None  # unit + replay.memory.MEMORY_COLUMNS less rank
     replicas: ReplicaTimeline | None = None  # every replica's times (inputs.grid set)
+    shared: np.ndarray | None = None  # per instance: spans the replicas (inputs.grid set)
 
 
 def _groups(store: Store, run_id: int, group_ids: list[int]) -> pl.DataFrame:
@@ -712,7 +721,6 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         topology = cal.topology
         inputs.notes.extend(cal.notes)
     model = transfer_model(config.timing, topology)
-    n_nodes, _ = topology.group_nodes(lo, hi, gsize)
     rec_size = per["rec_size"].fill_null(pl.Series(gsize)).to_numpy().astype(np.int64)
     rec_nodes, _ = topology.group_nodes(
         per["rec_lo"].fill_null(pl.Series(lo)).to_numpy(),
@@ -720,19 +728,25 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         rec_size,
     )
     msg = per["msg_bytes"].fill_null(-1).to_numpy()
-    transfer = model.transfer(
-        TransferQuery(
-            kind=kinds,
-            msg_bytes=msg,
-            group_size=gsize,
-            spans_nodes=n_nodes > 1,
-            recorded_ns=per["transfer"].to_numpy().astype(np.int64),
-            n_nodes=n_nodes,
-            recorded_group_size=rec_size,
-            recorded_msg_bytes=per["rec_bytes"].fill_null(pl.Series(msg)).to_numpy(),
-            recorded_n_nodes=rec_nodes,
+
+    def transfer_at(sizes: np.ndarray) -> np.ndarray:
+        """Each instance's transfer with these group sizes."""
+        n_nodes, _ = topology.group_nodes(lo, hi, sizes)
+        return model.transfer(
+            TransferQuery(
+                kind=kinds,
+                msg_bytes=msg,
+                group_size=sizes,
+                spans_nodes=n_nodes > 1,
+                recorded_ns=per["transfer"].to_numpy().astype(np.int64),
+                n_nodes=n_nodes,
+                recorded_group_size=rec_size,
+                recorded_msg_bytes=per["rec_bytes"].fill_null(pl.Series(msg)).to_numpy(),
+                recorded_n_nodes=rec_nodes,
+            )
         )
-    )
+
+    transfer = transfer_at(gsize)
 
     release = nodes["ts"].fill_null(inputs.origin).to_numpy().astype(np.int64) - inputs.origin
     dur = np.maximum(
@@ -747,6 +761,15 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     if config.replay.completion == "common":
         skew = np.zeros_like(skew)
     per_part = transfer[inst]
+    failed = None
+    if inputs.failed_column is not None:  # the failed replica's column: its own transfers
+        col, sizes, f = inputs.failed_column
+        g_of = per["group_id"].fill_null(-1).to_numpy()
+        gs = np.where(
+            np.isin(g_of, list(sizes)), [sizes.get(int(g), 0) for g in g_of], gsize
+        ).astype(np.int64)
+        fac = sync["factor"].fill_null(1.0).to_numpy() if "factor" in sync.columns else 1.0
+        failed = col, np.rint(transfer_at(gs)[inst] * (fac * f)).astype(np.int64) + skew
     if "factor" in sync.columns:  # a slow-down of communication ops scales their transfer
         per_part = np.rint(per_part * sync["factor"].fill_null(1.0).to_numpy()).astype(np.int64)
     per_part = per_part + skew
@@ -793,10 +816,16 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
 
     t = time.perf_counter()
     if inputs.grid is not None:
-        vt = _emulate_replicas(inputs, graph, comm, sync, g_axis, config, label)
+        t_cols = None
+        if failed is not None:
+            t_cols = np.repeat(comm.transfer[:, None], inputs.grid.n_columns, axis=1)
+            t_cols[:, failed[0]] = failed[1]
+        vt, shared = _emulate_replicas(
+            inputs, graph, comm, sync, g_axis, config, label, transfer=t_cols
+        )
         seconds = time.perf_counter() - t
         timeline = Timeline(vt.start[:, 0], vt.end[:, 0], vt.arrival[:, 0], vt.rounds)
-        return _Result(inputs, timeline, sync, nc, npp, seconds, replicas=vt)
+        return _Result(inputs, timeline, sync, nc, npp, seconds, replicas=vt, shared=shared)
     timeline = emulate(graph, comm, label=label)
     seconds = time.perf_counter() - t
     return _Result(inputs, timeline, sync, nc, npp, seconds)
@@ -810,8 +839,11 @@ def _emulate_replicas(
     g_axis: dict[int, Any],
     config: EmulationConfig,
     label: Any,
-) -> ReplicaTimeline:
-    """The class graph once, a column per data-parallel replica (``replay.vector``)."""
+    *,
+    transfer: np.ndarray | None = None,
+) -> tuple[ReplicaTimeline, np.ndarray]:
+    """The class graph once, a column per data-parallel replica (``replay.vector``); also
+    which instances span the replicas."""
     assert inputs.grid is not None
     w = config.what_if
     draw = w.variance and not w.no_stragglers  # no-stragglers replaces every op's time anyway
@@ -824,7 +856,12 @@ def _emulate_replicas(
         mode=w.variance_mode,
     )
     scale = inputs.nodes["scale"].to_numpy() if "scale" in inputs.nodes.columns else np.ones(1)
-    scale_replicas(dur, inputs.nodes, np.broadcast_to(scale, dur.shape[:1]), w.slow, inputs.grid)
+    slow = w.slow
+    if inputs.failed_column is not None:  # the failed replica computes f times longer
+        col, _, f = inputs.failed_column
+        ranks = tuple(int(r) for r in inputs.grid.column_grid()[:, col])
+        slow = (*slow, SlowDown(factor=f, ranks=ranks))
+    scale_replicas(dur, inputs.nodes, np.broadcast_to(scale, dur.shape[:1]), slow, inputs.grid)
     shared = shared_instances(
         comm.instance,
         sync["kind"],
@@ -832,7 +869,8 @@ def _emulate_replicas(
         g_axis,
         comm.n_instances,
     )
-    return emulate_replicas(graph, comm, dur=dur, shared=shared, label=label)
+    vt = emulate_replicas(graph, comm, dur=dur, shared=shared, label=label, transfer=transfer)
+    return vt, shared
 
 
 # -- results as frames ---------------------------------------------------------------------------
@@ -1061,6 +1099,49 @@ def rank_peaks(res: _Result) -> pl.DataFrame:
     )
 
 
+def _rank_step_rows(res: _Result, run_id: int) -> pl.DataFrame:
+    """``rank_step`` rows of every rank of the world (``replay.rank_step``): from the replica
+    vector's columns, or from the units (class members share their unit's)."""
+    inputs, s = res.inputs, res.sync
+    if s.is_empty() and (res.memory is None or res.memory.is_empty()):
+        return pl.DataFrame()
+    if res.replicas is not None:
+        start, arrival = res.replicas.start, res.replicas.arrival
+    else:
+        start, arrival = res.timeline.start, res.timeline.arrival
+    steps = rank_steps(
+        start,
+        arrival,
+        sync_node=s["sync_idx"].to_numpy(),
+        instance=s["instance"].to_numpy(),
+        unit=s["unit"].to_numpy(),
+        iteration=s["iteration"].fill_null(-1).to_numpy(),
+        shared=res.shared,
+    )
+    if inputs.grid is not None:
+        rank_of, column_of = inputs.grid.grid, inputs.grid.column
+    else:  # a unit's class members, -1 padded
+        ru = inputs.rank_unit.filter(
+            (pl.col("unit") >= 0) & ~pl.col("rank").is_in(list(inputs.left_out))
+        ).sort("unit", "rank")
+        unit = ru["unit"].to_numpy().astype(np.int64)
+        pos = np.arange(unit.size) - np.searchsorted(unit, unit)
+        rank_of = np.full((inputs.unit_rank.size, int(pos.max(initial=0)) + 1), -1, np.int64)
+        rank_of[unit, pos] = ru["rank"].to_numpy()
+        column_of = np.zeros(rank_of.shape[1], dtype=np.int64)
+    peaks = None
+    if res.memory is not None and not res.memory.is_empty():
+        peaks = (
+            res.memory.filter(pl.col("iteration").is_not_null())
+            .group_by("unit", "iteration")
+            .agg(pl.col("total_allocated").max().alias("peak"))
+        )
+    rows = rank_step_rows(steps, rank_of=rank_of, column_of=column_of, peaks=peaks)
+    if inputs.left_out:
+        rows = rows.filter(~pl.col("rank").is_in(list(inputs.left_out)))
+    return rows.with_columns(run_id=pl.lit(run_id, pl.Int32))
+
+
 def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
     """Iterations of every rank of the world (members of a class share their exemplar's);
     ranks a what-if left out (a removed GPU) have none."""
@@ -1122,21 +1203,20 @@ def _replica_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
         frame = groups.select("iteration", "name")[np.repeat(np.arange(groups.height), reps)]
         rank = grid[rows].ravel()
         ts, dur = ts_m[:, column].ravel(), dur_m[:, column].ravel()
-    return (
-        frame.with_columns(
-            pl.Series("rank", rank.astype(np.int32)),
-            pl.Series("ts", ts.astype(np.int64)),
-            pl.Series("dur", dur.astype(np.int64)),
-        )
-        .select(
-            "rank",
-            pl.col("iteration").cast(pl.Int32),
-            "ts",
-            "dur",
-            pl.col("name").cast(pl.Utf8),
-        )
-        .sort("rank", "iteration")
+    out = frame.with_columns(
+        pl.Series("rank", rank.astype(np.int32)),
+        pl.Series("ts", ts.astype(np.int64)),
+        pl.Series("dur", dur.astype(np.int64)),
     )
+    if inputs.left_out:  # a failed GPU's tp slot (remove-gpu) leaves the results
+        out = out.filter(~pl.col("rank").is_in(list(inputs.left_out)))
+    return out.select(
+        "rank",
+        pl.col("iteration").cast(pl.Int32),
+        "ts",
+        "dur",
+        pl.col("name").cast(pl.Utf8),
+    ).sort("rank", "iteration")
 
 
 def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
@@ -1270,6 +1350,8 @@ class _Writing:
     pending: list[Future[int]]  # inserts on the worker thread, in order (events first)
     worker: ThreadPoolExecutor
     n_events: int = 0
+    n_rank_step: int = 0
+    rank_step_s: float = 0.0  # working out and inserting the rank_step rows
 
     def memory(self) -> None:
         """Queue the memory rows (``res.memory``, once worked out) behind the events."""
@@ -1291,6 +1373,9 @@ class _Writing:
         coll, p2p = _comm_frames(self.res, self.run_id, self.g_size)
         append(self.con, "collective", coll)
         append(self.con, "p2p", p2p)
+        t = time.perf_counter()
+        self.n_rank_step = append(self.con, "rank_step", _rank_step_rows(self.res, self.run_id))
+        self.rank_step_s = time.perf_counter() - t
         return n_iter
 
 
@@ -1568,6 +1653,10 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     extra = np.ones(nodes.height)
     if w.remove_gpu is not None:
         extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
+        if inputs.grid is not None:  # the failed replica is a column: replay.vector
+            n_tp = int(coords["tp"].max()) + 1
+            f = n_tp / (n_tp - 1)
+            extra = _failed_column(store, inputs, int(dp_of[w.remove_gpu]), f, extra)
     dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
     if w.variance and inputs.grid is not None:
         inputs.notes.append(
@@ -1600,6 +1689,22 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     inputs.nodes = nodes.with_columns(
         pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
     )
+
+
+def _failed_column(
+    store: Store, inputs: _Inputs, replica: int, f: float, extra: np.ndarray
+) -> np.ndarray:
+    """remove-gpu on the replica vector: the failed replica's column gets the compute and
+    transfer factor and its smaller tp groups (``inputs.failed_column``), instead of the per-node
+    factor and the group sizes ``_remove_gpu`` set for every column; returns factors of 1."""
+    assert inputs.grid is not None
+    groups = _fetch(
+        store.con, "SELECT group_id, ranks FROM comm_group WHERE run_id = $1", [inputs.run_id]
+    )
+    sizes = class_groups(inputs.grid, replica, groups, inputs.size_override)
+    inputs.size_override = {}
+    inputs.failed_column = (int(inputs.grid.column[replica]), sizes, f)
+    return np.ones_like(extra)
 
 
 def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) -> np.ndarray:
@@ -1847,12 +1952,14 @@ def emulate_run(
         rounds=res.timeline.rounds,
         events_written=n_events,
         iteration_rows=n_iter,
+        rank_step_rows=w.n_rank_step,
         represented_events=represented,
         seconds={
             "load": t_load,
             "emulate": res.seconds,
             "prepare_and_emulate": t1 - t0 - t_load,
             "write": t_write,  # with the memory and iterations, worked out while events go in
+            "rank_step": w.rank_step_s,  # of which the rank_step rows
             "total": total,
         },
         iterations=_iteration_summary(iters),

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ReplicaTimeline",
     "Replicas",
+    "class_groups",
     "emulate_replicas",
     "kineto_iterations",
     "replica_durations",
@@ -77,11 +78,13 @@ class ReplicaTimeline:
 
 def _point_edges(
     graph: EmulatorGraph, comm: CommInstances
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The point DAG of ``replay.emulator.emulate``: ``(src, dst, weight, dur_row)`` per edge.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The point DAG of ``replay.emulator.emulate``: ``(src, dst, weight, dur_row, part)`` per
+    edge.
 
     ``dur_row`` is the node whose per-replica duration the edge adds (``S → E`` of a non-sync
-    node), -1 for an edge with a fixed weight.
+    node), -1 for an edge with a fixed weight; ``part`` the participation whose transfer the
+    edge carries (``A → E``), else -1.
     """
     n = graph.n_nodes
     src = np.asarray(graph.src, dtype=np.int64)
@@ -105,7 +108,10 @@ def _point_edges(
     row = np.concatenate(
         [np.full(src.size, -1, dtype=np.int64), dur_row, np.full(2 * sync.size, -1, np.int64)]
     )
-    return p_src, p_dst, w, row
+    part = np.concatenate(
+        [np.full(src.size + n + sync.size, -1, np.int64), np.arange(sync.size, dtype=np.int64)]
+    )
+    return p_src, p_dst, w, row, part
 
 
 def _levels(p_src: np.ndarray, p_dst: np.ndarray, n_points: int) -> np.ndarray:
@@ -145,6 +151,7 @@ def emulate_replicas(
     dur: np.ndarray,
     shared: np.ndarray,
     label: Callable[[int], str] | None = None,
+    transfer: np.ndarray | None = None,
 ) -> ReplicaTimeline:
     """Emulate the class graph once for every replica (the columns of ``dur``).
 
@@ -156,6 +163,9 @@ def emulate_replicas(
         shared: per instance, whether its communicator spans the replicas (its arrival is the
             max over every replica's participants).
         label: names a node for error messages.
+        transfer: ``(participations, replicas)`` per-replica transfer of each participation,
+            where a replica's communicators differ (a failed GPU's smaller tp groups); None:
+            ``comm.transfer`` in every replica.
 
     Returns:
         Start/end of every node and arrival of every instance, per replica.
@@ -168,7 +178,7 @@ def emulate_replicas(
     k = comm.n_instances
     n_points = 2 * n + k
     reps = int(dur.shape[1])
-    p_src, p_dst, w, row = _point_edges(graph, comm)
+    p_src, p_dst, w, row, part = _point_edges(graph, comm)
     level = _levels(p_src, p_dst, n_points)
     if (level < 0).any():
         emulate(graph, comm, label=label)  # raises DeadlockError naming the cycle
@@ -189,8 +199,13 @@ def emulate_replicas(
     # are each destination's.
     order = np.lexsort((p_dst, level[p_dst]))
     e_src, e_dst, e_w, e_row = p_src[order], p_dst[order], w[order], row[order]
+    e_part = part[order]
     e_lvl = level[e_dst]
-    del order, p_src, p_dst, w, row
+    del order, p_src, p_dst, w, row, part
+    # Per-replica transfers, as differences from the weight every replica gets.
+    t_diff = None
+    if transfer is not None:
+        t_diff = transfer - np.asarray(comm.transfer, dtype=np.int64)[:, None]
     n_lvl = int(level.max()) + 1
     bounds = np.searchsorted(e_lvl, np.arange(n_lvl + 1))
     seg = np.flatnonzero(np.diff(e_dst, prepend=-1))  # first edge of each destination
@@ -213,6 +228,11 @@ def emulate_replicas(
             has = np.flatnonzero(r >= 0)
             if has.size:
                 cand[has] += dur[r[has]]
+            if t_diff is not None:
+                pt = e_part[b_lo:b_hi]
+                has = np.flatnonzero(pt >= 0)
+                if has.size:
+                    cand[has] += t_diff[pt[has]]
             red = np.maximum.reduceat(cand, segs[a:b] - b_lo, axis=0)
             d = e_dst[segs[a:b]]
             sh = is_shared[d]
@@ -226,12 +246,43 @@ def emulate_replicas(
 
 
 def vector_eligible(what_if: WhatIfConfig) -> bool:
-    """Whether the what-ifs fit the replica vector: durations differ per replica, the structure
-    and the communicators do not (a removed GPU re-shapes its replica's groups, and a rank's
-    slowed communication changes its transfer: both keep the expanded units)."""
-    if what_if.remove_gpu is not None:
+    """Whether the what-ifs fit the replica vector: durations differ per replica, the graph does
+    not. A removed GPU is its replica's column: more compute, its own (smaller) tp groups'
+    transfers (``emulate_replicas``' per-replica transfers). A rank-targeted slow-down of
+    communication ops, and a removed GPU under ``no-stragglers`` (typical transfers replace
+    the recorded ones per participation), keep the expanded units."""
+    if what_if.remove_gpu is not None and what_if.no_stragglers:
         return False
     return all(not s.ranks or (s.ops is None and not s.kinds) for s in what_if.slow)
+
+
+def class_groups(
+    replicas: Replicas, replica: int, groups: pl.DataFrame, sizes: dict[int, int]
+) -> dict[int, int]:
+    """``sizes`` (per communicator of replica ``replica``) as sizes of the class graph's
+    communicators: the ones whose members are the class exemplars standing for the members.
+
+    Args:
+        replicas: the replica grid.
+        replica: the data-parallel coordinate of the communicators in ``sizes``.
+        groups: ``group_id, ranks`` of the run's communicators.
+        sizes: a size per communicator of the replica.
+
+    Returns:
+        The same sizes keyed by the class graph's (replica 0's) communicators.
+    """
+    if not sizes:
+        return {}
+    grid = replicas.grid
+    exemplar = dict(zip(grid[:, replica].tolist(), grid[:, 0].tolist(), strict=True))
+    members = dict(zip(groups["group_id"].to_list(), groups["ranks"].to_list(), strict=True))
+    by_set = {tuple(sorted(m)): int(g) for g, m in members.items() if m}
+    out = {}
+    for g, size in sizes.items():
+        key = tuple(sorted(exemplar.get(int(m), -1) for m in members.get(g) or ()))
+        if key in by_set:
+            out[by_set[key]] = size
+    return out
 
 
 @dataclass(frozen=True)
@@ -312,12 +363,25 @@ def replica_durations(
 ) -> np.ndarray:
     """``(nodes, replicas)`` durations: ``base`` everywhere, drawn per replica with variance.
 
-    The draws are those of ``replay.whatif.resample_durations``, one column per replica: per
-    (class, recorded iteration, replica) one recorded iteration (``iteration`` mode) or per
-    (node, replica) one (``op`` mode), from the same op's recorded durations. Replica 0 (the
-    exemplars, the recording itself) keeps ``base``; communication nodes keep theirs (their
-    time is waiting, recomputed by the emulator). Columns are filled in blocks, so the
-    transient memory stays a few times ``nodes x block`` whatever the replica count.
+    Replica 0 (the exemplars, the recording itself) keeps ``base``; communication nodes keep
+    theirs (their time is waiting, recomputed by the emulator). Every other replica's
+    computation node of recorded step ``t`` takes the same op's duration in a drawn recorded
+    step ``X``, times ``C[class, t] / C[class, X]``, where ``C`` is the class's total
+    computation in a step:
+
+    - ``iteration`` mode draws one ``X`` per (replica, step), the same for every class of the
+      replica (one uniform, mapped into each class's pool of recorded steps); ``op`` mode
+      draws one per (node, replica).
+    - The factor keeps step ``t``'s *common mode*: what slowed or sped up the whole job in that
+      step (on ST the per-step computation of any two ranks, of one replica or of two,
+      correlates at 0.90-0.99), and draws only an op's own deviation. Drawing whole steps
+      independently per class and replica (the earlier rule) mixed stages of different steps
+      and moved the common mode between replicas: emulated steps slower and faster than any
+      recorded one (ST: 2495 ms vs 2382 ms at most, std 63 vs 51 ms); see
+      benchmarks/bench_draws.py.
+
+    Columns are filled in blocks, so the transient memory stays a few times ``nodes x block``
+    whatever the replica count.
     """
     n = nodes.height
     out = np.empty((n, replicas), dtype=np.int64)
@@ -330,24 +394,36 @@ def replica_durations(
     rows = np.flatnonzero(ok)
     if rows.size == 0:
         return out
-    unit = nodes["unit"].to_numpy().astype(np.int64)
+    unit = nodes["unit"].to_numpy().astype(np.int64)[rows]
     size = t.r_len[rec][rows]
     off = t.r_off[rec][rows]
+    own = t.r_code[rec][rows] - 1  # the node's recorded step, as a column of `table`
     # Per drawing node, its duration in every recorded iteration (its own where the op is
     # missing from one): a draw is then one lookup in this table.
     n_its = int(t.pool.max()) + 1
     cells = t.r_cell[rec][rows, None] + np.arange(n_its, dtype=np.int64)
-    table = np.where(t.present[cells], t.recorded[cells], base[rows, None]).ravel()
+    table = np.where(t.present[cells], t.recorded[cells], base[rows, None])
     del cells
+    # The common mode: each class's total computation per recorded step, and per node the
+    # ratio of its own step's total to every step's (1 where a total is 0).
+    total = np.zeros((int(unit.max()) + 1, n_its), dtype=np.float64)
+    np.add.at(total, unit, table)
+    mine = total[unit, own]
+    ratio = np.divide(
+        mine[:, None], total[unit], out=np.ones((rows.size, n_its)), where=total[unit] > 0
+    )
+    # What a node takes when step X is drawn: its op's duration in X times the ratio.
+    table = np.rint(table * ratio).astype(np.int64).ravel()
+    del ratio
     if mode == "iteration":
-        # One draw per (class, recorded iteration): the nodes of a pair share their pool.
+        # One uniform per (recorded step, replica), shared by the classes of the replica and
+        # mapped into each class's pool: drawn per (class, step) pair, looked up per node.
         _, first, pair = np.unique(
-            np.stack([unit[rows], t.r_code[rec][rows]], axis=1),
-            axis=0,
-            return_index=True,
-            return_inverse=True,
+            np.stack([unit, own], axis=1), axis=0, return_index=True, return_inverse=True
         )
         pair = pair.ravel()
+        codes, step = np.unique(own[first], return_inverse=True)
+        step = step.ravel()
         d_size, d_off = size[first], off[first]
     else:
         pair = np.arange(rows.size, dtype=np.int64)
@@ -357,14 +433,17 @@ def replica_durations(
     block = max(1, (1 << 22) // max(rows.size, 1))
     for c0 in range(1, replicas, block):
         c1 = min(replicas, c0 + block)
-        u = rng.random((d_size.size, c1 - c0))
+        if mode == "iteration":
+            u = rng.random((codes.size, c1 - c0))[step]
+        else:
+            u = rng.random((rows.size, c1 - c0))
         u *= d_size[:, None]
         pick = u.astype(np.int64)
         del u
         np.minimum(pick, (d_size - 1)[:, None], out=pick)
         pick += d_off[:, None]
-        it = t.pool[pick]  # the drawn recorded iteration, per draw
-        idx = it[pair]
+        it = t.pool[pick]  # the drawn recorded step, per draw
+        idx = it[pair] if mode == "iteration" else it
         idx += base_idx
         out[rows, c0:c1] = table[idx]
     return out

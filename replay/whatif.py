@@ -335,6 +335,7 @@ class DrawTable:
     pool: np.ndarray
     present: np.ndarray
     recorded: np.ndarray
+    r_source: np.ndarray
 
 
 def draw_table(nodes: pl.DataFrame) -> DrawTable:
@@ -381,7 +382,9 @@ def draw_table(nodes: pl.DataFrame) -> DrawTable:
     r_draws = (op >= 0) & (r_it != none) & (r_len > 0)
 
     r_code = np.searchsorted(its, r_it) + (r_it != none)
-    return DrawTable(node_rec, r_len, r_off, r_cell, r_draws, r_code, pool, present, recorded)
+    return DrawTable(
+        node_rec, r_len, r_off, r_cell, r_draws, r_code, pool, present, recorded, r_pool
+    )
 
 
 def resample_durations(
@@ -395,10 +398,13 @@ def resample_durations(
 
     A node's distribution is the durations of the *same op* (``_op_keys``) in every recorded
     iteration of its representative (``source_rank``). ``iteration`` mode draws, per unit and
-    iteration, one recorded iteration and takes all its ops' durations from it; ``op`` mode
-    draws per node. Communication nodes keep theirs (their duration is waiting, which the
-    emulator recomputes), and so do nodes without an iteration or without a counterpart in the
-    drawn iteration.
+    iteration, one recorded iteration ``X`` and takes all its ops' durations from it; ``op``
+    mode draws per node. Either way a node of recorded step ``t`` takes its op's duration in
+    ``X`` times ``C[t] / C[X]``, ``C`` being its representative's total computation in a step:
+    the step's common mode stays, only an op's own deviation is drawn (as the replica vector's
+    columns do, ``replay.vector.replica_durations``). Communication nodes keep theirs (their
+    duration is waiting, which the emulator recomputes), and so do nodes without an iteration
+    or without a counterpart in the drawn iteration.
 
     The nodes of one ``(source_rank, node_id)`` (a class's graph copied to many units) share
     their op and their distribution: those are worked out once per recorded node, and only the
@@ -438,14 +444,43 @@ def resample_durations(
     size -= 1
     np.minimum(pick, size, out=pick)
     pick += r_off[node_rec]
-    cell = pool[pick]
-    cell += r_cell[node_rec]
+    drawn = pool[pick]  # the drawn recorded step (index into the steps)
+    cell = drawn + r_cell[node_rec]
     ok = present[cell]
     ok &= r_draws[node_rec]
     ok &= draw[unit]
-    ok &= ~nodes["kind"].is_in(_COMM).to_numpy()
-    dur[ok] = recorded[cell[ok]]
+    comm = nodes["kind"].is_in(_COMM).to_numpy()
+    ok &= ~comm
+    at = np.flatnonzero(ok)
+    ratio = _common_mode(t, comm, node_rec)
+    f = ratio[node_rec[at], drawn[at]]
+    dur[at] = np.rint(recorded[cell[at]] * f).astype(np.int64)
     return dur
+
+
+def _common_mode(t: DrawTable, comm: np.ndarray, node_rec: np.ndarray) -> np.ndarray:
+    """``(recorded nodes, steps)``: per recorded node, its representative's total computation
+    in the node's own step over that in each step (1 where a total is 0 or unknown).
+
+    A total sums the drawing computation nodes of the representative, each at its op's
+    duration in the step (its own where the op is missing there).
+    """
+    n_rec = t.r_len.size
+    n_its = int(t.pool.max()) + 1
+    rec_comm = np.zeros(n_rec, dtype=bool)
+    rec_comm[node_rec] = comm
+    use = t.r_draws & ~rec_comm
+    rows = np.flatnonzero(use)
+    cells = t.r_cell[rows, None] + np.arange(n_its, dtype=np.int64)
+    own_step = np.maximum(t.r_code - 1, 0)
+    mine = t.recorded[t.r_cell + own_step]  # a node's own recorded duration
+    table = np.where(t.present[cells], t.recorded[cells], mine[rows, None]).astype(np.float64)
+    total = np.zeros((int(t.r_source.max(initial=0)) + 1, n_its), dtype=np.float64)
+    np.add.at(total, t.r_source[rows], table)
+    src_total = total[t.r_source]  # (recorded nodes, steps)
+    own = src_total[np.arange(n_rec), own_step]
+    ok = (src_total > 0) & use[:, None]
+    return np.divide(own[:, None], src_total, out=np.ones((n_rec, n_its)), where=ok)
 
 
 # -- expanding replicas --------------------------------------------------------------------------

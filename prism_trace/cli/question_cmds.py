@@ -127,6 +127,12 @@ def analyze_cmd(
         for name in empty:
             why = hint or _EMPTY_WHY.get(name if len(frames) > 1 else what, "")
             click.echo(f"{name}: nothing for {where}{why}", err=True)
+    if "rank_step" in frames and not as_json:
+        click.echo(
+            f"{what}: from the collective rows (the class exemplars and --keep-events ranks);"
+            " rank_step: every rank of the world, from the rank_step table",
+            err=True,
+        )
     if as_json:
         out: object = {k: _json_rows(v) for k, v in frames.items()}
         if len(frames) == 1:

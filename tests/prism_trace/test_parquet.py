@@ -37,7 +37,10 @@ def test_layout_is_hive_by_rank_and_polars_reads_it(exported: Path) -> None:
     assert (exported / "iteration" / "data.parquet").is_file()
     df = pl.read_parquet(exported / "event" / "**" / "*.parquet", hive_partitioning=True)
     assert sorted(df["rank"].unique().to_list()) == list(range(8))
-    assert json.loads((exported / "_prism.json").read_text())["schema_version"] == 2
+    assert (
+        json.loads((exported / "_prism.json").read_text())["schema_version"]
+        == schema.SCHEMA_VERSION
+    )
 
 
 def test_query_and_views_on_parquet_match_the_store(sample_store: object, exported: Path) -> None:

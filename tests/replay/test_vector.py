@@ -153,11 +153,14 @@ def test_every_replica_distinct_and_the_slowest_of_n_grows(store: Store) -> None
     assert a.equals(b)
     res, big = emulate(store, "s2048", "variance", seed=3)
     assert np.mean(step_times(big)) > np.mean(step_times(a))
-    # distinct replicas: each draws one of the 2 recorded steps per class and step (2**8
-    # combinations), so their op timelines between data-parallel collectives differ
+    # iteration mode: a replica draws one of the 2 recorded steps per step, the same for all
+    # its classes (2**2 combinations: 4 distinct timelines, every one of them present)
     vt = res.replicas  # type: ignore[attr-defined]
     assert vt.end.shape[1] == 2048
-    assert np.unique(vt.start.T, axis=0).shape[0] > 100
+    assert np.unique(vt.start.T, axis=0).shape[0] == 4
+    # op mode: every op draws, so the replicas' timelines between collectives differ
+    res, _ = emulate(store, "s2048", "variance=op", seed=3)
+    assert np.unique(res.replicas.start.T, axis=0).shape[0] > 100  # type: ignore[attr-defined]
 
 
 def test_replica_grid_and_columns() -> None:
@@ -221,3 +224,31 @@ def test_keep_events_writes_the_named_ranks_own_events(store: Store, tmp_path: P
         " WHERE r.name = 'kept-cli'"
     ).fetchall()
     assert ranks == [0, 1, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("rank", [1, 10])
+def test_a_failed_gpu_on_the_vector_reproduces_the_expanded_units(store: Store, rank: int) -> None:
+    """remove-gpu: the failed replica is a column with more compute and its own, smaller tp
+    groups' transfers; its replica 0 (rank 1) or another (rank 10) gives what the expanded
+    units give, and its tp slot leaves the results."""
+    res, vec = emulate(store, "s4", f"remove-gpu={rank}")
+    assert res.replicas is not None  # type: ignore[attr-defined]
+    assert res.inputs.failed_column is not None  # type: ignore[attr-defined]
+    eligible = run_mod.vector_eligible
+    try:
+        run_mod.vector_eligible = lambda w: False
+        res_x, exp = emulate(store, "s4", f"remove-gpu={rank}")
+    finally:
+        run_mod.vector_eligible = eligible
+    assert res_x.replicas is None  # type: ignore[attr-defined]
+    assert res_x.inputs.size_override  # type: ignore[attr-defined]
+    left = set(res.inputs.left_out)  # type: ignore[attr-defined]
+    assert rank in left
+    assert not left & set(vec["rank"].to_list())
+    assert vec.sort("rank", "iteration").equals(exp.sort("rank", "iteration"))
+    _, base = emulate(store, "s4")
+    assert np.mean(step_times(vec)) > np.mean(step_times(base))
+    # waits and lateness agree; the peaks are re-timed on replica 0's column in the vector
+    cols = ["rank", "iteration", "comm_calls", "wait_ns", "late_ns"]
+    a, b = run_mod._rank_step_rows(res, 1), run_mod._rank_step_rows(res_x, 1)
+    assert a.select(cols).sort(cols).equals(b.select(cols).sort(cols))
