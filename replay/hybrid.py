@@ -32,7 +32,7 @@ from prism_trace.errors import PrismError
 from prism_trace.store_write import claim_run_name
 
 if TYPE_CHECKING:
-    from prism_trace.replay.run import EmulationConfig
+    from prism_trace.replay.emulate import EmulationConfig
 
     from prism_trace.store import Store
 
@@ -100,7 +100,7 @@ def replay_run(
     run_id = store.require_run(run)
     _, source_run = _source_of(store, run_id)
     # One emulation; each rank replayed alone sees every other rank, selected or not, as virtual.
-    from prism_trace.replay.run import emulate_in_memory
+    from prism_trace.replay.emulate import emulate_in_memory
 
     res, iters = emulate_in_memory(store, run=run, config=config)
     together = options.together and len(ranks) > 1

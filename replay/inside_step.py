@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 if TYPE_CHECKING:
-    from prism_trace.replay.run import _Result
+    from prism_trace.replay.emulate import _Result
 
 __all__ = ["InsideStep", "inside_step"]
 
@@ -63,7 +63,7 @@ def inside_step(
     """Op-start and communication-time errors of an emulation against its recording.
 
     Args:
-        res: an emulation (``replay.run``) of a recorded run or of a slice of one.
+        res: an emulation (``replay.emulate``) of a recorded run or of a slice of one.
         recorded_iterations: ``rank, iteration, ts, dur`` of the recorded run.
         emulated_iterations: ``rank, iteration, ts`` of the emulation (every rank of its world).
     """

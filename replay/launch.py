@@ -226,7 +226,7 @@ def launch(
         ranks: Global ranks to start as processes; every other rank is virtual.
         db: Store holding ``run``; with it, virtual peers follow the run's emulated timeline.
         run: A recorded or sliced run of ``world_size`` ranks.
-        config: `replay.run.EmulationConfig` for the emulation (default: its defaults).
+        config: `replay.emulate.EmulationConfig` for the emulation (default: its defaults).
         timeout_s: Kill every rank and fail after this long (None: no limit).
         env: Environment of the ranks (default: this process's).
         capture: Capture each rank's output into ``rank<r>.log`` of a temporary directory

@@ -3,7 +3,7 @@
 A hybrid replay runs a few ranks for real and leaves every other rank *virtual*. A virtual peer
 moves no data; what the real rank needs from it is *when* it arrives at each collective or
 send/recv. That comes from the emulator's timeline of the same run
-(``replay.run.emulate_in_memory``): for every communication node of the rank (its *sync* node:
+(``replay.emulate.emulate_in_memory``): for every communication node of the rank (its *sync* node:
 the kernel of an NCCL collective, else the host op), its emulated arrival, the last arrival
 among the other participants of the instance, and the emulated end.
 
@@ -30,7 +30,7 @@ import polars as pl
 from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
-    from prism_trace.replay.run import EmulationConfig
+    from prism_trace.replay.emulate import EmulationConfig
 
     from prism_trace.store import Store
 
@@ -205,7 +205,7 @@ def schedules_from_store(
     Raises:
         PrismError: a rank that is not in the run's world.
     """
-    from prism_trace.replay.run import emulate_in_memory
+    from prism_trace.replay.emulate import emulate_in_memory
 
     res, iters = emulate_in_memory(store, run=run, config=config)
     real = sorted({int(r) for r in (*ranks, *real_ranks)})

@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.run import (
+from prism_trace.replay.emulate import (
     EmulationConfig,
     _emulate,
     _Inputs,

@@ -9,8 +9,8 @@ and message size: one NCCL kernel name serves every size; its time from the last
 arrival to its own completion), because a collective's recorded
 duration is mostly waiting and its spread comes from the peers, not from the wire.
 
-Own delays (``prism_trace.deps_op_timeline``) are not durations: ``replay.run`` keeps those before
-a computation (CPU work and launches happen without stragglers too) and drops those before a
+Own delays (``prism_trace.deps_op_timeline``) are not durations: ``replay.emulate`` keeps those
+before a computation (CPU work and launches happen without stragglers too) and drops those before a
 communication op, which could have been posted as soon as its dependencies allowed.
 
 Both functions take a mask of the rows to replace, so that one group of ops can keep its

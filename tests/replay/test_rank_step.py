@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from prism_trace.analysis.stragglers import collective_waits
 from prism_trace.replay import rank_step
 from prism_trace.replay import run as run_mod
+from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory, emulate_run
 from prism_trace.replay.rank_step import rank_step_rows, rank_steps
-from prism_trace.replay.run import EmulationConfig, emulate_in_memory, emulate_run
 from prism_trace.replay.whatif import parse_what_if
 
 from prism_trace.cli import main

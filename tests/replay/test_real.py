@@ -84,7 +84,7 @@ def test_st_waits_emerge_from_dependencies(real_store: Store) -> None:
     # embedding all-reduce partner (last stage) waits longer, the grad-norm all-reduce holds every
     # rank, and the step grows by the added time. The recorded gaps alone (the old per-lane graph)
     # would have left the other ranks unchanged.
-    from prism_trace.replay.run import emulate_in_memory
+    from prism_trace.replay.emulate import emulate_in_memory
 
     from prism_trace.graph import build_graph
 

@@ -15,9 +15,9 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from prism_trace.replay import run as run_mod
+from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory, emulate_run
 from prism_trace.replay.emulator import CommInstances, DeadlockError, EmulatorGraph
 from prism_trace.replay.emulator import emulate as emulate_scalar
-from prism_trace.replay.run import EmulationConfig, emulate_in_memory, emulate_run
 from prism_trace.replay.timing import TimingConfig
 from prism_trace.replay.vector import emulate_replicas, replica_grid
 from prism_trace.replay.whatif import parse_what_if

@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from prism_trace.replay.run import EmulationConfig, emulate_in_memory, emulate_run
+from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory, emulate_run
 from prism_trace.replay.whatif import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.cli import main

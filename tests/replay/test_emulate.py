@@ -159,7 +159,7 @@ def test_error_while_writing_rolls_everything_back(
 ) -> None:
     """The events go in on a worker thread while the memory is worked out: an error then stops
     the insert and rolls the whole run back (the replaced run stays as it was)."""
-    import prism_trace.replay.run as run_module
+    import prism_trace.replay.emulate as run_module
 
     store = hand_store(tmp_path)
     first = emulate_run(store, run="h", out_run="e")
