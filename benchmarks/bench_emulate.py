@@ -53,7 +53,8 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.replay.emulate import EmulationConfig, emulate_run
+    from prism_trace.replay.emulate import emulate_run
+    from prism_trace.replay.emulate_types import EmulationConfig
     from prism_trace.replay.whatif import parse_what_if
 
     from prism_trace.graph import build_graph

@@ -10,7 +10,7 @@ Two sets:
   (mean |ET level - recorded level| over the recorded events' instants, % of the recorded peak);
   the earlier last-use prototype (one life per storage id, from its first output to its last use,
   no recycled-id split), for contrast; and the emulated peak when every rank's ``[memory]`` rows
-  are removed, so that ``prism emulate`` falls back to the ET (``replay.emulate._memory``).
+  are removed, so that ``prism emulate`` falls back to the ET (``replay.emulate_frames._memory``).
 - the real PARAM DLRM traces ``../shared/datasets/param-dlrm-8rank`` (V100, no memory events):
   per rank the derived ``cuda`` peak, its resident part, and the sanity bound from the FBGEMM
   table-batched embedding: ``dev_weights`` and the exact-Adagrad ``momentum1`` are two fp32
@@ -120,7 +120,8 @@ def _naive_peak(ops: pl.DataFrame) -> int:
 
 def bench_sample(tmp: Path) -> tuple[str, list[str]]:
     """The sample: derived vs recorded, per rank."""
-    from prism_trace.replay.emulate import emulate_in_memory, rank_peaks
+    from prism_trace.replay.emulate import emulate_in_memory
+    from prism_trace.replay.emulate_frames import rank_peaks
     from prism_trace.replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
 
     from prism_trace.ingest import ingest
@@ -209,7 +210,8 @@ def bench_sample(tmp: Path) -> tuple[str, list[str]]:
 
 def bench_dlrm(tmp: Path) -> tuple[str, list[str]]:
     """DLRM: derived cuda peak per rank and the TBE sanity bound."""
-    from prism_trace.replay.emulate import emulate_in_memory, rank_peaks
+    from prism_trace.replay.emulate import emulate_in_memory
+    from prism_trace.replay.emulate_frames import rank_peaks
     from prism_trace.replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
 
     from prism_trace.ingest import ingest
@@ -306,7 +308,7 @@ def main() -> None:
         " err = mean |derived - recorded level| over the recorded instants / recorded peak;"
         " prototype = one life per storage id from first output to last use (no recycled-id split),"
         " the earlier attempt; emulated (ET) = `emulate_in_memory` peak with every `[memory]` row"
-        " removed, i.e. through the `replay.emulate._memory` fallback and `retime_memory`.\n"
+        " removed, i.e. through the `replay.emulate_frames._memory` fallback and `retime_memory`.\n"
         "Columns (DLRM): resident = parameters, optimizer state and buffers first read before"
         " produced (the level before the first event; counted on cuda like the caching"
         " allocator's device total); TBE numel = FBGEMM `dev_weights` elements; the exact-Adagrad"

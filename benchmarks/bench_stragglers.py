@@ -27,7 +27,8 @@ from pathlib import Path
 
 import polars as pl
 from _common import dataset, host_kind, table, write_note
-from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory
+from prism_trace.replay.emulate import emulate_in_memory
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.slowdown import slowdown
 from prism_trace.replay.whatif import WhatIfConfig
 

@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.replay.emulate import EmulationConfig, ReplayConfig
+    from prism_trace.replay.emulate_types import EmulationConfig, ReplayConfig
     from prism_trace.replay.validate import validate_run
 
     from prism_trace.ingest import ingest

@@ -9,7 +9,8 @@ torch, imported only when called) and ``validate_replayed`` are the entry points
 from __future__ import annotations
 
 from prism_trace.replay.calibrate import calibrate_run
-from prism_trace.replay.emulate import EmulationConfig, EmulationReport, ReplayConfig, emulate_run
+from prism_trace.replay.emulate import emulate_run
+from prism_trace.replay.emulate_types import EmulationConfig, EmulationReport, ReplayConfig
 from prism_trace.replay.emulator import DeadlockError, MissingParticipantError
 from prism_trace.replay.hybrid import ReplayOptions, replay_run
 from prism_trace.replay.timing import TimingConfig

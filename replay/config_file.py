@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from prism_trace.replay.emulate import EmulationConfig
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.whatif import WhatIfError, parse_what_if
 
 from prism_trace.errors import PrismError

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory, temporary_slice
+from prism_trace.replay.emulate import emulate_in_memory, temporary_slice
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.whatif import WhatIfConfig
 
 from prism_trace.errors import PrismError

@@ -5,8 +5,8 @@ The emulator re-times recorded allocator events (``replay.memory``); a rank reco
 writes as ``[tensor_id, storage_id, offset, numel, elem_bytes, device]`` (parsed with
 ``replay.kernels``' helpers), so the life of every storage can be rebuilt and written as rows with
 the columns of ``memory`` (``replay.memory.MEMORY_COLUMNS``), timed at the linked Kineto events,
-which ``retime_memory`` and everything after it take unchanged (``replay.emulate._memory`` uses them
-for a rank without recorded events).
+which ``retime_memory`` and everything after it take unchanged (``replay.emulate_frames._memory``
+uses them for a rank without recorded events).
 
 Rules, and why:
 

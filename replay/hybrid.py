@@ -32,7 +32,7 @@ from prism_trace.errors import PrismError
 from prism_trace.store_write import claim_run_name
 
 if TYPE_CHECKING:
-    from prism_trace.replay.emulate import EmulationConfig
+    from prism_trace.replay.emulate_types import EmulationConfig
 
     from prism_trace.store import Store
 

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 if TYPE_CHECKING:
-    from prism_trace.replay.emulate import _Result
+    from prism_trace.replay.emulate_core import _Result
 
 __all__ = ["InsideStep", "inside_step"]
 

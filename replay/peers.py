@@ -30,7 +30,7 @@ import polars as pl
 from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
-    from prism_trace.replay.emulate import EmulationConfig
+    from prism_trace.replay.emulate_types import EmulationConfig
 
     from prism_trace.store import Store
 

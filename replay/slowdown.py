@@ -22,14 +22,11 @@ from typing import Literal
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.emulate import (
-    EmulationConfig,
-    _emulate,
-    _Inputs,
-    _iteration_frame,
-    _prepare,
-    _recorded_iterations,
-)
+from prism_trace.replay.emulate_core import _emulate
+from prism_trace.replay.emulate_frames import _iteration_frame, _recorded_iterations
+from prism_trace.replay.emulate_load import _Inputs
+from prism_trace.replay.emulate_prepare import _prepare
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.whatif import WhatIfConfig
 
 from prism_trace.errors import PrismError

@@ -15,12 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.emulate import (
-    EmulationConfig,
-    emulate_in_memory,
-    rank_peaks,
-    temporary_slice,
-)
+from prism_trace.replay.emulate import emulate_in_memory, temporary_slice
+from prism_trace.replay.emulate_frames import rank_peaks
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.inside_step import InsideStep, inside_step
 from prism_trace.replay.whatif import WhatIfConfig
 

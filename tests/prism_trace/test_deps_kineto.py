@@ -71,7 +71,8 @@ def test_flows_win_when_the_trace_has_them() -> None:
 
 @pytest.mark.shared_data
 def test_hta_nccl_rank_replays_kernel_starts(shared_datasets: Path, tmp_path: Path) -> None:
-    from prism_trace.replay.emulate import EmulationConfig, ReplayConfig, emulate_in_memory
+    from prism_trace.replay.emulate import emulate_in_memory
+    from prism_trace.replay.emulate_types import EmulationConfig, ReplayConfig
 
     store = open_store(tmp_path / "h.duckdb")
     ingest(store, [shared_datasets / "hta-nccl-rank0"], run="h", progress=False)

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory
+from prism_trace.replay.emulate import emulate_in_memory
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.slowdown import slowdown
 from prism_trace.replay.whatif import WhatIfConfig, parse_what_if
 

@@ -16,9 +16,9 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from prism_trace.analysis.stragglers import collective_waits
-from prism_trace.replay import rank_step
-from prism_trace.replay import run as run_mod
-from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory, emulate_run
+from prism_trace.replay import emulate_frames, emulate_prepare, rank_step
+from prism_trace.replay.emulate import emulate_in_memory, emulate_run
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.rank_step import rank_step_rows, rank_steps
 from prism_trace.replay.whatif import parse_what_if
 
@@ -115,15 +115,15 @@ def test_vector_and_expanded_units_write_the_same_rows(store: Store) -> None:
     cfg = EmulationConfig(what_if=parse_what_if(["slow-ranks=0,9@1.3"]))
     res, _ = emulate_in_memory(store, run="s4", config=cfg)
     assert res.replicas is not None
-    eligible = run_mod.vector_eligible
+    eligible = emulate_prepare.vector_eligible
     try:
-        run_mod.vector_eligible = lambda w: False  # the expanded units instead
+        emulate_prepare.vector_eligible = lambda w: False  # the expanded units instead
         res_x, _ = emulate_in_memory(store, run="s4", config=cfg)
     finally:
-        run_mod.vector_eligible = eligible
+        emulate_prepare.vector_eligible = eligible
     assert res_x.replicas is None
-    vec = run_mod._rank_step_rows(res, 1).sort("rank", "iteration")
-    exp = run_mod._rank_step_rows(res_x, 1).sort("rank", "iteration")
+    vec = emulate_frames._rank_step_rows(res, 1).sort("rank", "iteration")
+    exp = emulate_frames._rank_step_rows(res_x, 1).sort("rank", "iteration")
     assert vec.height == 16 * 2
     assert vec.equals(exp)
 

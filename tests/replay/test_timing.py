@@ -134,7 +134,7 @@ def test_presets_and_config_round_trip() -> None:
     with pytest.raises(ValueError, match="timing `model`"):
         TimingConfig(model="magic")  # type: ignore[arg-type]
 
-    from prism_trace.replay.emulate import EmulationConfig
+    from prism_trace.replay.emulate_types import EmulationConfig
 
     cfg = EmulationConfig.from_dict(
         {

@@ -14,8 +14,9 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from prism_trace.replay import run as run_mod
-from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory, emulate_run
+from prism_trace.replay import emulate_frames, emulate_prepare
+from prism_trace.replay.emulate import emulate_in_memory, emulate_run
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.emulator import CommInstances, DeadlockError, EmulatorGraph
 from prism_trace.replay.emulator import emulate as emulate_scalar
 from prism_trace.replay.timing import TimingConfig
@@ -123,12 +124,12 @@ def test_a_slow_replica_reproduces_the_expanded_units_exactly(store: Store) -> N
     words = ("slow-ranks=0,9@1.3", "slow-ops=*@1.1")
     res, vec = emulate(store, "s4", *words)
     assert res.replicas is not None  # type: ignore[attr-defined]
-    eligible = run_mod.vector_eligible
+    eligible = emulate_prepare.vector_eligible
     try:
-        run_mod.vector_eligible = lambda w: False  # the expanded units instead
+        emulate_prepare.vector_eligible = lambda w: False  # the expanded units instead
         res_x, exp = emulate(store, "s4", *words)
     finally:
-        run_mod.vector_eligible = eligible
+        emulate_prepare.vector_eligible = eligible
     assert res_x.replicas is None  # type: ignore[attr-defined]
     assert vec.sort("rank", "iteration").equals(exp.sort("rank", "iteration"))
 
@@ -234,12 +235,12 @@ def test_a_failed_gpu_on_the_vector_reproduces_the_expanded_units(store: Store, 
     res, vec = emulate(store, "s4", f"remove-gpu={rank}")
     assert res.replicas is not None  # type: ignore[attr-defined]
     assert res.inputs.failed_column is not None  # type: ignore[attr-defined]
-    eligible = run_mod.vector_eligible
+    eligible = emulate_prepare.vector_eligible
     try:
-        run_mod.vector_eligible = lambda w: False
+        emulate_prepare.vector_eligible = lambda w: False
         res_x, exp = emulate(store, "s4", f"remove-gpu={rank}")
     finally:
-        run_mod.vector_eligible = eligible
+        emulate_prepare.vector_eligible = eligible
     assert res_x.replicas is None  # type: ignore[attr-defined]
     assert res_x.inputs.size_override  # type: ignore[attr-defined]
     left = set(res.inputs.left_out)  # type: ignore[attr-defined]
@@ -250,5 +251,5 @@ def test_a_failed_gpu_on_the_vector_reproduces_the_expanded_units(store: Store, 
     assert np.mean(step_times(vec)) > np.mean(step_times(base))
     # waits and lateness agree; the peaks are re-timed on replica 0's column in the vector
     cols = ["rank", "iteration", "comm_calls", "wait_ns", "late_ns"]
-    a, b = run_mod._rank_step_rows(res, 1), run_mod._rank_step_rows(res_x, 1)
+    a, b = emulate_frames._rank_step_rows(res, 1), emulate_frames._rank_step_rows(res_x, 1)
     assert a.select(cols).sort(cols).equals(b.select(cols).sort(cols))

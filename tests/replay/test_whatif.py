@@ -13,7 +13,8 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from prism_trace.replay.emulate import EmulationConfig, emulate_in_memory, emulate_run
+from prism_trace.replay.emulate import emulate_in_memory, emulate_run
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.whatif import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.cli import main
@@ -173,7 +174,7 @@ def test_dp_what_if_reslices_and_cleans_up(store: Store) -> None:
 
 
 def test_cli_what_if_and_bad_word(tmp_path: Path) -> None:
-    from tests.replay.test_run import hand_store
+    from tests.replay.test_emulate import hand_store
 
     hand_store(tmp_path).close()
     path = str(tmp_path / "h.duckdb")

@@ -1,0 +1,189 @@
+"""What an emulation is asked for and what it returns: ``EmulationConfig`` with its sections
+(``ReplayConfig``, ``MemoryConfig``), and ``EmulationReport``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from prism_trace.replay.timing import (
+    TimingConfig,
+)
+from prism_trace.replay.topology import Topology
+from prism_trace.replay.whatif import (
+    WhatIfConfig,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+_COMM = ("collective", "send", "recv")
+_DEFAULT_CATEGORY = {
+    "host": "cpu_op",
+    "kernel": "kernel",
+    "memcpy": "memcpy",
+    "memset": "memset",
+    "collective": "comm",
+    "send": "comm",
+    "recv": "comm",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayConfig:
+    """The ``replay`` section of ``EmulationConfig``.
+
+    Attributes:
+        allow_partial: resolve a communication instance over the participants present instead of
+            raising ``MissingParticipantError`` (for partial recordings; the result then ignores
+            the absent ranks).
+        completion: ``per_rank`` (each participant completes at last arrival + transfer + its
+            recorded completion skew: exact replay of collectives whose ranks leave at different
+            times, e.g. gloo) or ``common`` (all complete at last arrival + transfer).
+    """
+
+    allow_partial: bool = False
+    completion: Literal["per_rank", "common"] = "per_rank"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    """The ``memory`` section of ``EmulationConfig`` (see ``replay.memory``).
+
+    Attributes:
+        optimizer_state_bytes: distributed-optimizer state each rank held at the recorded DP
+            degree, for re-sizing its shard in a sliced run with another DP degree; None takes
+            ``optimizer_state_bytes`` from the represented rank's ``rank.args`` (absent: 0, no
+            change).
+    """
+
+    optimizer_state_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulationConfig:
+    """Everything that shapes an emulation; stored resolved in ``run.config_json``.
+
+    Attributes:
+        replay: how the graph is replayed (``ReplayConfig``).
+        timing: the transfer-time model (``replay.timing.TimingConfig``).
+        topology: the network (``replay.topology.Topology``), used by modelled transfers.
+        memory: the memory replay (``MemoryConfig``).
+        what_if: departures from the recording (``replay.whatif.WhatIfConfig``).
+        seed: seed of the random models (the variance mode).
+        keep_events: ranks whose own per-op events are written besides the class exemplars'
+            (a class member otherwise shares its exemplar's events: ``rank.class_id``).
+    """
+
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    timing: TimingConfig = field(default_factory=TimingConfig)
+    topology: Topology = field(default_factory=Topology)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
+    seed: int = 0
+    keep_events: tuple[int, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmulationConfig:
+        """Build from a parsed TOML/JSON mapping with the same sections.
+
+        Args:
+            data: ``{"replay": {...}, "timing": {...}, "topology": {...}, "memory": {...},
+                "what_if": {...}, "seed": 0}``.
+
+        Returns:
+            The config (unknown keys raise ``TypeError``).
+        """
+        return cls(
+            replay=ReplayConfig(**data.get("replay", {})),
+            timing=TimingConfig(**data.get("timing", {})),
+            topology=Topology(**data.get("topology", {})),
+            memory=MemoryConfig(**data.get("memory", {})),
+            what_if=WhatIfConfig(**data.get("what_if", {})),
+            seed=int(data.get("seed", 0)),
+            keep_events=tuple(int(r) for r in data.get("keep_events", ())),
+        )
+
+
+@dataclass
+class EmulationReport:
+    """What ``emulate_run`` did."""
+
+    run: str
+    run_id: int
+    input_run: str
+    input_run_id: int
+    input_kind: str
+    world_size: int
+    units: int
+    nodes: int
+    edges: int
+    collective_instances: int
+    p2p_instances: int
+    rounds: int
+    events_written: int
+    iteration_rows: int
+    represented_events: int
+    rank_step_rows: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    peak_memory: dict[int, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def events_per_s(self) -> float:
+        """Events of the full world (nodes x class members) per second of emulation."""
+        t = self.seconds.get("emulate", 0.0)
+        return self.represented_events / t if t > 0 else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "run": self.run,
+            "run_id": self.run_id,
+            "input_run": self.input_run,
+            "input_run_id": self.input_run_id,
+            "input_kind": self.input_kind,
+            "world_size": self.world_size,
+            "units": self.units,
+            "nodes": self.nodes,
+            "edges": self.edges,
+            "collective_instances": self.collective_instances,
+            "p2p_instances": self.p2p_instances,
+            "rounds": self.rounds,
+            "events_written": self.events_written,
+            "iteration_rows": self.iteration_rows,
+            "rank_step_rows": self.rank_step_rows,
+            "represented_events": self.represented_events,
+            "events_per_s": round(self.events_per_s, 1),
+            "seconds": {k: round(v, 4) for k, v in self.seconds.items()},
+            "iterations": self.iterations,
+            "peak_memory": {str(k): v for k, v in sorted(self.peak_memory.items())},
+            "notes": self.notes,
+        }
+
+    def summary(self) -> str:
+        """A few lines for the CLI."""
+        lines = [
+            f"emulated run {self.run!r} (id {self.run_id}) from {self.input_kind} run"
+            f" {self.input_run!r}: {self.world_size} ranks as {self.units} units,"
+            f" {self.nodes} nodes, {self.collective_instances} collectives,"
+            f" {self.p2p_instances} send/recv pairs",
+            f"  {self.seconds.get('total', 0.0):.2f} s (load {self.seconds.get('load', 0.0):.2f},"
+            f" emulate {self.seconds.get('emulate', 0.0):.3f}, write"
+            f" {self.seconds.get('write', 0.0):.2f}); {self.events_per_s:,.0f} events/s",
+        ]
+        for it in self.iterations[:10]:
+            lines.append(
+                f"  iteration {it['iteration']}: mean {it['mean_ns'] / 1e6:.3f} ms,"
+                f" max {it['max_ns'] / 1e6:.3f} ms over {it['ranks']} ranks"
+            )
+        if len(self.iterations) > 10:
+            lines.append(f"  ... {len(self.iterations) - 10} more iterations")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
