@@ -74,7 +74,7 @@ from prism_trace.limits import (
     check_world_size,
 )
 
-__all__ = ["rank_from_name", "read_chakra", "sniff_chakra"]
+__all__ = ["NODE_COUNT_ATTR", "rank_from_name", "read_chakra", "sniff_chakra"]
 
 _RANK_RE = re.compile(r"^(?P<prefix>.+?)\.(?P<rank>\d+)\.et(?:$|[._-])")
 _CHUNK = 1 << 22
@@ -96,6 +96,11 @@ _CATEGORY = {
 
 PRISM_SCHEMA_PREFIX = "prism-trace"
 """``GlobalMetadata.schema`` of prism's own export, whose extra attributes are read back."""
+
+NODE_COUNT_ATTR = "prism_nodes"
+"""``GlobalMetadata`` attribute giving the number of ``Node`` records that follow it. prism's export
+writes it, so that a file cut exactly at a record boundary (which is otherwise a valid, shorter
+graph) is refused as truncated; it is checked in any file that carries it."""
 
 _OWN_TYPE = {
     (pb.COMP_NODE, "memcpy"): pb.MEM_LOAD_NODE,
@@ -497,6 +502,7 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
     coll_nodes, p2p_nodes, host_coll = g.coll_nodes, g.p2p_nodes, g.host_coll
     groups_raw, gm_attrs = g.groups_raw, g.gm_attrs
     n = len(ids)
+    _check_node_count(path, n, gm_attrs)
     if n == 0:
         msg = f"{path}: Chakra ET holds no nodes (only its metadata: empty or truncated file)"
         raise TruncatedTraceError(msg)
@@ -744,6 +750,24 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         comm_groups=comm_groups,
     )
     return tables.conform()
+
+
+def _check_node_count(path: Path, n: int, gm_attrs: dict[str, Any]) -> None:
+    """Compare the Node records read with the count the metadata states (``NODE_COUNT_ATTR``)."""
+    if NODE_COUNT_ATTR not in gm_attrs:
+        return
+    want = gm_attrs[NODE_COUNT_ATTR]
+    if not isinstance(want, int) or isinstance(want, bool) or want < 0:
+        msg = f"{path}: metadata `{NODE_COUNT_ATTR}` = {want!r} is not a node count"
+        raise TraceFormatError(msg)
+    if n < want:
+        msg = (
+            f"{path}: holds {n} nodes, its metadata `{NODE_COUNT_ATTR}` says {want}: truncated file"
+        )
+        raise TruncatedTraceError(msg)
+    if n > want:
+        msg = f"{path}: holds {n} nodes, more than the {want} its metadata `{NODE_COUNT_ATTR}` says"
+        raise TraceFormatError(msg)
 
 
 def _frame(rows: list[dict[str, Any]], r: int) -> pl.DataFrame:
