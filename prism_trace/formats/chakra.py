@@ -94,6 +94,9 @@ _CATEGORY = {
     pb.MEM_STORE_NODE: "memcpy",
 }
 
+_VALID_TYPES = frozenset(v for v in pb.NodeType.values() if v != pb.INVALID_NODE)
+"""Node types of the schema; proto3 keeps any other number (a corrupt or foreign record)."""
+
 PRISM_SCHEMA_PREFIX = "prism-trace"
 """``GlobalMetadata.schema`` of prism's own export, whose extra attributes are read back."""
 
@@ -430,14 +433,22 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
         seen: set[int] = set()
         g.gm_version = gm.version
         own = str(g.gm_attrs.get("schema", "")).startswith(PRISM_SCHEMA_PREFIX)
-        checked = False
+        first_node = True
         for rec in records:
             node = _parse(pb.Node, rec, path)
-            if not checked:
-                checked = True
-                if len(unknown_fields.UnknownFieldSet(node)):
-                    msg = f"{path}: not a Chakra ET: record at byte offset {rec[0]} is not a Node"
-                    raise TraceFormatError(msg)
+            # Fields outside the schema: a foreign stream when the first node has them, else a
+            # corrupt record (a flipped bit turns `id` into an unknown fixed64 field, say).
+            if len(unknown_fields.UnknownFieldSet(node)):
+                what = "not a Chakra ET: record" if first_node else "corrupt record"
+                msg = f"{path}: {what} at byte offset {rec[0]} is not a Node (unknown fields)"
+                raise TraceFormatError(msg)
+            first_node = False
+            if node.type not in _VALID_TYPES:
+                msg = (
+                    f"{path}: node {node.id} (record at byte offset {rec[0]}):"
+                    f" `type` = {node.type} is not a valid Chakra node type"
+                )
+                raise TraceFormatError(msg)
             nid = node.id
             if nid in seen:  # at once: a stream of empty records would run for minutes
                 msg = f"{path}: node id {nid} appears more than once (record at byte {rec[0]})"

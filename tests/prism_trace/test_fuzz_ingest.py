@@ -275,7 +275,29 @@ def test_chakra_cut_at_a_record_boundary(tmp_path: Path, fuzz: ModuleType) -> No
 def test_chakra_zero_length_records(tmp_path: Path, fuzz: ModuleType) -> None:
     path = _chakra(tmp_path, fuzz)
     path.write_bytes(path.read_bytes() + b"\x00" * 1_000_000)
-    _refused(tmp_path, [path], "appears more than once")
+    _refused(tmp_path, [path], "is not a valid Chakra node type")  # refused at the first
+
+
+def test_chakra_corrupt_node_is_refused(tmp_path: Path, fuzz: ModuleType) -> None:
+    """A flipped bit that leaves a parseable record: `id` as an unknown fixed64 field."""
+    path = _chakra(tmp_path, fuzz)
+    recs = fuzz._records(path.read_bytes())
+    assert recs[10][0] == 0x08  # field 1 (id), varint
+    recs[10] = b"\x09" + recs[10][1:]  # field 1, fixed64: an unknown field to the schema
+    path.write_bytes(fuzz._frame(recs))
+    _refused(tmp_path, [path], "corrupt record")
+
+
+def test_chakra_invalid_node_type_is_refused(tmp_path: Path, fuzz: ModuleType) -> None:
+    from prism_trace.formats import chakra_pb2 as pb
+
+    path = _chakra(tmp_path, fuzz)
+    recs = fuzz._records(path.read_bytes())
+    node = pb.Node.FromString(recs[5])
+    node.type = 99  # proto3 keeps an unknown enum number
+    recs[5] = node.SerializeToString()
+    path.write_bytes(fuzz._frame(recs))
+    _refused(tmp_path, [path], "`type` = 99 is not a valid Chakra node type")
 
 
 def test_chakra_huge_record(tmp_path: Path, fuzz: ModuleType) -> None:
