@@ -25,7 +25,7 @@ import polars as pl
 from tqdm import tqdm
 
 from prism_trace import schema
-from prism_trace.collectives import settle_order_matching
+from prism_trace.collectives import check_member_counts, settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
 from prism_trace.errors import DuplicateRankError, DuplicateRunError, PrismError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
@@ -420,6 +420,7 @@ def _ingest_files(
     sizes: list[int] = []
     et_counts: dict[int, tuple[int, int]] = {}
     formats: set[str] = set()
+    graph_files: dict[int, Path] = {}
     file_ranks: list[list[int]] = []
     sources: list[list[object]] = []
     now = datetime.now(timezone.utc).replace(tzinfo=None)
@@ -435,6 +436,8 @@ def _ingest_files(
                 book.add(t)
                 file_ranks.append(t.rank_ids)
                 formats.add(t.format)
+                if t.format == "chakra":  # a graph: whole iterations (check_member_counts)
+                    graph_files.update(dict.fromkeys(t.rank_ids, t.path))
                 if t.world_size:
                     sizes.append(t.world_size)
                 rank_frames.append(t.ranks.with_columns(_prio=pl.lit(_TIMELINE_PRIORITY[t.format])))
@@ -490,7 +493,9 @@ def _ingest_files(
     ranks = sorted(set(book.timeline) | set(book.host_et))
     world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)
     groups = _merge_groups(group_frames, comm_names, world)
-    colls, groups, matching = settle_order_matching(_concat(coll_frames), groups, ranks)
+    calls = _concat(coll_frames)
+    check_member_counts(calls, groups, graph_files)
+    colls, groups, matching = settle_order_matching(calls, groups, ranks)
     coll_frames = [colls]
     rank_rows = _rank_rows(rank_frames, et_counts)
     config = {"paths": [str(p) for p in paths], "format": format, "comm_matching": matching}
