@@ -124,13 +124,15 @@ def _kineto(path: Path) -> None:
         _need(isinstance(ph, str) and len(ph) == 1, path, f"{where} ph", "a phase letter", ph)
         if "name" in ev:
             _need(isinstance(ev["name"], str), path, f"{where} name", "a string", ev["name"])
+        if ev.get("cat") is not None:  # optional: null reads as absent
+            _need(isinstance(ev["cat"], str), path, f"{where} cat", "a string", ev["cat"])
         for key in ("pid", "tid"):
             if key in ev:
                 v = ev[key]
                 _need(_is_int(v) or isinstance(v, str), path, f"{where} {key}", "an id", v)
         if "ts" in ev:
             _need(_is_num(ev["ts"]) and ev["ts"] >= 0, path, f"{where} ts", "a time", ev["ts"])
-        if "args" in ev:
+        if ev.get("args") is not None:  # optional: null reads as absent
             _need(isinstance(ev["args"], dict), path, f"{where} args", "an object", ev["args"])
         if ph == "X":
             for key in ("name", "ts", "dur", "pid", "tid"):

@@ -152,6 +152,19 @@ def test_kineto_bad_event_field(
     assert "traceEvents[" in msg
 
 
+def test_kineto_null_optional_field_reads_as_absent(tmp_path: Path, kineto_doc: dict) -> None:
+    """`cat` and `args` are optional: a JSON null there is read as the member being absent."""
+    rows = []
+    for i, value in enumerate((None, ...)):
+        path = _kineto(tmp_path, _with_event(kineto_doc, cat=value, args=value), f"r{i}.json")
+        with open_store(tmp_path / f"s{i}.duckdb") as store:
+            ingest(store, [path], run="x", progress=False)
+            rows.append(
+                store.con.execute("SELECT * EXCLUDE (run_id) FROM event ORDER BY ALL").fetchall()
+            )
+    assert rows[0] == rows[1]
+
+
 def test_kineto_events_without_ph_are_refused(tmp_path: Path, kineto_doc: dict) -> None:
     doc = {**kineto_doc, "traceEvents": [{k: v for k, v in e.items() if k != "ph"}
                                          for e in kineto_doc["traceEvents"]]}  # fmt: skip
