@@ -18,10 +18,16 @@ A case passes when it is
 - accepted with data identical to the unmutated seed's (a digest of every table of the run).
 
 Mutations that leave a valid trace by construction (a UTF-8 BOM, whitespace, an unknown key) are
-``valid``: they must be accepted as is. A byte-level mutation of a format without checksums (a
-plain protobuf or parquet) may also yield a valid trace with other values; such a case is counted
-``accepted, other data`` when every invariant of the store holds (no negative time, ranks within
-the world, ...), and ``invalid accepted`` otherwise.
+``valid``: they must be accepted as is (a host ET keeps a node's unknown key in its ``attrs``:
+``accepted_kept_key`` when the data is the seed's but for that key). A byte-level mutation (a
+flip, a chunk deleted or duplicated) may also yield a valid trace with other values: a string
+changed, a float changed in a parquet page, whole JSON events removed. Accepted data that
+differs from the seed's is therefore judged by an independent check of the mutated input
+(``benchmarks/_fuzz_oracle.py``: the format's own decoder and schema, no prism code) and by the
+store's invariants (no negative time, ranks within the world, ...): ``accepted_other`` when both
+hold, ``invalid_accepted`` otherwise. A Chakra file cut exactly at a record boundary is a valid,
+shorter graph byte for byte; accepted, it is ``cut_undetectable`` when it states no node count
+(``invalid_accepted`` when it does), and the note lists every such case.
 
     python benchmarks/fuzz_ingest.py [--cases 1100] [--jobs 2] [--seed 18] [--cli-every 16]
 
@@ -148,6 +154,23 @@ def _synthetic_op_timeline(folder: Path) -> None:
     (folder / "meta-F.yaml").write_text("dp_size: 2\npp_size: 2\ntp_size: 1\nworld_size: 4\n")
 
 
+def _prism_export(op_timeline: Path, out: Path) -> None:
+    """Ingest an op timeline and export it with prism's Chakra export (4 files, ``opt.<r>.et``)."""
+    from prism_trace.export import export_chakra
+    from prism_trace.ingest import ingest
+    from prism_trace.store import open_store
+
+    work = out.with_name(out.name + "-store")
+    work.mkdir(parents=True, exist_ok=True)
+    with open_store(work / "s.duckdb") as store:
+        ingest(store, [op_timeline], run="opt", progress=False)
+        export_chakra(store, run="opt", out_dir=out, prefix="opt")
+    for extra in out.iterdir():
+        if not extra.name.endswith(".et"):
+            extra.unlink()
+    shutil.rmtree(work)
+
+
 def _small_kineto(src: Path, dst: Path, keep: int) -> None:
     """The first ``keep`` records of a Kineto trace (the rest of the object kept): a small seed."""
     doc = json.loads(gzip.decompress(src.read_bytes()))
@@ -200,6 +223,12 @@ def make_seeds(root: Path, *, shared: bool = True) -> list[Seed]:
     opt.mkdir(parents=True, exist_ok=True)
     _synthetic_op_timeline(opt)
     seeds.append(Seed("synthetic-op-timeline", "op_timeline", opt, "trace-F.parquet", (".",)))
+    # prism's own Chakra export (it states each file's node count) of that op timeline, 4 ranks
+    exported = root / "prism-export-chakra"
+    if not exported.is_dir():
+        _prism_export(opt, exported)
+    ranks = {p.name: p for p in sorted(exported.glob("*.et"))}
+    add("prism-export-chakra", "chakra", ranks, "opt.1.et")
     if shared and SHARED.is_dir():
         dlrm = SHARED / "param-dlrm-8rank"
         k0 = next((dlrm / "kineto").glob("worker0_*"), None)
@@ -223,6 +252,13 @@ def make_seeds(root: Path, *, shared: bool = True) -> list[Seed]:
             dst = root / "chakra-head" / "chakra.0.et"
             if not dst.exists():
                 dst.write_bytes(gzip.decompress(head.read_bytes()))
+        # a foreign multi-rank job without node counts: 4 of ResNet-50's 64 data-parallel ranks
+        rn = SHARED / "chakra-et" / "astrasim_et_examples" / "resnet50_dp_64npus_text_converted"
+        rn_files = {
+            f"Resnet50_DataParallel.{r}.et": rn / f"Resnet50_DataParallel.{r}.et" for r in range(4)
+        }
+        if all(p.is_file() for p in rn_files.values()):
+            add("resnet-chakra-4", "chakra", rn_files, "Resnet50_DataParallel.2.et")
         ar = SHARED / "chakra-et" / "astrasim_et_examples" / "microbenchmarks" / "all_reduce"
         ar0 = ar / "4npus_1MB" / "all_reduce.0.et"
         if ar0.is_file():
@@ -291,6 +327,9 @@ SPECIAL = {
     "bomb": "invalid",
 }
 
+UNKNOWN_KEY = "x_unknown"
+"""The key ``huge_string_unknown_key`` adds to one event or node (its value: 1 or 8 MB of x)."""
+
 _KINETO_FIELDS = {
     "ph": "str",
     "ts": "num",
@@ -298,11 +337,14 @@ _KINETO_FIELDS = {
     "name": "str",
     "pid": "id",
     "tid": "id",
-    "cat": "str",
+    "cat": "optional_str",
     "args": "obj",
 }
 _WRONG = {
     "str": [1, True, None, [1], {"a": 1}],
+    # `cat` may be absent (instant events have none), and a JSON null for an optional member
+    # reads as absent (prism's reader and the independent check alike): not a wrong type
+    "optional_str": [1, True, [1], {"a": 1}],
     "num": ["12", True, None, [1], {"a": 1}, "NaN", 1e300, -(2**70)],
     "id": [True, None, [1], {"a": 1}, 1.5],
     "obj": ["x", 3, True, [1]],
@@ -402,7 +444,7 @@ def mutate_json(fmt: str, kind: str, payload: bytes, rng: random.Random) -> byte
         ev["x_deep"] = "__DEEP__"
         return _dumps(doc).replace(b'"__DEEP__"', b"[" * depth + b"]" * depth, 1)
     elif kind == "huge_string_unknown_key":
-        ev["x_unknown"] = "x" * rng.choice([1 << 20, 8 << 20])
+        ev[UNKNOWN_KEY] = "x" * rng.choice([1 << 20, 8 << 20])
     elif kind in ("bad_rank", "duplicate_rank"):
         info = doc.setdefault("distributedInfo", {})
         if kind == "duplicate_rank":
@@ -613,8 +655,6 @@ def plan(seeds: list[Seed], n: int, rng: random.Random, cli_every: int) -> list[
             gz = True
         if kind == "duplicate_rank" and s.name == "sample-pair":
             kind = "bad_rank"
-        if kind == "huge_string_unknown_key" and s.format == "host_et":
-            expect = "any"  # a host ET keeps unknown node keys in `attrs`: valid, other data
         via = "cli" if (kind == "bomb" or i % cli_every == 0) else "inproc"
         cases.append(Case(i, s.name, s.format, kind, expect, gz, via, rng.randrange(1 << 30)))
     return cases
@@ -742,9 +782,10 @@ def store_snapshot(db: Path) -> dict[str, Any]:
     return out
 
 
-def run_digest(db: Path, run: str) -> tuple[str, list[str]]:
+def run_digest(db: Path, run: str, *, strip_key: str | None = None) -> tuple[str, list[str]]:
     """A digest of every table of ``run`` (ids, values; not paths or times), and the invariants
-    the run breaks."""
+    the run breaks. ``strip_key``: hash ``et_op.attrs`` as if that key (a string of x) were not
+    there (a host ET keeps the keys of a node it does not map in ``attrs``)."""
     from prism_trace import schema
     from prism_trace.store import open_store
 
@@ -754,10 +795,15 @@ def run_digest(db: Path, run: str) -> tuple[str, list[str]]:
         for t in schema.TABLES:
             if t.name in _RUN_TABLES_SKIP:
                 continue
+            cols = "* EXCLUDE (run_id)"
+            if strip_key and t.name == "et_op":
+                key = f'"{strip_key}":"x*"'
+                attrs = f"regexp_replace(regexp_replace(attrs, ',{key}', ''), '{key},?', '')"
+                cols += f" REPLACE ({attrs} AS attrs)"
             # order-independent: the sorted hashes of every row, as text
             (n, digest) = store.con.execute(
                 f"SELECT count(*), md5(coalesce(string_agg(h, ',' ORDER BY h), ''))"
-                f" FROM (SELECT md5(t::VARCHAR) AS h FROM (SELECT * EXCLUDE (run_id)"
+                f" FROM (SELECT md5(t::VARCHAR) AS h FROM (SELECT {cols}"
                 f" FROM {t.name} WHERE run_id = ?) t)",
                 [rid],
             ).fetchall()[0]
@@ -821,8 +867,17 @@ def judge(
     baseline: str | None,
     files: list[Path],
     work: Path,
+    inputs: list[Path] | None = None,
+    mutated: Path | None = None,
 ) -> tuple[str, bool, str]:
-    """The outcome of a finished case and whether it passes."""
+    """The outcome of a finished case and whether it passes.
+
+    Accepted data that differs from the seed's is judged by an independent check of the mutated
+    input (``_fuzz_oracle.verdict``: the format's own decoder and schema, no prism code): a
+    valid trace with other values passes (``accepted_other``), anything else is
+    ``invalid_accepted``. Two differences are named apart: a host-ET node's unknown key kept in
+    its ``attrs`` (``accepted_kept_key``), and a Chakra file cut exactly at a record boundary
+    that states no node count (``cut_undetectable``: byte for byte a valid, shorter graph)."""
     if crash is not None:
         return "crash", False, crash
     if refused is not None:
@@ -836,11 +891,36 @@ def judge(
         return "invalid_accepted", False, ", ".join(broken)
     if digest == baseline:
         return "accepted_same", True, ""
-    if case.expect == "invalid":
-        return "invalid_accepted", False, "accepted with other data"
+    if (
+        case.mutation == "huge_string_unknown_key"
+        and run_digest(db, "fuzz", strip_key=UNKNOWN_KEY)[0] == baseline
+    ):
+        return "accepted_kept_key", True, f"identical but for `{UNKNOWN_KEY}` in the node's attrs"
     if case.expect == "valid":
         return "valid_changed", False, "a valid mutation changed the data"
-    return "accepted_other", True, "other data, every invariant holds"
+    why = _oracle().verdict(case.format, inputs if inputs is not None else files)
+    if why is not None:
+        return "invalid_accepted", False, f"accepted with other data; independent check: {why}"
+    if case.expect == "any":
+        return "accepted_other", True, "other values; a valid trace by the independent check"
+    if (
+        case.mutation == "record_truncate"
+        and mutated is not None
+        and not _oracle().chakra_states_count(mutated)
+    ):
+        return (
+            "cut_undetectable",
+            True,
+            "cut at a record boundary: a valid shorter graph, no node count states otherwise",
+        )
+    return "invalid_accepted", False, "accepted with other data (valid to the independent check)"
+
+
+def _oracle() -> Any:
+    sys.path.insert(0, str(HERE))
+    import _fuzz_oracle
+
+    return _fuzz_oracle
 
 
 def _limit_memory(gb: float) -> None:
@@ -1007,6 +1087,8 @@ class Harness:
                 baseline=baseline,
                 files=[*files, mutated],
                 work=work,
+                inputs=files,
+                mutated=mutated,
             )
             if ok and peak > 2048:
                 outcome, ok, detail = "memory", False, f"peak {peak:.0f} MB"
@@ -1090,9 +1172,8 @@ def campaign(
     root = Path(tempfile.mkdtemp(prefix="prism-fuzz-"))
     h = Harness(root, shared=shared, timeout=timeout, mem_gb=mem_gb)
     cases = plan(list(h.seeds.values()), n, random.Random(seed), cli_every)
-    for s in h.seeds.values():
-        for gz in (False, True):
-            h.baseline(s, gz=gz)
+    for name, gz in sorted({(c.seed, c.gz) for c in cases}):  # the ones the cases use
+        h.baseline(h.seeds[name], gz=gz)
     h.save_baselines()
     todo: queue.Queue[Case] = queue.Queue()
     for c in cases:
@@ -1135,7 +1216,9 @@ def summarize(cases: list[Case], results: list[Result]) -> str:
     outcomes = [
         "refused",
         "accepted_same",
+        "accepted_kept_key",
         "accepted_other",
+        "cut_undetectable",
         "valid_refused",
         "crash",
         "hang",
@@ -1170,7 +1253,8 @@ def summarize(cases: list[Case], results: list[Result]) -> str:
         "",
         f"- cases: {len(results)}; failing: {len(fails)}; tracebacks: {tracebacks};"
         f" hangs: {hangs}; partial writes: {sum(r.outcome == 'partial_write' for r in results)};"
-        f" invalid accepted: {sum(r.outcome == 'invalid_accepted' for r in results)}",
+        f" invalid accepted: {sum(r.outcome == 'invalid_accepted' for r in results)};"
+        f" undetectable cuts: {sum(r.outcome == 'cut_undetectable' for r in results)}",
         f"- slowest case: {worst:.1f} s; bombs: {len(bombs)}, peak RSS of the worst"
         f" {max((r.peak_mb for r in bombs), default=0):.0f} MB (limit 2048 MB)",
     ]
@@ -1185,8 +1269,27 @@ def summarize(cases: list[Case], results: list[Result]) -> str:
     )
     if other:
         body.append(
-            "- accepted with other data (valid traces, every invariant holds): "
+            "- accepted_other (valid traces with other values, by the independent check of"
+            " benchmarks/_fuzz_oracle.py): "
             + ", ".join(f"{k} {v}" for k, v in sorted(other.items()))
+        )
+    kept = [r for r in results if r.outcome == "accepted_kept_key"]
+    if kept:
+        seeds = ", ".join(sorted({by_id[r.id].seed for r in kept}))
+        body.append(
+            f"- accepted_kept_key: {len(kept)} ({seeds}): identical to the seed but for the"
+            f" unknown key `{UNKNOWN_KEY}`, which a host ET keeps verbatim in that node's `attrs`"
+            " (the reader keeps every key it does not map)"
+        )
+    cuts = [r for r in results if r.outcome == "cut_undetectable"]
+    if cuts:
+        body.append(
+            f"- cut_undetectable: {len(cuts)} Chakra files cut exactly at a record boundary,"
+            " accepted as a shorter graph. Nothing in the input tells them from a whole file:"
+            " byte for byte a valid trace (the independent check decodes it), no node count in"
+            " the metadata (foreign files), no dependency on a missing node, and the other ranks"
+            " given beside it (if any) issue as many collectives: "
+            + ", ".join(f"#{r.id} {by_id[r.id].seed} gz={by_id[r.id].gz}" for r in cuts)
         )
     if fails:
         body += ["", "Failures:", ""]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import polars as pl
 
@@ -35,6 +36,7 @@ __all__ = [
     "UNMATCHED",
     "CommMatchReport",
     "check_comms",
+    "check_member_counts",
     "match_comms",
     "settle_order_matching",
 ]
@@ -307,6 +309,53 @@ def check_comms(store: Store, run: str, *, partial_ok: bool = True) -> CommMatch
         )
         raise CollectiveMismatchError(msg)
     return report
+
+
+def check_member_counts(calls: pl.DataFrame, groups: pl.DataFrame, paths: dict[int, Path]) -> None:
+    """Refuse a file whose rank issues fewer collectives of a communicator than another member.
+
+    For graph traces (Chakra ET) only, at ingest: such a file holds one whole iteration of its
+    rank, and every member of a communicator issues each of its collectives, so the members given
+    together must issue the same number. A file cut exactly at a record boundary is otherwise a
+    valid, shorter graph; beside a whole file of another member of one of its groups it shows here.
+    (Timed traces are not checked: their profiling windows may start and end at different calls.)
+
+    Args:
+        calls: collective rows of every rank (``rank``, ``group_name``).
+        groups: the run's merged groups (``name``, ``ranks``: NULL when unknown).
+        paths: the file of each rank to check.
+
+    Raises:
+        CollectiveMismatchError: one line naming the file with fewer calls, the group and counts.
+    """
+    if len(paths) < 2 or calls.is_empty():
+        return
+    counts = (
+        calls.filter(pl.col("rank").is_in(list(paths)))
+        .group_by("group_name", "rank")
+        .len()
+        .sort("group_name", "rank")
+    )
+    members = dict(zip(groups["name"].to_list(), groups["ranks"].to_list(), strict=True))
+    per_group: dict[str, dict[int, int]] = {}
+    for g, r, n in counts.iter_rows():
+        per_group.setdefault(g, {})[int(r)] = int(n)
+    for g, issued in sorted(per_group.items()):
+        known = members.get(g)
+        present = sorted(set(paths) & {int(x) for x in known}) if known else sorted(issued)
+        if len(present) < 2:
+            continue
+        n_of = {r: issued.get(r, 0) for r in present}
+        most = max(present, key=lambda r: (n_of[r], -r))
+        least = min(present, key=lambda r: (n_of[r], r))
+        if n_of[least] == n_of[most]:
+            continue
+        msg = (
+            f"{paths[least]}: rank {least} issues {n_of[least]} collectives of process group"
+            f" {g!r}, rank {most} ({paths[most].name}) issues {n_of[most]}: every member issues"
+            " each one, so this file is cut short (truncated) or from another job"
+        )
+        raise CollectiveMismatchError(msg)
 
 
 def _first_difference(calls: pl.DataFrame, expected: list[int]) -> str:

@@ -17,6 +17,7 @@ from prism_trace.export_rules import (
 from prism_trace.export_template import _Run, _Template
 from prism_trace.export_wire import _attr, _attrs_bytes, _record, _varint
 from prism_trace.formats import chakra_pb2 as pb
+from prism_trace.formats.chakra import NODE_COUNT_ATTR
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -143,7 +144,9 @@ class _Writer:
 
     # records
 
-    def metadata(self, tpl: _Template, rank: int) -> bytes:
+    def metadata(self, tpl: _Template, rank: int, nodes: int) -> bytes:
+        """The ``GlobalMetadata`` record; ``nodes`` (the Node records that follow) lets the reader
+        tell a file cut at a record boundary from a shorter graph (``NODE_COUNT_ATTR``)."""
         rd = self.rd
         gm = pb.GlobalMetadata(version=CHAKRA_VERSION)
         gm.attr.extend(
@@ -153,6 +156,7 @@ class _Writer:
                 _attr("rank", int64_val=rank),
                 _attr("run", string_val=rd.name),
                 _attr("run_kind", string_val=rd.kind),
+                _attr(NODE_COUNT_ATTR, int64_val=nodes),
             ]
         )
         if rd.kind == "sliced":
@@ -194,7 +198,9 @@ class _Writer:
     def write(self, tpl: _Template, rank: int) -> int:
         """Write ``rank``'s file from ``tpl``; return its size in bytes."""
         suffix: dict[tuple[str, int | None, int | None], bytes] = {}
-        parts = [self.metadata(tpl, rank), self.pg_init(tpl, rank), self.start(tpl), tpl.runs[0]]
+        pg_init = self.pg_init(tpl, rank)
+        nodes = tpl.nodes + (1 if pg_init else 0) + 1  # the graph's, pg init's, the start node
+        parts = [self.metadata(tpl, rank, nodes), pg_init, self.start(tpl), tpl.runs[0]]
         for hole, run_bytes in zip(tpl.holes, tpl.runs[1:], strict=True):
             key = (hole.kind, hole.group_id, hole.peer)
             tail = suffix.get(key)

@@ -23,7 +23,7 @@ import duckdb
 import polars as pl
 from tqdm import tqdm
 
-from prism_trace.collectives import settle_order_matching
+from prism_trace.collectives import check_member_counts, settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
@@ -458,6 +458,7 @@ def _ingest_files(
     sizes: list[int] = []
     et_counts: dict[int, tuple[int, int]] = {}
     formats: set[str] = set()
+    graph_files: dict[int, Path] = {}
     file_ranks: list[list[int]] = []
     sources: list[list[object]] = []
     now = datetime.now(timezone.utc).replace(tzinfo=None)
@@ -473,6 +474,8 @@ def _ingest_files(
                 book.add(t)
                 file_ranks.append(t.rank_ids)
                 formats.add(t.format)
+                if t.format == "chakra":  # a graph: whole iterations (check_member_counts)
+                    graph_files.update(dict.fromkeys(t.rank_ids, t.path))
                 if t.world_size:
                     sizes.append(t.world_size)
                 rank_frames.append(t.ranks.with_columns(_prio=pl.lit(_TIMELINE_PRIORITY[t.format])))
@@ -528,7 +531,9 @@ def _ingest_files(
     ranks = sorted(set(book.timeline) | set(book.host_et))
     world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)
     groups = _merge_groups(group_frames, comm_names, world)
-    colls = fill_sizes(_concat(coll_frames), groups)
+    calls = _concat(coll_frames)
+    check_member_counts(calls, groups, graph_files)
+    colls = fill_sizes(calls, groups)
     colls, groups, matching = settle_order_matching(colls, groups, ranks)
     coll_frames = [colls]
     rank_rows = _rank_rows(rank_frames, et_counts)

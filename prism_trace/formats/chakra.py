@@ -77,7 +77,7 @@ from prism_trace.limits import (
     check_world_size,
 )
 
-__all__ = ["rank_from_name", "read_chakra", "sniff_chakra"]
+__all__ = ["NODE_COUNT_ATTR", "rank_from_name", "read_chakra", "sniff_chakra"]
 
 _RANK_RE = re.compile(r"^(?P<prefix>.+?)\.(?P<rank>\d+)\.et(?:$|[._-])")
 _CHUNK = 1 << 22
@@ -97,6 +97,9 @@ _CATEGORY = {
     pb.MEM_STORE_NODE: "memcpy",
 }
 
+_VALID_TYPES = frozenset(v for v in pb.NodeType.values() if v != pb.INVALID_NODE)
+"""Node types of the schema; proto3 keeps any other number (a corrupt or foreign record)."""
+
 PRISM_SCHEMA_PREFIX = "prism-trace"
 """``GlobalMetadata.schema`` of prism's own export, whose extra attributes are read back."""
 
@@ -106,6 +109,11 @@ PRISM_START_NAME = "## prism:start ##"
 PRISM_MSG_ATTR = "prism_msg_bytes"
 """Node attribute of prism's export: the exact ``msg_bytes`` of an ALL_GATHER whose size is not
 a multiple of its group size (``comm_size`` is each member's input, rounded up)."""
+
+NODE_COUNT_ATTR = "prism_nodes"
+"""``GlobalMetadata`` attribute giving the number of ``Node`` records that follow it. prism's export
+writes it, so that a file cut exactly at a record boundary (which is otherwise a valid, shorter
+graph) is refused as truncated; it is checked in any file that carries it."""
 
 _OWN_TYPE = {
     (pb.COMP_NODE, "memcpy"): pb.MEM_LOAD_NODE,
@@ -435,14 +443,22 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
         seen: set[int] = set()
         g.gm_version = gm.version
         own = str(g.gm_attrs.get("schema", "")).startswith(PRISM_SCHEMA_PREFIX)
-        checked = False
+        first_node = True
         for rec in records:
             node = _parse(pb.Node, rec, path)
-            if not checked:
-                checked = True
-                if len(unknown_fields.UnknownFieldSet(node)):
-                    msg = f"{path}: not a Chakra ET: record at byte offset {rec[0]} is not a Node"
-                    raise TraceFormatError(msg)
+            # Fields outside the schema: a foreign stream when the first node has them, else a
+            # corrupt record (a flipped bit turns `id` into an unknown fixed64 field, say).
+            if len(unknown_fields.UnknownFieldSet(node)):
+                what = "not a Chakra ET: record" if first_node else "corrupt record"
+                msg = f"{path}: {what} at byte offset {rec[0]} is not a Node (unknown fields)"
+                raise TraceFormatError(msg)
+            first_node = False
+            if node.type not in _VALID_TYPES:
+                msg = (
+                    f"{path}: node {node.id} (record at byte offset {rec[0]}):"
+                    f" `type` = {node.type} is not a valid Chakra node type"
+                )
+                raise TraceFormatError(msg)
             nid = node.id
             if own and node.name == PRISM_START_NAME and node.type == pb.COMP_NODE:
                 continue  # the export's start node; its edges are order_deps
@@ -509,6 +525,7 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
     coll_nodes, p2p_nodes, host_coll = g.coll_nodes, g.p2p_nodes, g.host_coll
     groups_raw, gm_attrs = g.groups_raw, g.gm_attrs
     n = len(ids)
+    _check_node_count(path, n, gm_attrs)
     if n == 0:
         msg = f"{path}: Chakra ET holds no nodes (only its metadata: empty or truncated file)"
         raise TruncatedTraceError(msg)
@@ -755,6 +772,24 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
         comm_groups=comm_groups,
     )
     return tables.conform()
+
+
+def _check_node_count(path: Path, n: int, gm_attrs: dict[str, Any]) -> None:
+    """Compare the Node records read with the count the metadata states (``NODE_COUNT_ATTR``)."""
+    if NODE_COUNT_ATTR not in gm_attrs:
+        return
+    want = gm_attrs[NODE_COUNT_ATTR]
+    if not isinstance(want, int) or isinstance(want, bool) or want < 0:
+        msg = f"{path}: metadata `{NODE_COUNT_ATTR}` = {want!r} is not a node count"
+        raise TraceFormatError(msg)
+    if n < want:
+        msg = (
+            f"{path}: holds {n} nodes, its metadata `{NODE_COUNT_ATTR}` says {want}: truncated file"
+        )
+        raise TruncatedTraceError(msg)
+    if n > want:
+        msg = f"{path}: holds {n} nodes, more than the {want} its metadata `{NODE_COUNT_ATTR}` says"
+        raise TraceFormatError(msg)
 
 
 def _frame(rows: list[dict[str, Any]], r: int) -> pl.DataFrame:

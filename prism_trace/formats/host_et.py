@@ -288,6 +288,19 @@ _ATTR_TYPES: dict[str, tuple[type, ...]] = {
     "op_schema": (str,),
 }
 _IO_KEYS = ("values", "shapes", "types", "strides")
+# Keys the ExecutionTraceObserver writes on every node of a layout (each real ET checked carries
+# them on all nodes: DLRM 1.0.1, ResNet 1.0.3/1.1.0, GPT-2 1.1.0, the sample 1.1.1). A node
+# without one is not a node the observer wrote: typically two nodes run together by a cut.
+_OLD_REQUIRED = (
+    "parent",
+    "inputs",
+    "input_shapes",
+    "input_types",
+    "outputs",
+    "output_shapes",
+    "output_types",
+)
+_NEW_REQUIRED = ("ctrl_deps", "inputs", "outputs", "attrs")
 
 
 def _bad(path: Path, nid: Any, index: int, field: str, value: Any, want: str) -> TraceFormatError:
@@ -317,14 +330,15 @@ def check_nodes(path: Path, nodes: list[Any]) -> None:
 
     Raises:
         TraceFormatError: the first node that is not an object, has a missing, null or bool
-            ``id``/``name``, a duplicate ``id``, or a field of the wrong type, naming the node
-            id, the field and the bad value.
+            ``id``/``name``, a duplicate ``id``, lacks a key of its layout (``MissingFieldError``)
+            or has a field of the wrong type, naming the node id, the field and the bad value.
     """
     new_layout = any(
         isinstance(n, dict) and (isinstance(n.get("inputs"), dict) or "attrs" in n)
         for n in nodes[:8]
     )
     types = _NEW_TYPES if new_layout else _OLD_TYPES
+    required = _NEW_REQUIRED if new_layout else _OLD_REQUIRED
     seen: set[int] = set()
     for i, n in enumerate(nodes):
         if not isinstance(n, dict):
@@ -338,6 +352,14 @@ def check_nodes(path: Path, nodes: list[Any]) -> None:
         seen.add(nid)
         if not isinstance(n.get("name"), str):
             raise _bad(path, nid, i, "name", n.get("name"), "a string")
+        gone = next((k for k in required if k not in n), None)
+        if gone is not None:
+            layout = "1.0.2+" if new_layout else "1.0.1"
+            msg = (
+                f"{path}: node {nid} (nodes[{i}]): missing field `{gone}`, which every node of"
+                f" a {layout} host execution trace carries"
+            )
+            raise MissingFieldError(msg)
         for key, want in types.items():
             v = n.get(key)
             if v is not None and not _typed(v, want):

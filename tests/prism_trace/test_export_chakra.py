@@ -20,6 +20,7 @@ from prism_trace.export import (
     ExportReport,
     export_chakra,
 )
+from prism_trace.formats.chakra import NODE_COUNT_ATTR
 from prism_trace.graph import build_graph
 from prism_trace.ingest import ingest
 from prism_trace.parallel import ParallelLayout
@@ -81,6 +82,8 @@ def scorecard(path: Path) -> Counter[str]:
             assert a["comm_size"][0] == "int64_val"
     fh.close()
     assert seen[pb.NodeType.Name(pb.METADATA_NODE)] <= 1
+    # the node count prism's reader checks (a cut at a record boundary is refused)
+    assert ga[NODE_COUNT_ATTR] == ("int64_val", sum(seen.values())), path
     assert_acyclic(path)
     return seen
 
@@ -243,6 +246,33 @@ def test_sample_roundtrip(sample_store: Store, tmp_path: Path) -> None:
     names = sorted(p.name for p in (tmp_path / "sample_et").iterdir())
     want = ["comm_groups.json", *(f"sample.{r}.et" for r in sorted(range(8), key=str))]
     assert names == want
+
+
+def test_file_cut_at_a_record_boundary_is_refused(sample_store: Store, tmp_path: Path) -> None:
+    """A cut that leaves whole records is a valid shorter graph but for the node count."""
+    out = tmp_path / "et"
+    export_chakra(sample_store, run="sample", out_dir=out, prefix="cut")
+    victim = out / "cut.3.et"
+    data = victim.read_bytes()
+    ends, pos = [], 0
+    while pos < len(data):  # record ends: varint length, then the message
+        size, shift = 0, 0
+        while True:
+            b = data[pos]
+            pos += 1
+            size |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        pos += size
+        ends.append(pos)
+    victim.write_bytes(data[: ends[len(ends) // 2]])
+    (out / "comm_groups.json").unlink()
+    with open_store(tmp_path / "s.duckdb") as store, pytest.raises(PrismError) as exc:
+        ingest(store, [out], run="cut", progress=False)
+    assert "cut.3.et" in str(exc.value)
+    assert f"its metadata `{NODE_COUNT_ATTR}` says" in str(exc.value)
+    assert "truncated" in str(exc.value)
 
 
 def test_sliced_roundtrip_members_own_groups_and_peers(sample_store: Store, tmp_path: Path) -> None:

@@ -152,6 +152,19 @@ def test_kineto_bad_event_field(
     assert "traceEvents[" in msg
 
 
+def test_kineto_null_optional_field_reads_as_absent(tmp_path: Path, kineto_doc: dict) -> None:
+    """`cat` and `args` are optional: a JSON null there is read as the member being absent."""
+    rows = []
+    for i, value in enumerate((None, ...)):
+        path = _kineto(tmp_path, _with_event(kineto_doc, cat=value, args=value), f"r{i}.json")
+        with open_store(tmp_path / f"s{i}.duckdb") as store:
+            ingest(store, [path], run="x", progress=False)
+            rows.append(
+                store.con.execute("SELECT * EXCLUDE (run_id) FROM event ORDER BY ALL").fetchall()
+            )
+    assert rows[0] == rows[1]
+
+
 def test_kineto_events_without_ph_are_refused(tmp_path: Path, kineto_doc: dict) -> None:
     doc = {**kineto_doc, "traceEvents": [{k: v for k, v in e.items() if k != "ph"}
                                          for e in kineto_doc["traceEvents"]]}  # fmt: skip
@@ -236,6 +249,15 @@ def test_host_et_duplicate_node_id(tmp_path: Path, et_doc: dict) -> None:
     _refused(tmp_path, [_et(tmp_path, {**et_doc, "nodes": nodes})], "appears more than once")
 
 
+def test_host_et_node_without_a_key_of_its_layout(tmp_path: Path, et_doc: dict) -> None:
+    """Two nodes run together by a cut lack the keys between; the observer writes all."""
+    nodes = [dict(n) for n in et_doc["nodes"]]
+    del nodes[7]["ctrl_deps"]
+    msg = _refused(tmp_path, [_et(tmp_path, {**et_doc, "nodes": nodes})], "missing field")
+    assert f"node {nodes[7]['id']} (nodes[7])" in msg
+    assert "`ctrl_deps`" in msg
+
+
 @pytest.mark.parametrize("rank", [10**9, -1, "1"])
 def test_host_et_bad_rank(tmp_path: Path, et_doc: dict, rank: object) -> None:
     doc = {**et_doc, "distributedInfo": {"rank": rank}}
@@ -275,7 +297,29 @@ def test_chakra_cut_at_a_record_boundary(tmp_path: Path, fuzz: ModuleType) -> No
 def test_chakra_zero_length_records(tmp_path: Path, fuzz: ModuleType) -> None:
     path = _chakra(tmp_path, fuzz)
     path.write_bytes(path.read_bytes() + b"\x00" * 1_000_000)
-    _refused(tmp_path, [path], "appears more than once")
+    _refused(tmp_path, [path], "is not a valid Chakra node type")  # refused at the first
+
+
+def test_chakra_corrupt_node_is_refused(tmp_path: Path, fuzz: ModuleType) -> None:
+    """A flipped bit that leaves a parseable record: `id` as an unknown fixed64 field."""
+    path = _chakra(tmp_path, fuzz)
+    recs = fuzz._records(path.read_bytes())
+    assert recs[10][0] == 0x08  # field 1 (id), varint
+    recs[10] = b"\x09" + recs[10][1:]  # field 1, fixed64: an unknown field to the schema
+    path.write_bytes(fuzz._frame(recs))
+    _refused(tmp_path, [path], "corrupt record")
+
+
+def test_chakra_invalid_node_type_is_refused(tmp_path: Path, fuzz: ModuleType) -> None:
+    from prism_trace.formats import chakra_pb2 as pb
+
+    path = _chakra(tmp_path, fuzz)
+    recs = fuzz._records(path.read_bytes())
+    node = pb.Node.FromString(recs[5])
+    node.type = 99  # proto3 keeps an unknown enum number
+    recs[5] = node.SerializeToString()
+    path.write_bytes(fuzz._frame(recs))
+    _refused(tmp_path, [path], "`type` = 99 is not a valid Chakra node type")
 
 
 def test_chakra_huge_record(tmp_path: Path, fuzz: ModuleType) -> None:
@@ -283,6 +327,44 @@ def test_chakra_huge_record(tmp_path: Path, fuzz: ModuleType) -> None:
     path.write_bytes(path.read_bytes() + fuzz._varint(2_300 << 20) + b"\x08\x01")
     with open_store(tmp_path / "s.duckdb") as store, pytest.raises(TruncatedTraceError):
         ingest(store, [path], run="x", progress=False)
+
+
+def _chakra_rank(path: Path, world: int, nodes: int) -> list[bytes]:
+    """A rank's Chakra ET without forward dependencies: compute and all-reduce in turn."""
+    from prism_trace.formats import chakra_pb2 as pb
+
+    gm = pb.GlobalMetadata(version="0.0.4")
+    gm.attr.add(name="world_size").int64_val = world
+    recs = [gm.SerializeToString()]
+    for i in range(1, nodes + 1):
+        kind = pb.COMM_COLL_NODE if i % 2 == 0 else pb.COMP_NODE
+        n = pb.Node(id=i, name=f"{path.name}:op{i}", type=kind, duration_micros=5)
+        if kind == pb.COMM_COLL_NODE:
+            n.attr.add(name="comm_type").int64_val = pb.ALL_REDUCE
+            n.attr.add(name="comm_size").int64_val = 4096
+        if i > 1:
+            n.data_deps.append(i - 1)
+        recs.append(n.SerializeToString())
+    path.write_bytes(_fuzz()._frame(recs))
+    return recs
+
+
+def test_chakra_rank_cut_short_beside_its_peers(tmp_path: Path) -> None:
+    """A cut at a record boundary leaves a valid shorter graph; beside a whole file of another
+    member of its communicator, it issues fewer collectives and is refused by name."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    _chakra_rank(folder / "j.0.et", 3, 12)
+    _chakra_rank(folder / "j.2.et", 3, 12)
+    recs = _chakra_rank(folder / "j.1.et", 3, 12)
+    (folder / "j.1.et").write_bytes(_fuzz()._frame(recs[:8]))  # 7 nodes: 3 all-reduces of 6
+    msg = _refused(tmp_path, [folder], "rank 1 issues 3 collectives of process group '0'")
+    assert "j.1.et" in msg
+    assert "truncated" in msg
+    # whole files are read, and one file alone cannot be judged
+    with open_store(tmp_path / "ok.duckdb") as store:
+        ingest(store, [folder / "j.0.et", folder / "j.2.et"], run="x", progress=False)
+        ingest(store, [folder / "j.1.et"], run="y", progress=False)
 
 
 @pytest.mark.parametrize("world", [0, 10**11])
@@ -393,6 +475,62 @@ def test_unexpected_error_is_one_line_and_debug_shows_it(
 
 def test_rank_limit_is_stated() -> None:
     assert MAX_RANKS == 1 << 20
+
+
+# -- the campaign's independent check -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def oracle() -> ModuleType:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import _fuzz_oracle
+
+    return _fuzz_oracle
+
+
+def test_oracle_kineto(tmp_path: Path, oracle: ModuleType, kineto_doc: dict) -> None:
+    good = _kineto(tmp_path, kineto_doc)
+    assert oracle.verdict("kineto", [good]) is None
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())
+    assert oracle.verdict("kineto", [bom]) is None
+    neg = _kineto(tmp_path, _with_event(kineto_doc, dur=-5), "neg.json")
+    assert "dur" in oracle.verdict("kineto", [neg])
+    nan = _kineto(tmp_path, _with_event(kineto_doc, ts=float("nan")), "nan.json")
+    assert "JSON" in oracle.verdict("kineto", [nan])
+
+
+def test_oracle_host_et(tmp_path: Path, oracle: ModuleType, et_doc: dict) -> None:
+    assert oracle.verdict("host_et", [_et(tmp_path, et_doc)]) is None
+    nodes = [dict(n) for n in et_doc["nodes"]]
+    del nodes[3]["attrs"]
+    bad = oracle.verdict("host_et", [_et(tmp_path, {**et_doc, "nodes": nodes})])
+    assert "every key" in bad
+
+
+def test_oracle_chakra_cut(tmp_path: Path, oracle: ModuleType, fuzz: ModuleType) -> None:
+    """A foreign file cut at a record boundary is a valid graph; prism's export is not."""
+    path = _chakra(tmp_path, fuzz)
+    recs = fuzz._records(path.read_bytes())
+    path.write_bytes(fuzz._frame(recs[:-6]))
+    assert oracle.verdict("chakra", [path]) is None
+    assert not oracle.chakra_states_count(path)
+    exported = tmp_path / "exp"
+    fuzz._prism_export(_op(tmp_path, fuzz), exported)
+    one = exported / "opt.1.et"
+    assert oracle.verdict("chakra", [one]) is None
+    assert oracle.chakra_states_count(one)
+    one.write_bytes(fuzz._frame(fuzz._records(one.read_bytes())[:-1]))
+    assert "prism_nodes" in oracle.verdict("chakra", [one])
+
+
+def test_oracle_op_timeline(tmp_path: Path, oracle: ModuleType, fuzz: ModuleType) -> None:
+    folder = _op(tmp_path, fuzz)
+    assert oracle.verdict("op_timeline", [folder]) is None
+    pq = folder / "trace-F.parquet"
+    df = pl.read_parquet(pq)
+    pl.concat([df, df.head(1)]).write_parquet(pq)
+    assert "unique" in oracle.verdict("op_timeline", [folder])
 
 
 # -- the campaign's fast subset -------------------------------------------------------------------
