@@ -374,6 +374,7 @@ def _topo_order(ids: list[int], deps: list[list[int]]) -> dict[int, int]:
 class _Graph:
     """What the decode loop collects from one file, column by column."""
 
+    skipped: int = 0  # Node records read but not kept (the export's start node)
     ids: list[int] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     types: list[int] = field(default_factory=list)
@@ -461,6 +462,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
                 raise TraceFormatError(msg)
             nid = node.id
             if own and node.name == PRISM_START_NAME and node.type == pb.COMP_NODE:
+                g.skipped += 1
                 continue  # the export's start node; its edges are order_deps
             if nid in seen:  # at once: a stream of empty records would run for minutes
                 msg = f"{path}: node id {nid} appears more than once (record at byte {rec[0]})"
@@ -525,7 +527,7 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
     coll_nodes, p2p_nodes, host_coll = g.coll_nodes, g.p2p_nodes, g.host_coll
     groups_raw, gm_attrs = g.groups_raw, g.gm_attrs
     n = len(ids)
-    _check_node_count(path, n, gm_attrs)
+    _check_node_count(path, n + g.skipped, gm_attrs)
     if n == 0:
         msg = f"{path}: Chakra ET holds no nodes (only its metadata: empty or truncated file)"
         raise TruncatedTraceError(msg)
