@@ -23,7 +23,9 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -35,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ingest as bi
 import make_big_trace
 from _common import REPO, host_kind, write_note
-from prism_trace.datasets.variants import kineto_variant
 
 RANKS = 32
+_INFO = re.compile(rb'"distributedInfo":\s*\{[^{}]*\}')
 TARGET_HTA = 5.0
 GOAL_HTA = 10.0
 TARGET_MEM = 0.25
@@ -46,14 +48,22 @@ TARGET_MBPS = 100.0
 
 
 def make_dlrm(out: Path, ranks: int = RANKS) -> bi.TraceSet:
-    """The 8 DLRM ranks replicated to ``ranks``, each stating its own rank and the world."""
+    """The 8 DLRM ranks replicated to ``ranks``, each stating its own rank and the world.
+
+    The ``distributedInfo`` line is rewritten in the text, so the files keep Kineto's layout
+    (HTA finds a trace's rank by matching ``"rank": N`` in it: a re-serialised, compact file
+    would be read by HTA as rank 0, 32 times over)."""
     src = sorted(bi.REAL_SET.glob("*.json.gz"))
     if not src:
         raise SystemExit(f"{bi.REAL_SET}: DLRM traces not found (set PRISM_SHARED_DATASETS)")
+    out.mkdir(parents=True, exist_ok=True)
+    texts = [gzip.decompress(f.read_bytes()) for f in src]
     for r in range(ranks):
-        kineto_variant(
-            src[r % len(src)], out / f"rank{r}.pt.trace.json.gz", rank=r, world_size=ranks
-        )
+        info = f'"distributedInfo": {{"backend": "nccl", "rank": {r}, "world_size": {ranks}}}'
+        text, n = _INFO.subn(info.encode(), texts[r % len(src)], count=1)
+        if n != 1:
+            raise SystemExit(f"{src[r % len(src)]}: no distributedInfo to rewrite")
+        (out / f"rank{r}.pt.trace.json.gz").write_bytes(gzip.compress(text, compresslevel=1))
     return bi._trace_set(f"dlrm-{ranks}rank", out)
 
 
