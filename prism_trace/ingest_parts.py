@@ -31,6 +31,7 @@ import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -205,9 +206,22 @@ def parts(
     )
     futures: list[Future[FilePart]] = [pool.submit(parse_file, j) for j in jobs]
     try:
-        yield (fut.result() for fut in futures)
+        yield _results(futures, files)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _results(futures: list[Future[FilePart]], files: list[TraceFile]) -> Iterator[FilePart]:
+    """The parts in file order; a worker that died (killed for memory, say) named by its file."""
+    for fut, f in zip(futures, files, strict=True):
+        try:
+            yield fut.result()
+        except BrokenProcessPool:
+            msg = (
+                f"{f.path}: the worker process reading it (or another file) died, e.g. killed for"
+                " memory; try fewer --workers"
+            )
+            raise PrismError(msg) from None
 
 
 @contextlib.contextmanager

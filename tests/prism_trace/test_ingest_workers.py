@@ -146,3 +146,17 @@ def test_dask_local_cluster_stores_the_same_rows(
             ingest(store, [bad], run="b", progress=False, workers=2, engine="dask", scratch=scratch)
         assert _dump(store) == one_worker
     assert list(scratch.iterdir()) == []
+
+
+def test_a_dead_worker_is_one_error_naming_a_file() -> None:
+    """A worker killed (for memory, say) breaks the pool; the driver names the file it awaited."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from prism_trace.discover import TraceFile
+    from prism_trace.ingest_parts import _results
+
+    fut: Future = Future()
+    fut.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+    with pytest.raises(PrismError, match=r"^/x/rank3\.json: the worker process reading it"):
+        list(_results([fut], [TraceFile(Path("/x/rank3.json"), "kineto")]))
