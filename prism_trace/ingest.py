@@ -4,6 +4,9 @@ The whole ingest is one DuckDB transaction on the store: each file's rows are ap
 the file is read (a Kineto file's events stream from its scratch database straight into ``event``),
 and any failure (a bad file, a rank or run-name clash, a full disk) rolls everything back, so a
 failed ingest leaves the store exactly as it was. Rows are written once: there is no staging copy.
+With several workers the files are read in other processes (or on a dask cluster) and each file's
+events come back as a Parquet part that this process appends, in file order, inside the same
+transaction (``ingest_parts``).
 """
 
 from __future__ import annotations
@@ -327,7 +330,7 @@ def ingest(
         DuplicateRankError: a rank appears twice, or a file was already ingested.
         TraceFormatError: a file is bad (its subclasses say how).
     """
-    workers = workers or jobs or _WORKERS
+    workers = workers if workers is not None else jobs if jobs is not None else _WORKERS
     if workers < 1:
         msg = f"--workers must be at least 1, got {workers}"
         raise PrismError(msg)

@@ -160,3 +160,8 @@ def test_a_dead_worker_is_one_error_naming_a_file() -> None:
     fut.set_exception(BrokenProcessPool("a child process terminated abruptly"))
     with pytest.raises(PrismError, match=r"^/x/rank3\.json: the worker process reading it"):
         list(_results([fut], [TraceFile(Path("/x/rank3.json"), "kineto")]))
+
+
+def test_zero_workers_is_refused(tmp_path: Path) -> None:
+    with open_store(tmp_path / "s.duckdb") as store, pytest.raises(PrismError, match="--workers"):
+        ingest(store, [SAMPLE], run="s", progress=False, workers=0)
