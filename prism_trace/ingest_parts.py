@@ -15,8 +15,10 @@ worker's imports (DuckDB, polars) are paid once per worker, not once per file.
 
 Two engines run ``parse_file``:
 
-- ``local``: a ``ProcessPoolExecutor`` of ``workers`` processes started by ``spawn`` (the
-  driver's DuckDB threads must not be forked).
+- ``local``: a ``ProcessPoolExecutor`` of ``workers`` processes forked from a fork server that
+  imported the readers once (``spawn`` where there is no fork server): the driver's DuckDB
+  threads must not be forked. As with any ``multiprocessing`` code, a script that calls
+  ``ingest(..., workers=N)`` must do so under ``if __name__ == "__main__":``.
 - ``dask``: ``dask.distributed`` (the ``prism-trace[cluster]`` extra), on a scheduler given by
   address or on a ``LocalCluster`` of ``workers`` processes. The trace paths and the scratch
   directory must then be visible to every worker under the same names (a shared file system).
@@ -112,9 +114,13 @@ def _connection(threads: int, memory_limit: int) -> duckdb.DuckDBPyConnection:
         return _CON
 
 
+# What a worker imports before its first file (in the fork server, when there is one).
+_PRELOAD = ("prism_trace.ingest_parts", "prism_trace.ingest", "prism_trace.formats.kineto")
+
+
 def _warm(threads: int, memory_limit: int) -> None:
     """Pool initializer: import the readers and make the connection before the first file."""
-    for module in ("prism_trace.ingest", "prism_trace.formats.kineto"):
+    for module in _PRELOAD:
         importlib.import_module(module)
     _connection(threads, memory_limit)
 
@@ -197,7 +203,7 @@ def parts(
         with _dask_parts(jobs, workers=n, scheduler=scheduler) as it:
             yield it
         return
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _context()
     pool = ProcessPoolExecutor(
         max_workers=n,
         mp_context=ctx,
@@ -209,6 +215,21 @@ def parts(
         yield _results(futures, files)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """``forkserver`` where the platform has it, else ``spawn``; never a plain ``fork``.
+
+    The driver holds DuckDB (and its threads) open, which a fork would copy in an unknown state.
+    A fork server is a fresh process that imports the readers once (``_PRELOAD``) and forks each
+    worker from there, so N workers cost one import, not N; it lives as long as the driver, so a
+    second ingest in the same process starts its workers without importing again.
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(_PRELOAD))
+        return ctx
+    return multiprocessing.get_context("spawn")
 
 
 def _results(futures: list[Future[FilePart]], files: list[TraceFile]) -> Iterator[FilePart]:
