@@ -23,15 +23,20 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
+import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ingest as bi
@@ -67,6 +72,59 @@ def make_dlrm(out: Path, ranks: int = RANKS) -> bi.TraceSet:
     return bi._trace_set(f"dlrm-{ranks}rank", out)
 
 
+def measure(tool: str, cmd: list[str], *, log: Path, timeout_s: float) -> bi.Measurement:
+    """``bench_ingest.measure`` plus the CPU seconds of the whole process tree.
+
+    CPU: each process's own user + system time (``/proc``, children excluded), the last value
+    sampled before it ended, summed over every process seen. Not rusage: that counts a process's
+    reaped children with it (HTA's pool) and misses workers nobody waits for (a fork server's);
+    what a process does after its last sample (20 ms) is missed.
+    """
+    seen: dict[int, float] = {}
+    peak = 0
+    with open(log, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        root = psutil.Process(proc.pid)
+        while True:
+            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t0 > timeout_s:
+                proc.kill()
+                _, status, rusage = os.wait4(proc.pid, 0)
+                break
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = [root]
+            total = 0
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    total += p.memory_info().rss
+                    c = p.cpu_times()
+                    seen[p.pid] = c.user + c.system
+            peak = max(peak, total)
+            time.sleep(bi.SAMPLE_S)
+        wall = time.perf_counter() - t0
+    rc = os.waitstatus_to_exitcode(status)
+    maxrss = rusage.ru_maxrss / 1024
+    m = bi.Measurement(tool, wall, max(peak / 2**20, maxrss), maxrss, rc)
+    m.note = "" if rc == 0 else f"exit {rc}, see {log}"
+    m.extra["cpu_s"] = round(sum(seen.values()), 2)
+    return m
+
+
+def run_hta(ts: bi.TraceSet, work: Path, timeout: float) -> bi.Measurement:
+    """HTA's ``TraceAnalysis(trace_dir=...)`` parse, as ``bench_ingest.py`` runs it."""
+    out = work / "hta.json"
+    cmd = [sys.executable, bi.__file__, "--_hta-child", str(ts.path), str(out)]
+    m = measure("hta", cmd, log=work / "hta.log", timeout_s=timeout)
+    if m.rc == 0 and out.exists():
+        m.extra.update(json.loads(out.read_text()))
+    return m
+
+
 def run_prism(
     prism: str, ts: bi.TraceSet, db: Path, workers: int, timeout: float
 ) -> bi.Measurement:
@@ -76,7 +134,7 @@ def run_prism(
     cmd = [prism, "ingest", str(ts.path), "--db", str(db), "--run", "b", "--quiet"]
     cmd += ["--workers", str(workers)]
     log = db.with_suffix(".log")
-    return bi.measure(f"prism --workers {workers}", cmd, log=log, timeout_s=timeout)
+    return measure(f"prism --workers {workers}", cmd, log=log, timeout_s=timeout)
 
 
 def same_rows(a: Path, b: Path) -> tuple[bool, int]:
@@ -126,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         for tool in ("w1", "w2", "hta"):
             bi._warm(ts.files)
             if tool == "hta":
-                m = bi.run_hta(ts, work, args.timeout)
+                m = run_hta(ts, work, args.timeout)
             else:
                 m = run_prism(prism, ts, work / f"{tool}.duckdb", int(tool[1]), args.timeout)
             print(
@@ -145,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
                 TARGET_WORKERS,
             )
             + f"; rows identical: {'yes' if same else 'NO'}"
+        )
+        lines.append(
+            f"{ts.name}: CPU seconds over all processes: --workers 1 {w1.extra['cpu_s']},"
+            f" --workers 2 {w2.extra['cpu_s']}, HTA {hta.extra['cpu_s']}"
+            " (on a busy machine wall time follows the CPU share; CPU time does not)"
         )
         for m in (w2, w1):
             if hta.rc == 0 and m.rc == 0:
@@ -189,14 +252,15 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     load1 = os.getloadavg()
     head = (
-        "| set | files | JSON MB | tool | seconds | peak tree MB | maxrss MB | JSON MB/s"
-        " | events | note |"
+        "| set | files | JSON MB | tool | seconds | CPU s (all processes) | peak tree MB"
+        " | maxrss MB | JSON MB/s | events | note |"
     )
-    table = [head, "|" + "---|" * 10]
+    table = [head, "|" + "---|" * 11]
     for name, m, t in rows:
         table.append(
             f"| {name} | {len(t.files)} | {t.json_mb:.1f} | {m.tool} | {m.wall_s:.2f}"
-            f" | {m.peak_tree_mb:.0f} | {m.maxrss_mb:.0f} | {t.json_mb / m.wall_s:.1f}"
+            f" | {m.extra.get('cpu_s', '')} | {m.peak_tree_mb:.0f} | {m.maxrss_mb:.0f}"
+            f" | {t.json_mb / m.wall_s:.1f}"
             f" | {m.extra.get('events', '')} | {m.note} |"
         )
     body = "\n".join(
