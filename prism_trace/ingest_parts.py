@@ -48,10 +48,6 @@ __all__ = ["Engine", "FileJob", "FilePart", "parse_file", "parts"]
 
 Engine = Literal["local", "dask"]
 
-# A Kineto trace of at least this many JSON bytes is worked on in a database file, not in memory
-# (as in the driver's own path, ``ingest._WORK_ON_DISK_BYTES``).
-_WORK_ON_DISK_BYTES = 256 << 20
-
 
 @dataclass(frozen=True)
 class FileJob:
@@ -149,7 +145,9 @@ def parse_file(job: FileJob) -> FilePart:
 def _parse_kineto(job: FileJob, out: Path) -> FilePart:
     """The Kineto reader on the worker's connection, in a work database of its own."""
     from prism_trace.formats.kineto import stage_kineto
-    from prism_trace.ingest import _json_size_guess, _quote
+
+    # The same rule as the driver's own path: a large trace is worked on in a database file.
+    from prism_trace.ingest import _WORK_ON_DISK_BYTES, _json_size_guess, _quote
 
     con = _connection(job.threads, job.memory_limit)
     cur = con.cursor()
