@@ -136,7 +136,7 @@ def main(debug: bool) -> None:
 )
 @click.option(
     "--scratch",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     default=None,
     help="Directory for work files and the workers' parts (default: the temp dir); with"
     " --scheduler, one every worker sees at the same path.",
