@@ -4,6 +4,9 @@ The whole ingest is one DuckDB transaction on the store: each file's rows are ap
 the file is read (a Kineto file's events stream from its scratch database straight into ``event``),
 and any failure (a bad file, a rank or run-name clash, a full disk) rolls everything back, so a
 failed ingest leaves the store exactly as it was. Rows are written once: there is no staging copy.
+With several workers the files are read in other processes (or on a dask cluster) and each file's
+events come back as a Parquet part that this process appends, in file order, inside the same
+transaction (``ingest_parts``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import duckdb
 import polars as pl
@@ -37,6 +40,9 @@ from prism_trace.store_write import (
     new_run,
     next_run_id,
 )
+
+if TYPE_CHECKING:
+    from prism_trace.ingest_parts import Engine, FilePart
 
 __all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace"]
 
@@ -307,8 +313,8 @@ _WORK = "_prism_work"
 _WORK_ON_DISK_BYTES = 256 << 20
 # Rows per Arrow batch when a file's events stream from its work database into the store.
 _EVENT_BATCH_ROWS = 1 << 16
-# Files read at the same time, by default.
-_JOBS = 1
+# Files read at the same time (worker processes), by default; the CLI's default is the cores.
+_WORKERS = 1
 # DuckDB's memory limit while ingesting (bytes), unless the store's connection has a lower one.
 _MEMORY_LIMIT = 512 << 20
 
@@ -322,6 +328,10 @@ def ingest(
     rank: int | None = None,
     replace: bool = False,
     progress: bool = True,
+    workers: int | None = None,
+    engine: Engine = "local",
+    scheduler: str | None = None,
+    scratch: Path | None = None,
     jobs: int | None = None,
 ) -> IngestReport:
     """Ingest the traces under ``paths`` as one recorded run.
@@ -341,8 +351,18 @@ def ingest(
         rank: the rank of a single file whose rank cannot be told otherwise.
         replace: overwrite an existing run of that name (atomically).
         progress: show a progress bar (stderr).
-        jobs: files read at the same time (threads; default ``_JOBS``). More is faster on idle
-            cores, but each file in flight holds its own work tables.
+        workers: files read at the same time (default ``_WORKERS``). With one, files are read
+            in this process; with more (and more than one file), in that many worker processes,
+            each of which hands its files' events back as Parquet parts
+            (``prism_trace.ingest_parts``). More is faster on idle cores, but each file in
+            flight holds its own work tables. The stored rows are the same either way.
+        engine: ``local`` (worker processes on this machine) or ``dask`` (dask.distributed,
+            the ``prism-trace[cluster]`` extra; every file is read by a dask worker).
+        scheduler: with ``engine="dask"``, the scheduler's address; default: a local cluster
+            of ``workers`` processes.
+        scratch: where the work files and parts go (default: the system temp dir); with a
+            remote dask scheduler, a directory every worker sees under the same path.
+        jobs: the former name of ``workers`` (deprecated).
 
     Returns:
         What was written.
@@ -352,6 +372,16 @@ def ingest(
         DuplicateRankError: a rank appears twice, or a file was already ingested.
         TraceFormatError: a file is bad (its subclasses say how).
     """
+    workers = workers if workers is not None else jobs if jobs is not None else _WORKERS
+    if workers < 1:
+        msg = f"--workers must be at least 1, got {workers}"
+        raise PrismError(msg)
+    if engine not in ("local", "dask"):
+        msg = f"--engine must be local or dask, got {engine!r}"
+        raise PrismError(msg)
+    if engine == "dask" and scheduler is not None and scratch is None:
+        msg = "--scheduler needs --scratch: a directory every dask worker sees at the same path"
+        raise PrismError(msg)
     old_id = claim_run_name(store, run, replace=replace)
     files, skipped = discover(paths, format=format)
     if not files:
@@ -364,7 +394,7 @@ def ingest(
     files.sort(key=lambda f: f.format == "host_et")
     prints = _check_fingerprints(store, files, old_id)
     with (
-        tempfile.TemporaryDirectory(prefix="prism-ingest-") as tmp,
+        tempfile.TemporaryDirectory(prefix="prism-ingest-", dir=scratch) as tmp,
         _ingest_settings(store),
         store.transaction() as con,
     ):
@@ -382,7 +412,7 @@ def ingest(
             format=format,
             rank=rank,
             progress=progress,
-            jobs=jobs or _JOBS,
+            plan=_Plan(workers=workers, engine=engine, scheduler=scheduler),
         )
 
 
@@ -440,7 +470,7 @@ def _ingest_files(
     format: str,
     rank: int | None,
     progress: bool,
-    jobs: int,
+    plan: _Plan,
 ) -> IngestReport:
     """Append every file's rows to the store under ``run_id`` (inside the caller's transaction).
 
@@ -464,11 +494,8 @@ def _ingest_files(
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     total = sum(f.path.stat().st_size for f in files)
     bar = tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest")
-    pool = ThreadPoolExecutor(max_workers=max(1, min(jobs, len(files))))
-    futures = [pool.submit(_read_file, shared, f, i) for i, f in enumerate(files)]
-    try:
-        for f, fp, fut in zip(files, prints, futures, strict=True):
-            t = fut.result()  # in file order, whichever thread read it
+    with contextlib.closing(bar), _reading(shared, files, plan) as results:
+        for f, fp, (t, part) in zip(files, prints, results, strict=True):
             _check_bounds(t)
             with shared.lock, _stored(f.path):
                 book.add(t)
@@ -504,6 +531,8 @@ def _ingest_files(
                 shared.claim(t.path, events["rank"].unique().to_list())
                 append(con, "track", run_id=run_id, df=t.tracks.filter(keep))
                 append(con, "event", run_id=run_id, df=events)
+                if part is not None:
+                    _insert_part(shared, part, mine)
                 append(con, "flow", run_id=run_id, df=t.flows.filter(keep))
                 append(con, "iteration", run_id=run_id, df=iterations)
                 append(
@@ -518,15 +547,7 @@ def _ingest_files(
             one = t.rank_ids[0] if len(t.rank_ids) == 1 else None
             sources.append([one, str(f.path.resolve()), t.format, size, fp, now])
             bar.update(size)
-            del t, events
-    except BaseException:
-        shared.stop.set()
-        for fut in futures:
-            fut.cancel()
-        raise
-    finally:
-        pool.shutdown(wait=True)  # no thread may touch the store once this returns
-        bar.close()
+            del t, events, part
 
     ranks = sorted(set(book.timeline) | set(book.host_et))
     world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)
@@ -571,6 +592,71 @@ def _ingest_files(
         et_ops={r: v[0] for r, v in et_counts.items()},
         et_ops_linked={r: v[1] for r, v in et_counts.items()},
     )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Where files are read: here (one worker) or by worker processes / a dask cluster."""
+
+    workers: int
+    engine: Engine = "local"
+    scheduler: str | None = None
+
+    def in_process(self, n_files: int) -> bool:
+        """Read here: one worker and the local engine, or a single file there (nothing to
+        share out, and the events stream straight into the store instead of via a part)."""
+        return self.engine == "local" and (self.workers == 1 or n_files == 1)
+
+
+@contextlib.contextmanager
+def _reading(
+    shared: _Shared, files: list[TraceFile], plan: _Plan
+) -> Iterator[Iterator[tuple[TraceTables, FilePart | None]]]:
+    """Each file's frames, in file order, with the part holding its events when a worker read
+    it (None when it was read here: its events are in the store or in ``events`` then)."""
+    if not plan.in_process(len(files)):
+        from prism_trace.ingest_parts import parts
+
+        with parts(
+            files,
+            rank=shared.rank,
+            out_dir=shared.tmp,
+            workers=plan.workers,
+            memory_limit=_MEMORY_LIMIT,
+            engine=plan.engine,
+            scheduler=plan.scheduler,
+        ) as got:
+            yield ((p.tables, p) for p in got)
+        return
+    pool = ThreadPoolExecutor(max_workers=1)  # reads the next file while this one is stored
+    futures = [pool.submit(_read_file, shared, f, i) for i, f in enumerate(files)]
+    try:
+        yield ((fut.result(), None) for fut in futures)
+    except BaseException:
+        shared.stop.set()
+        for fut in futures:
+            fut.cancel()
+        raise
+    finally:
+        pool.shutdown(wait=True)  # no thread may touch the store once this returns
+
+
+def _insert_part(shared: _Shared, part: FilePart, ranks: list[int]) -> None:
+    """Append the events of a worker's part for ``ranks`` to the store (hold ``lock``), in the
+    part's order; the part is deleted once stored, so scratch holds the parts not yet stored."""
+    path = part.events_path
+    if path is None:
+        return
+    mine = [r for r in part.event_ranks if r in ranks]
+    shared.claim(part.tables.path, mine)
+    if mine:
+        cols = ", ".join(FRAME_SCHEMAS["events"])
+        shared.store.con.execute(
+            f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
+            f" FROM read_parquet('{_quote(path)}')"
+            f" WHERE rank IN ({', '.join(str(r) for r in mine)})"
+        )
+    path.unlink(missing_ok=True)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,11 +28,31 @@ from prism_trace.errors import PrismError
 @click.option("--rank", type=int, default=None, help="Rank of a single file that does not say.")
 @click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
 @click.option(
-    "--jobs",
-    type=int,
-    default=1,
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Files read at the same time, each in a worker process (default: the number of cores;"
+    " 1 reads them in this process). More memory per file in flight.",
+)
+@click.option("--jobs", type=click.IntRange(min=1), default=None, hidden=True)
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "dask"]),
+    default="local",
     show_default=True,
-    help="Files read at the same time: faster on idle cores, more memory per file in flight.",
+    help="Where workers run: processes here, or dask.distributed (prism-trace[cluster]).",
+)
+@click.option(
+    "--scheduler",
+    default=None,
+    help="With --engine dask: the scheduler's address (default: a local cluster of --workers).",
+)
+@click.option(
+    "--scratch",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Directory for work files and the workers' parts (default: the temp dir); with"
+    " --scheduler, one every worker sees at the same path.",
 )
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
@@ -50,7 +71,11 @@ def ingest_cmd(
     fmt: str,
     rank: int | None,
     replace: bool,
-    jobs: int,
+    workers: int | None,
+    jobs: int | None,
+    engine: str,
+    scheduler: str | None,
+    scratch: Path | None,
     quiet: bool,
     as_json: bool,
     layout_spec: str | None,
@@ -73,7 +98,10 @@ def ingest_cmd(
             rank=rank,
             replace=replace,
             progress=not quiet and sys.stderr.isatty(),
-            jobs=jobs,
+            workers=workers or jobs or os.cpu_count() or 1,  # --jobs: the former name
+            engine=engine,  # type: ignore[arg-type]
+            scheduler=scheduler,
+            scratch=scratch,
         )
         if declared is not None:
             declare_layout_of_new_run(store, name, declared, run_id=report.run_id)

@@ -1,0 +1,276 @@
+"""Files read in other processes (``--workers``) or on a cluster (``--engine dask``), as parts.
+
+Ingest's driver owns the store and its one transaction; everything else about a file (parsing,
+the Kineto reader's SQL, nesting) is the file's own and can run anywhere. ``parse_file`` does
+that work for one file in a worker and hands back a ``FilePart``: the file's small frames
+(tracks, flows, collectives, ...) in memory, and its events, the one table as large as the
+trace, written as a Parquet file under a scratch directory the driver can read. The driver then
+appends each part to the store in file order, inside its transaction, exactly as it appends the
+rows of a file it read itself, so the stored rows do not depend on where a file was read
+(``tests/prism_trace/test_ingest_workers.py``).
+
+A worker process sets up DuckDB once (``_connection``) and reuses it for every file it gets: a
+file costs an in-memory work database attached and detached, not a new connection, and the
+worker's imports (DuckDB, polars) are paid once per worker, not once per file.
+
+Two engines run ``parse_file``:
+
+- ``local``: a ``ProcessPoolExecutor`` of ``workers`` processes forked from a fork server that
+  imported the readers once (``spawn`` where there is no fork server): the driver's DuckDB
+  threads must not be forked. As with any ``multiprocessing`` code, a script that calls
+  ``ingest(..., workers=N)`` must do so under ``if __name__ == "__main__":``.
+- ``dask``: ``dask.distributed`` (the ``prism-trace[cluster]`` extra), on a scheduler given by
+  address or on a ``LocalCluster`` of ``workers`` processes. The trace paths and the scratch
+  directory must then be visible to every worker under the same names (a shared file system).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import multiprocessing
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+
+from prism_trace.discover import TraceFile
+from prism_trace.errors import PrismError
+from prism_trace.formats.base import TraceTables
+
+__all__ = ["Engine", "FileJob", "FilePart", "parse_file", "parts"]
+
+Engine = Literal["local", "dask"]
+
+
+@dataclass(frozen=True)
+class FileJob:
+    """One file to read in a worker, and where its parts go.
+
+    Attributes:
+        index: the file's place in the ingest (names its parts).
+        trace: the file and its detected format.
+        rank: the ``--rank`` of a single file, if given.
+        out_dir: where the worker writes the file's events (Parquet); the driver reads them.
+        threads: DuckDB threads of the worker's connection (set when it is made).
+        memory_limit: DuckDB memory limit of the worker's connection, bytes.
+    """
+
+    index: int
+    trace: TraceFile
+    rank: int | None
+    out_dir: Path
+    threads: int
+    memory_limit: int
+
+
+@dataclass
+class FilePart:
+    """What a worker hands back for one file.
+
+    Attributes:
+        tables: the file's frames, conformed, with ``events`` empty.
+        events_path: the Parquet file holding its events (``FRAME_SCHEMAS["events"]`` columns,
+            in the order the driver stores them); None when the file has none.
+        event_ranks: the ranks its events belong to.
+    """
+
+    tables: TraceTables
+    events_path: Path | None
+    event_ranks: list[int]
+
+
+# The worker's one DuckDB connection, made on its first file (``_connection``).
+_CON: duckdb.DuckDBPyConnection | None = None
+_CON_LOCK = threading.Lock()
+
+
+def _connection(threads: int, memory_limit: int) -> duckdb.DuckDBPyConnection:
+    """The worker's connection: made once, with the first job's thread count and memory limit.
+
+    ``preserve_insertion_order`` stays on (DuckDB's default): the Kineto reader numbers records
+    by the order a CREATE TABLE AS keeps, and the events part must keep ``event_id`` order.
+    """
+    global _CON  # one connection per worker process, by design
+    with _CON_LOCK:
+        if _CON is None:
+            _CON = duckdb.connect(
+                config={
+                    "threads": max(1, threads),
+                    "memory_limit": f"{memory_limit}B",
+                    "preserve_insertion_order": True,
+                }
+            )
+        return _CON
+
+
+# What a worker imports before its first file (in the fork server, when there is one).
+_PRELOAD = ("prism_trace.ingest_parts", "prism_trace.ingest", "prism_trace.formats.kineto")
+
+
+def _warm(threads: int, memory_limit: int) -> None:
+    """Pool initializer: import the readers and make the connection before the first file."""
+    for module in _PRELOAD:
+        importlib.import_module(module)
+    _connection(threads, memory_limit)
+
+
+def parse_file(job: FileJob) -> FilePart:
+    """Read one file in a worker; its events go to a Parquet part under ``job.out_dir``.
+
+    Raises:
+        The reader's errors (``TraceFormatError`` and its kin), which name the file; the driver
+        re-raises the first one in file order.
+    """
+    from prism_trace.ingest import read_trace
+
+    out = job.out_dir / f"events{job.index:06d}.parquet"
+    if job.trace.format != "kineto":
+        t = read_trace(job.trace, rank=job.rank)
+        if t.events.is_empty():
+            return FilePart(t, None, [])
+        ranks = sorted(t.events["rank"].unique().to_list())
+        t.events.write_parquet(out)
+        t.events = t.events.clear()
+        return FilePart(t, out, ranks)
+    return _parse_kineto(job, out)
+
+
+def _parse_kineto(job: FileJob, out: Path) -> FilePart:
+    """The Kineto reader on the worker's connection, in a work database of its own."""
+    from prism_trace.formats.kineto import stage_kineto
+
+    # The same rule as the driver's own path: a large trace is worked on in a database file.
+    from prism_trace.ingest import _WORK_ON_DISK_BYTES, _json_size_guess, _quote
+
+    con = _connection(job.threads, job.memory_limit)
+    cur = con.cursor()
+    work = job.out_dir / f"work{job.index:06d}.duckdb"
+    on_disk = _json_size_guess(job.trace.path) >= _WORK_ON_DISK_BYTES
+    alias = f"_prism_part{job.index}"
+    seen: list[int] = []
+
+    def write(rank: int, events: duckdb.DuckDBPyRelation) -> None:
+        events.to_parquet(str(out))
+        seen.append(rank)
+
+    try:
+        cur.execute(f"SET temp_directory = '{_quote(job.out_dir)}'")
+        cur.execute(f"ATTACH '{_quote(work) if on_disk else ':memory:'}' AS {alias}")
+        cur.execute(f"USE {alias}")
+        t = stage_kineto(
+            job.trace.path, con=cur, events_into=write, rank=job.rank, tmp_dir=job.out_dir
+        )
+    finally:
+        cur.execute("USE memory")
+        cur.execute(f"DETACH DATABASE IF EXISTS {alias}")
+        cur.close()
+        for p in (work, work.with_name(work.name + ".wal")):
+            p.unlink(missing_ok=True)
+    return FilePart(t, out if seen else None, seen)
+
+
+@contextlib.contextmanager
+def parts(
+    files: list[TraceFile],
+    *,
+    rank: int | None,
+    out_dir: Path,
+    workers: int,
+    memory_limit: int,
+    engine: Engine = "local",
+    scheduler: str | None = None,
+) -> Iterator[Iterator[FilePart]]:
+    """Read ``files`` on ``engine``; yield their parts one by one, in file order.
+
+    Every file is submitted at once and read as workers come free; the parts come back in the
+    order of ``files`` whichever worker finished first, so the driver stores them in the same
+    order as it would read them itself. On leaving (after a failure too) files not yet started
+    are cancelled and the workers stopped.
+    """
+    n = max(1, min(workers, len(files)))
+    threads = max(1, (os.cpu_count() or 1) // n)
+    jobs = [FileJob(i, f, rank, out_dir, threads, memory_limit) for i, f in enumerate(files)]
+    if engine == "dask":
+        with _dask_parts(jobs, workers=n, scheduler=scheduler) as it:
+            yield it
+        return
+    ctx = _context()
+    pool = ProcessPoolExecutor(
+        max_workers=n,
+        mp_context=ctx,
+        initializer=_warm,
+        initargs=(threads, memory_limit),
+    )
+    futures: list[Future[FilePart]] = [pool.submit(parse_file, j) for j in jobs]
+    try:
+        yield _results(futures, files)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """``forkserver`` where the platform has it, else ``spawn``; never a plain ``fork``.
+
+    The driver holds DuckDB (and its threads) open, which a fork would copy in an unknown state.
+    A fork server is a fresh process that imports the readers once (``_PRELOAD``) and forks each
+    worker from there, so N workers cost one import, not N; it lives as long as the driver, so a
+    second ingest in the same process starts its workers without importing again.
+    """
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(list(_PRELOAD))
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _results(futures: list[Future[FilePart]], files: list[TraceFile]) -> Iterator[FilePart]:
+    """The parts in file order; a worker that died (killed for memory, say) named by its file."""
+    for fut, f in zip(futures, files, strict=True):
+        try:
+            yield fut.result()
+        except BrokenProcessPool:
+            msg = (
+                f"{f.path}: the worker process reading it (or another file) died, e.g. killed for"
+                " memory; try fewer --workers"
+            )
+            raise PrismError(msg) from None
+
+
+@contextlib.contextmanager
+def _dask_parts(
+    jobs: list[FileJob], *, workers: int, scheduler: str | None
+) -> Iterator[Iterator[FilePart]]:
+    """``parts`` on dask.distributed: the scheduler at ``scheduler``, or a local cluster."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        msg = "--engine dask needs dask.distributed: pip install 'prism-trace[cluster]'"
+        raise PrismError(msg) from None
+    with contextlib.ExitStack() as stack:
+        if scheduler is None:
+            import logging
+
+            cluster: Any = stack.enter_context(
+                LocalCluster(
+                    n_workers=workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    silence_logs=logging.ERROR,
+                )
+            )
+            client = stack.enter_context(Client(cluster))
+        else:
+            client = stack.enter_context(Client(scheduler))
+        futures = client.map(parse_file, jobs, pure=False)
+        try:
+            yield (fut.result() for fut in futures)
+        finally:
+            client.cancel(futures)
