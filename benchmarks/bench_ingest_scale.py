@@ -141,10 +141,10 @@ def same_rows(a: Path, b: Path) -> tuple[bool, int]:
     """Whether two stores hold the same rows in every per-run table; and their event count."""
     import duckdb
 
-    from prism_trace.ingest import _RUN_TABLES
+    from prism_trace.store_write import RUN_TABLES
 
     with duckdb.connect(str(a), read_only=True) as x, duckdb.connect(str(b), read_only=True) as y:
-        for tbl in _RUN_TABLES:
+        for tbl in RUN_TABLES:
             drop = "run_id, ingested_at" if tbl == "source_file" else "run_id"
             q = f"SELECT * EXCLUDE ({drop}) FROM {tbl} ORDER BY ALL"
             if x.execute(q).fetchall() != y.execute(q).fetchall():

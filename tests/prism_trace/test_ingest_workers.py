@@ -18,8 +18,9 @@ from click.testing import CliRunner
 
 from prism_trace.cli import main
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
-from prism_trace.ingest import _RUN_TABLES, ingest
+from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
+from prism_trace.store_write import RUN_TABLES
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
@@ -36,7 +37,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _dump(store: Store) -> dict[str, list[tuple]]:
     """Every per-run table, sorted, without the run id and the ingest time."""
     out = {}
-    for tbl in _RUN_TABLES:
+    for tbl in RUN_TABLES:
         drop = "run_id, ingested_at" if tbl == "source_file" else "run_id"
         out[tbl] = store.con.execute(
             f"SELECT * EXCLUDE ({drop}) FROM {tbl} ORDER BY ALL"
