@@ -172,7 +172,7 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     if w.remove_gpu is not None:
         extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
         if inputs.grid is not None:  # the failed replica is a column: replay.vector
-            n_tp = int(coords["tp"].max()) + 1
+            n_tp = int(coords["tp"].max()) + 1  # type: ignore[arg-type]  # an Int column's max
             f = n_tp / (n_tp - 1)
             extra = _failed_column(store, inputs, int(dp_of[w.remove_gpu]), f, extra)
     dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
@@ -235,7 +235,7 @@ def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) 
         )
         raise WhatIfError(msg)
     tp_of, dp_of = int(c["tp"][0]), int(c["dp"][0])
-    n_tp = int(coords["tp"].max()) + 1
+    n_tp = int(coords["tp"].max()) + 1  # type: ignore[arg-type]  # an Int column's max
     if n_tp < 2:
         msg = (
             f"run {inputs.run!r}: removing rank {rank} leaves tp = 0 in its replica; with tp = 1"

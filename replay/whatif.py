@@ -351,8 +351,11 @@ def draw_table(nodes: pl.DataFrame) -> DrawTable:
     r_it = keys["iteration"].fill_null(none).to_numpy().astype(np.int64)
     r_dur = nodes["dur"][rows]
     # The op of each recorded node, (source_rank, track_id, name, ord) numbered; -1 with a gap.
-    gap = keys.select(pl.any_horizontal(pl.col("track_id", "name", "ord").is_null()))
-    gap = gap.to_series().to_numpy()
+    gap = (
+        keys.select(pl.any_horizontal(pl.col("track_id", "name", "ord").is_null()))
+        .to_series()
+        .to_numpy()
+    )
     op_cols = keys.select(
         "source_rank", "track_id", pl.col("name").rank("dense").alias("name"), "ord"
     ).fill_null(-1)

@@ -88,7 +88,7 @@ _MAX_VARINT_BYTES = 10
 _MAX_RECORD_BYTES = 64 << 20
 _MAX_MICROS = 1 << 53
 
-_CATEGORY = {
+_CATEGORY: dict[int, str] = {
     pb.COMP_NODE: "compute",
     pb.COMM_SEND_NODE: "comm",
     pb.COMM_RECV_NODE: "comm",
@@ -115,7 +115,7 @@ NODE_COUNT_ATTR = "prism_nodes"
 writes it, so that a file cut exactly at a record boundary (which is otherwise a valid, shorter
 graph) is refused as truncated; it is checked in any file that carries it."""
 
-_OWN_TYPE = {
+_OWN_TYPE: dict[tuple[int, str | None], int] = {
     (pb.COMP_NODE, "memcpy"): pb.MEM_LOAD_NODE,
     (pb.COMP_NODE, "memset"): pb.MEM_STORE_NODE,
     (pb.COMP_NODE, "collective"): pb.COMM_COLL_NODE,
@@ -123,7 +123,7 @@ _OWN_TYPE = {
 """(Chakra type, ``prism_kind``) of prism's export → the type the node had before it was
 written for ASTRA-sim (docs/export.md)."""
 
-_COLL_KIND = {
+_COLL_KIND: dict[int, str] = {
     pb.ALL_REDUCE: "all_reduce",
     pb.REDUCE: "reduce",
     pb.ALL_GATHER: "all_gather",
@@ -155,7 +155,8 @@ def sniff_chakra(path: Path) -> bool:
             raw = stack.enter_context(Path(path).open("rb"))
             fh: IO[bytes] = raw
             if raw.read(2) == _GZIP_MAGIC:
-                fh = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))
+                # A GzipFile is a binary stream; typeshed types it BufferedIOBase, not IO[bytes].
+                fh = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="rb"))  # type: ignore[arg-type]
             raw.seek(0)
             head = fh.read(1 << 16)
     except (OSError, EOFError, zlib.error):
@@ -429,7 +430,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             raise TraceFormatError(msg) from exc
         fh: IO[bytes] = raw
         if raw.read(2) == _GZIP_MAGIC:
-            fh = stack.enter_context(BoundedGzip(path))
+            fh = stack.enter_context(BoundedGzip(path))  # type: ignore[arg-type]  # as above
         raw.seek(0)
         records = _records(fh, path)
         first = next(records, None)
@@ -719,11 +720,13 @@ def _build(path: Path, r: int, g: _Graph) -> TraceTables:
             msg = f"{path}: {pb.NodeType.Name(ntype)} {nid} has no `{field}` attribute"
             raise TraceFormatError(msg)
         i = by_id[nid]
-        pg = a.get("pg_name")
+        pg_name = a.get("pg_name")
         p2p_rows.append(
             {
                 "event_id": nid,
-                "group_name": renamed.get(str(pg), str(pg)) if pg is not None else None,
+                "group_name": renamed.get(str(pg_name), str(pg_name))
+                if pg_name is not None
+                else None,
                 "direction": "send" if is_send else "recv",
                 "peer": peer,
                 "bytes": a.get("comm_size"),

@@ -175,7 +175,8 @@ def read_host_et(path: Path, *, rank: int | None = None) -> TraceTables:
 
 def _read(path: Path, doc: dict[str, Any], nodes: list[dict[str, Any]], rank: int | None) -> Any:
     ops = _op_frame(nodes)
-    dist_info = doc.get("distributedInfo") if isinstance(doc.get("distributedInfo"), dict) else {}
+    info = doc.get("distributedInfo")
+    dist_info: dict[str, Any] = info if isinstance(info, dict) else {}
     groups = _comm_groups(path, nodes, dist_info)
     comm_rows, p2p_rows, comm_ranks = _comm_rows(nodes, groups)
     for r in comm_ranks:
@@ -344,7 +345,7 @@ def check_nodes(path: Path, nodes: list[Any]) -> None:
         if not isinstance(n, dict):
             raise _bad(path, None, i, "node", n, "an object")
         nid = n.get("id")
-        if not _typed(nid, (int,)):
+        if not isinstance(nid, int) or not _typed(nid, (int,)):
             raise _bad(path, None, i, "id", nid, "an integer")
         if nid in seen:
             msg = f"{path}: node id {nid} appears more than once (nodes[{i}])"
@@ -375,10 +376,10 @@ def check_nodes(path: Path, nodes: list[Any]) -> None:
         for a in n.get("attrs") or ():
             if not isinstance(a, dict) or not isinstance(a.get("name"), str):
                 raise _bad(path, nid, i, "attrs", a, "an object with a string `name`")
-            want = _ATTR_TYPES.get(a["name"])
+            attr_want = _ATTR_TYPES.get(a["name"])
             v = a.get("value")
-            if want is not None and v is not None and not _typed(v, want):
-                raise _bad(path, nid, i, f"attrs.{a['name']}", v, _WANT[want[0]])
+            if attr_want is not None and v is not None and not _typed(v, attr_want):
+                raise _bad(path, nid, i, f"attrs.{a['name']}", v, _WANT[attr_want[0]])
 
 
 def _dumps(value: Any) -> str:

@@ -556,8 +556,8 @@ def _groups(
 def _collectives(
     df: pl.DataFrame, groups: dict[str, dict[str, Any]]
 ) -> tuple[pl.DataFrame, set[str]]:
-    kinds = {o: _collective(o) for o in df["optype"].unique().to_list()}
-    kinds = {o: k for o, k in kinds.items() if k is not None}
+    found = {o: _collective(o) for o in df["optype"].unique().to_list()}
+    kinds = {o: k for o, k in found.items() if k is not None}
     if not kinds:
         return pl.DataFrame({"rank": []}, schema={"rank": pl.Int32}), set()
     family = pl.col("optype").replace_strict({o: f for o, (_, f) in kinds.items()})
