@@ -19,7 +19,10 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from prism_trace.scratch import ram_scratch_dir
 
-__all__ = ["JobConfig", "run_rank"]
+__all__ = ["ALL_RANKS", "JobConfig", "run_rank"]
+
+ALL_RANKS = -2
+"""``JobConfig.straggler_rank`` for "every rank sleeps" (``--straggler all@SECONDS``)."""
 
 
 @torch.library.custom_op("prism::straggle", mutates_args=())
@@ -38,7 +41,9 @@ class JobConfig:
     micro-batch forward; on that rank it sleeps ``straggler_s / microbatches`` seconds (so
     ``straggler_s`` per step), elsewhere it returns at once. The sleep is inside a profiled op, so
     the trace shows it as that rank's compute time; the same job with ``straggler_s = 0`` is the
-    clean recording to compare with.
+    clean recording to compare with. ``straggler_rank = ALL_RANKS`` makes every rank sleep: with
+    ``straggler_s = S / N`` that is the job whose every rank takes the mean (over N replicas) of
+    one straggler's ``S``, the ground truth of what ``no-stragglers`` keeps by definition.
     """
 
     dp: int = 2
@@ -129,8 +134,8 @@ class _Rank:
                 x = self.comm.recv(torch.empty(act_shape), self._peer(-1), self.pp)
                 x.requires_grad_()
             y = self.stage(x)
-            if cfg.straggler_rank >= 0:
-                mine = self.rank == cfg.straggler_rank
+            if cfg.straggler_rank >= 0 or cfg.straggler_rank == ALL_RANKS:
+                mine = cfg.straggler_rank in (self.rank, ALL_RANKS)
                 straggle(y.detach(), cfg.straggler_s / cfg.microbatches if mine else 0.0)
             if last:
                 y = F.cross_entropy(y.reshape(-1, m.vocab), targets.reshape(-1)) / cfg.microbatches
