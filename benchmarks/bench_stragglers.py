@@ -110,6 +110,7 @@ def _generate(out: Path, args: argparse.Namespace, who: str, seconds: float) -> 
 
     job = f"--dp {args.dp} --tp {args.tp} --pp {args.pp} --microbatches {args.microbatches}"
     job += f" --steps {args.steps} --straggler {who}@{seconds}"
+    job += " --straggler-spin" if args.spin else ""
     generate_main([*job.split(), "--out", str(out)])
 
 
@@ -184,7 +185,8 @@ def bench_generated(args: argparse.Namespace) -> tuple[list[tuple[str, str]], st
             "job",
             f"dp {args.dp} tp {args.tp} pp {args.pp}, {args.microbatches} micro-batches,"
             f" {args.steps} traced steps (+1 untraced warm-up); rank {args.rank} sleeps"
-            f" {args.seconds} s per step; {args.repeats} interleaved rounds",
+            f" {args.seconds} s per step ({'spinning' if args.spin else 'sleeping'});"
+            f" {args.repeats} interleaved rounds",
         ),
         ("clean recordings: mean step", f"{_fmt(rec['clean'])} s (spread {spread:.1f} %)"),
         (
@@ -237,6 +239,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (generated)")
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--seconds", type=float, default=0.3)
+    p.add_argument(
+        "--spin", action="store_true", help="the straggler busy-waits (--straggler-spin)"
+    )
     p.add_argument("--host", default=None, help="host label in the result file name")
     args = p.parse_args()
     rows, title = bench_st() if args.source == "st" else bench_generated(args)

@@ -117,6 +117,12 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         help="rank RANK sleeps SECONDS per step inside its forward compute (prism::straggle);"
         " RANK@0 records the same job without the sleep, all@SECONDS makes every rank sleep",
     )
+    p.add_argument(
+        "--straggler-spin",
+        action="store_true",
+        help="the straggler busy-waits instead of sleeping: it keeps its core, as slow compute"
+        " would, where ranks outnumber the host's free cores",
+    )
     a = p.parse_args(argv)
     s_rank, s_secs = -1, 0.0
     if a.straggler is not None:
@@ -146,6 +152,7 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         timeout_s=a.timeout_s,
         straggler_rank=s_rank,
         straggler_s=s_secs,
+        straggler_spin=a.straggler_spin,
     )
     if s_rank >= config.layout.world:
         p.error(f"--straggler rank {s_rank} is outside the world of {config.layout.world} ranks")
