@@ -250,7 +250,7 @@ def main() -> None:
     command = "python benchmarks/bench_stragglers.py " + " ".join(sys.argv[1:])
     theme = f"stragglers-{args.source}"
     if args.source == "generated":
-        theme += f"-dp{args.dp}tp{args.tp}pp{args.pp}"
+        theme += f"-dp{args.dp}tp{args.tp}pp{args.pp}" + ("-spin" if args.spin else "")
     note = write_note(
         theme,
         host_kind(args.host),
