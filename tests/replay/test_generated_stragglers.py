@@ -222,8 +222,9 @@ def test_generated_straggler_pair(tmp_path: Path) -> None:
     step in its forward, and with every rank sleeping S / 2 (``all@0.2``). ``no-stragglers`` on
     the straggler recording takes the mean ``prism::straggle`` over the 2 ranks, so it predicts
     the uniform job, and it removes the half of the straggler's excess that the mean does not
-    keep. Tolerances are what the shared 2-core host supports (clean recordings there lie up to
-    17 % apart; ``benchmarks/bench_stragglers.py --source generated`` measures with repeats)."""
+    keep. The tolerances hold on a quiet 2-core host (2 ranks, one core each; it passed twice at
+    load 4 and 10); with other load the recordings of one job lie 9-90 % apart and it can fail
+    (``benchmarks/bench_stragglers.py --source generated`` measures with repeats)."""
     pytest.importorskip("torch")
     from prism_trace.datasets._train import ALL_RANKS
     from prism_trace.datasets.generate import JobConfig, generate
