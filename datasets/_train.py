@@ -19,13 +19,25 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from prism_trace.scratch import ram_scratch_dir
 
-__all__ = ["JobConfig", "run_rank"]
+__all__ = ["ALL_RANKS", "JobConfig", "run_rank"]
+
+ALL_RANKS = -2
+"""``JobConfig.straggler_rank`` for "every rank sleeps" (``--straggler all@SECONDS``)."""
 
 
 @torch.library.custom_op("prism::straggle", mutates_args=())
-def straggle(x: torch.Tensor, seconds: float) -> torch.Tensor:
-    """A profiled op that sleeps ``seconds``: a straggler's slow compute (``--straggler``)."""
-    if seconds > 0:
+def straggle(x: torch.Tensor, seconds: float, spin: bool) -> torch.Tensor:  # noqa: FBT001
+    """A profiled op that takes ``seconds``: a straggler's slow compute (``--straggler``).
+
+    It sleeps, or with ``spin`` busy-waits: on a host with fewer free cores than ranks a sleeping
+    rank hands its core to the others, which then compute faster than in the clean recording
+    (no GPU straggler does that); a spinning one keeps its core as slow compute would.
+    """
+    if seconds > 0 and spin:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+    elif seconds > 0:
         time.sleep(seconds)
     return x.new_empty(0)
 
@@ -38,7 +50,10 @@ class JobConfig:
     micro-batch forward; on that rank it sleeps ``straggler_s / microbatches`` seconds (so
     ``straggler_s`` per step), elsewhere it returns at once. The sleep is inside a profiled op, so
     the trace shows it as that rank's compute time; the same job with ``straggler_s = 0`` is the
-    clean recording to compare with.
+    clean recording to compare with. ``straggler_rank = ALL_RANKS`` makes every rank sleep: with
+    ``straggler_s = S / N`` that is the job whose every rank takes the mean (over N replicas) of
+    one straggler's ``S``, the ground truth of what ``no-stragglers`` keeps by definition.
+    ``straggler_spin`` busy-waits instead of sleeping (``straggle``).
     """
 
     dp: int = 2
@@ -55,6 +70,7 @@ class JobConfig:
     timeout_s: float = 60.0
     straggler_rank: int = -1
     straggler_s: float = 0.0
+    straggler_spin: bool = False
 
     @property
     def layout(self) -> Layout:
@@ -129,9 +145,10 @@ class _Rank:
                 x = self.comm.recv(torch.empty(act_shape), self._peer(-1), self.pp)
                 x.requires_grad_()
             y = self.stage(x)
-            if cfg.straggler_rank >= 0:
-                mine = self.rank == cfg.straggler_rank
-                straggle(y.detach(), cfg.straggler_s / cfg.microbatches if mine else 0.0)
+            if cfg.straggler_rank >= 0 or cfg.straggler_rank == ALL_RANKS:
+                mine = cfg.straggler_rank in (self.rank, ALL_RANKS)
+                secs = cfg.straggler_s / cfg.microbatches if mine else 0.0
+                straggle(y.detach(), secs, cfg.straggler_spin)
             if last:
                 y = F.cross_entropy(y.reshape(-1, m.vocab), targets.reshape(-1)) / cfg.microbatches
                 losses.append(y.item())

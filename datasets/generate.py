@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 from prism_trace.datasets._model import ModelConfig
-from prism_trace.datasets._train import JobConfig, run_rank, steps_path
+from prism_trace.datasets._train import ALL_RANKS, JobConfig, run_rank, steps_path
 
 __all__ = ["JobConfig", "ModelConfig", "generate", "main"]
 
@@ -115,18 +115,27 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         metavar="RANK@SECONDS",
         default=None,
         help="rank RANK sleeps SECONDS per step inside its forward compute (prism::straggle);"
-        " RANK@0 records the same job without the sleep",
+        " RANK@0 records the same job without the sleep, all@SECONDS makes every rank sleep",
+    )
+    p.add_argument(
+        "--straggler-spin",
+        action="store_true",
+        help="the straggler busy-waits instead of sleeping: it keeps its core, as slow compute"
+        " would, where ranks outnumber the host's free cores",
     )
     a = p.parse_args(argv)
     s_rank, s_secs = -1, 0.0
     if a.straggler is not None:
         rank_text, at, secs_text = a.straggler.partition("@")
         try:
-            s_rank, s_secs = int(rank_text), float(secs_text)
+            s_rank = ALL_RANKS if rank_text == "all" else max(int(rank_text), -1)
+            s_secs = float(secs_text)
         except ValueError:
             s_rank = -1
-        if not at or s_rank < 0 or s_secs < 0:
-            p.error(f"--straggler {a.straggler!r}: expected RANK@SECONDS, e.g. 1@0.5")
+        if not at or (s_rank < 0 and s_rank != ALL_RANKS) or s_secs < 0:
+            p.error(
+                f"--straggler {a.straggler!r}: expected RANK@SECONDS or all@SECONDS, e.g. 1@0.5"
+            )
     model = replace(m, vocab=a.vocab, hidden=a.hidden, heads=a.heads, layers=a.layers, seq=a.seq)
     config = JobConfig(
         dp=a.dp,
@@ -143,6 +152,7 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         timeout_s=a.timeout_s,
         straggler_rank=s_rank,
         straggler_s=s_secs,
+        straggler_spin=a.straggler_spin,
     )
     if s_rank >= config.layout.world:
         p.error(f"--straggler rank {s_rank} is outside the world of {config.layout.world} ranks")

@@ -1,13 +1,15 @@
 """Typical op durations: what each op would take without stragglers.
 
 The ``no-stragglers`` what-if (StragglerAnalysis's ``step_t_noblk``) replaces every op by the
-typical op of its type, so that what is left of the step is the schedule itself. The type of an
-op is its name (an op-timeline ``optype``, a kernel or host-op name). Computation takes the
-**mean** duration of its type over every rank and every step: a slow rank or step then counts
-for what it adds on average. Communication takes the **median** transfer of its type (its name
+typical op of its type, so that what is left of the step is the schedule itself. The type of an op
+is its name (an op-timeline ``optype``, a kernel or host-op name). Computation takes the **mean**
+duration of its type over every rank and every step: a slow rank or step then counts for what it
+adds on average (StragglerAnalysis's rule; the median would drop ST's slow stage and put its
+``no-stragglers`` 10 % off, docs/emulator.md), so with N ranks one straggler's excess S leaves
+S / N in every rank's typical op. Communication takes the **median** transfer of its type (its name
 and message size: one NCCL kernel name serves every size; its time from the last participant's
-arrival to its own completion), because a collective's recorded
-duration is mostly waiting and its spread comes from the peers, not from the wire.
+arrival to its own completion), because a collective's recorded duration is mostly waiting and its
+spread comes from the peers, not from the wire.
 
 Own delays (``prism_trace.deps_op_timeline``) are not durations: ``replay.emulate`` keeps those
 before a computation (CPU work and launches happen without stragglers too) and drops those before a

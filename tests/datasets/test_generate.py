@@ -156,12 +156,15 @@ def test_generate_fails_clearly(tmp_path: Path) -> None:
 @pytest.mark.torch
 def test_straggler_option() -> None:
     pytest.importorskip("torch")
+    from prism_trace.datasets._train import ALL_RANKS
     from prism_trace.datasets.generate import _parse
 
     _, cfg = _parse(["--out", "x", "--dp", "2", "--tp", "1", "--pp", "1", "--straggler", "1@0.5"])
-    assert (cfg.straggler_rank, cfg.straggler_s) == (1, 0.5)
+    assert (cfg.straggler_rank, cfg.straggler_s, cfg.straggler_spin) == (1, 0.5, False)
+    _, cfg = _parse(["--out", "x", "--straggler", "all@0.1", "--straggler-spin"])
+    assert (cfg.straggler_rank, cfg.straggler_s, cfg.straggler_spin) == (ALL_RANKS, 0.1, True)
     _, cfg = _parse(["--out", "x"])
     assert cfg.straggler_rank == -1
-    for bad in ("1", "x@1", "1@-2", "9@1"):
+    for bad in ("1", "x@1", "1@-2", "9@1", "-2@1", "all@-1"):
         with pytest.raises(SystemExit):
-            _parse(["--out", "x", "--dp", "2", "--tp", "1", "--pp", "1", "--straggler", bad])
+            _parse(["--out", "x", "--dp", "2", "--tp", "1", "--pp", "1", f"--straggler={bad}"])
