@@ -118,7 +118,14 @@ def _warm(files: list[Path]) -> None:
 
 
 def measure(tool: str, cmd: list[str], *, log: Path, timeout_s: float) -> Measurement:
-    """Run ``cmd`` in a fresh process; return wall clock and peak memory of its process tree."""
+    """Run ``cmd`` in a fresh process; return wall clock, peak memory and CPU of its process tree.
+
+    CPU (``extra["cpu_s"]``): each process's own user + system time (``/proc``, children
+    excluded), the last value sampled before it ended, summed over every process seen. Not
+    rusage: that counts a process's reaped children with it (HTA's pool) and misses workers
+    nobody waits for (a fork server's); what a process does after its last sample is missed.
+    """
+    seen: dict[int, float] = {}
     with open(log, "wb") as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -142,6 +149,8 @@ def measure(tool: str, cmd: list[str], *, log: Path, timeout_s: float) -> Measur
             for p in procs:
                 with contextlib.suppress(psutil.Error):
                     total += p.memory_info().rss
+                    c = p.cpu_times()
+                    seen[p.pid] = c.user + c.system
             peak = max(peak, total)
             time.sleep(SAMPLE_S)
         wall = time.perf_counter() - t0
@@ -150,7 +159,9 @@ def measure(tool: str, cmd: list[str], *, log: Path, timeout_s: float) -> Measur
     # A single-process tool can peak between samples; the kernel's high-water mark cannot miss.
     peak_mb = max(peak / 2**20, maxrss_mb)
     note = "" if proc.returncode == 0 else f"exit {proc.returncode}, see {log}"
-    return Measurement(tool, wall, peak_mb, maxrss_mb, proc.returncode, note)
+    m = Measurement(tool, wall, peak_mb, maxrss_mb, proc.returncode, note)
+    m.extra["cpu_s"] = round(sum(seen.values()), 2)
+    return m
 
 
 def _prism_exe() -> str | None:

@@ -23,20 +23,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
 import json
 import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_ingest as bi
@@ -72,54 +68,11 @@ def make_dlrm(out: Path, ranks: int = RANKS) -> bi.TraceSet:
     return bi._trace_set(f"dlrm-{ranks}rank", out)
 
 
-def measure(tool: str, cmd: list[str], *, log: Path, timeout_s: float) -> bi.Measurement:
-    """``bench_ingest.measure`` plus the CPU seconds of the whole process tree.
-
-    CPU: each process's own user + system time (``/proc``, children excluded), the last value
-    sampled before it ended, summed over every process seen. Not rusage: that counts a process's
-    reaped children with it (HTA's pool) and misses workers nobody waits for (a fork server's);
-    what a process does after its last sample (20 ms) is missed.
-    """
-    seen: dict[int, float] = {}
-    peak = 0
-    with open(log, "wb") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        root = psutil.Process(proc.pid)
-        while True:
-            pid, status, rusage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - t0 > timeout_s:
-                proc.kill()
-                _, status, rusage = os.wait4(proc.pid, 0)
-                break
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                procs = [root]
-            total = 0
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    total += p.memory_info().rss
-                    c = p.cpu_times()
-                    seen[p.pid] = c.user + c.system
-            peak = max(peak, total)
-            time.sleep(bi.SAMPLE_S)
-        wall = time.perf_counter() - t0
-    rc = os.waitstatus_to_exitcode(status)
-    maxrss = rusage.ru_maxrss / 1024
-    m = bi.Measurement(tool, wall, max(peak / 2**20, maxrss), maxrss, rc)
-    m.note = "" if rc == 0 else f"exit {rc}, see {log}"
-    m.extra["cpu_s"] = round(sum(seen.values()), 2)
-    return m
-
-
 def run_hta(ts: bi.TraceSet, work: Path, timeout: float) -> bi.Measurement:
     """HTA's ``TraceAnalysis(trace_dir=...)`` parse, as ``bench_ingest.py`` runs it."""
     out = work / "hta.json"
     cmd = [sys.executable, bi.__file__, "--_hta-child", str(ts.path), str(out)]
-    m = measure("hta", cmd, log=work / "hta.log", timeout_s=timeout)
+    m = bi.measure("hta", cmd, log=work / "hta.log", timeout_s=timeout)
     if m.rc == 0 and out.exists():
         m.extra.update(json.loads(out.read_text()))
     return m
@@ -134,7 +87,7 @@ def run_prism(
     cmd = [prism, "ingest", str(ts.path), "--db", str(db), "--run", "b", "--quiet"]
     cmd += ["--workers", str(workers)]
     log = db.with_suffix(".log")
-    return measure(f"prism --workers {workers}", cmd, log=log, timeout_s=timeout)
+    return bi.measure(f"prism --workers {workers}", cmd, log=log, timeout_s=timeout)
 
 
 def same_rows(a: Path, b: Path) -> tuple[bool, int]:

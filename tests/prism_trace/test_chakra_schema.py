@@ -20,8 +20,15 @@ def test_bundled_schema_is_mlc_chakras() -> None:
 
 def test_core_modules_do_not_import_mlc_chakra() -> None:
     """A core install has no mlc-chakra: the readers and the export use the bundled module."""
-    import prism_trace.export
+    import prism_trace.export_rules
+    import prism_trace.export_template
+    import prism_trace.export_writer
     import prism_trace.formats.chakra
 
-    for mod in (prism_trace.export, prism_trace.formats.chakra):
+    for mod in (
+        prism_trace.export_rules,
+        prism_trace.export_template,
+        prism_trace.export_writer,
+        prism_trace.formats.chakra,
+    ):
         assert mod.pb is ours
