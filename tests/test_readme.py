@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# Slow: runs every README example, the demo included; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 

@@ -55,6 +55,7 @@ def test_sample_comm_is_the_union_of_comm_host_ops(sample_store: Store) -> None:
     assert got == dict(expected)
 
 
+@pytest.mark.slow
 def test_sample_other_analyses_are_sane(sample_store: Store) -> None:
     ov = overlap(sample_store, "sample")
     assert ((ov["overlap_ns"] >= 0) & (ov["overlap_ns"] <= ov["comm_ns"])).all()

@@ -145,6 +145,7 @@ def test_dlrm_device_windows_equal_the_raw_json(real_store: Store, shared_datase
         assert list(zip(mine["ts"], mine["end_ts"], strict=True)) == want, rank
 
 
+@pytest.mark.slow
 def test_sample_host_windows_equal_a_plain_sweep(sample_store: Store) -> None:
     """Host mode: the main thread is idle outside cpu_ops and while blocked in a comm call."""
     con = sample_store.con
@@ -210,6 +211,7 @@ def test_sample_host_windows_equal_a_plain_sweep(sample_store: Store) -> None:
     assert "bubbles" in ANALYSES
 
 
+@pytest.mark.slow
 def test_emulated_sliced_run_reports_exemplars(sample_store: Store, tmp_path: Path) -> None:
     """An emulated run of a sliced run: class members read their exemplar's events."""
     from prism_trace.parallel import infer_layout

@@ -178,6 +178,7 @@ def test_st_last_stage_is_the_straggler(shared_datasets: Path, tmp_path: Path) -
         assert (t["compute_pct"] > 30).all()
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_device_work_past_the_step_end_counts_to_its_step(
     shared_datasets: Path, tmp_path: Path
@@ -220,6 +221,7 @@ def test_device_work_past_the_step_end_counts_to_its_step(
         assert w4["compute_ns"] == k["total_ns"].sum()
 
 
+@pytest.mark.slow
 def test_cli_points_at_the_class_exemplar(tmp_path: Path) -> None:
     """Ranks of an emulated run that store no events: the one line names their exemplars."""
     from prism_trace.replay import emulate_run

@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+# Slow: records jobs with torch processes; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 ANNOTATION = re.compile(

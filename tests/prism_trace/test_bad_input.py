@@ -138,6 +138,7 @@ def test_missing_fields(seeded_db: Path, tmp_path: Path) -> None:
     assert_fails_cleanly(seeded_db, [bad, "--run", "x"], bad.name)
 
 
+@pytest.mark.slow
 def test_same_rank_twice(seeded_db: Path, kineto_dir: Path, tmp_path: Path) -> None:
     src = next(kineto_dir.glob("worker0_*"))
     copy = tmp_path / "again" / "worker0_step_12.copy.pt.trace.json.gz"

@@ -20,6 +20,7 @@ def invoke(*args: object) -> str:
     return res.output
 
 
+@pytest.mark.slow
 def test_ingest_info_query(shared_datasets: Path, tmp_path: Path) -> None:
     db = tmp_path / "c.duckdb"
     ring = shared_datasets / "chakra-et/astrasim_et_examples/custom_ring_allreduce_8npus_1MB"
@@ -63,6 +64,7 @@ def test_query_error_is_one_line(shared_datasets: Path, tmp_path: Path) -> None:
     assert "no run named 'missing'" in res.output
 
 
+@pytest.mark.slow
 def test_graph_command_assigns_roles(tmp_path: Path) -> None:
     sample = Path(__file__).resolve().parents[2] / "datasets" / "sample"
     db = tmp_path / "g.duckdb"

@@ -23,6 +23,9 @@ from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store, open_store
 
+# Slow: runs ASTRA-sim; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "datasets" / "sample"
 MICRO = "chakra-et/astrasim_et_examples/microbenchmarks"

@@ -354,6 +354,7 @@ def test_refuses_stray_rank_files(sample_store: Store, tmp_path: Path) -> None:
         export_chakra(sample_store, run="sample", out_dir=tmp_path / "x", prefix="a/b")
 
 
+@pytest.mark.slow
 def test_builds_missing_graph_and_sanitises_prefix(tmp_path: Path) -> None:
     store = open_store(tmp_path / "s.duckdb")
     ingest(store, [SAMPLE], run="my run/1", progress=False)
@@ -413,6 +414,7 @@ def test_chakra_ring_roundtrip(shared_store: Store, tmp_path: Path) -> None:
     assert report.node_types["COMM_SEND_NODE"] == report.node_types["COMM_RECV_NODE"] > 0
 
 
+@pytest.mark.slow
 def test_edge_kind_without_a_code_round_trips(tmp_path: Path) -> None:
     """A kind outside ``prism_deps``' code table is spelled out in ``prism_dep_kinds``."""
     store = open_store(tmp_path / "k.duckdb")
@@ -439,6 +441,7 @@ def test_edge_kind_without_a_code_round_trips(tmp_path: Path) -> None:
     assert kinds == [("overlap", "start", 7)]
 
 
+@pytest.mark.slow
 def test_cli_size_bandwidth_and_bad_value(tmp_path: Path) -> None:
     import json as _json
 
@@ -479,6 +482,7 @@ def test_cli_size_bandwidth_and_bad_value(tmp_path: Path) -> None:
     assert "size bandwidth" in bad.output
 
 
+@pytest.mark.slow
 def test_all_gather_comm_size_is_each_members_input(tmp_path: Path) -> None:
     """An ALL_GATHER's ``comm_size`` is a member's input (ASTRA-sim and the PyTorch converter):
     the recorded nccl-tests size over the group size, rounded up, with the exact size kept in

@@ -37,6 +37,9 @@ from prism_trace.export import START_NAME, export_chakra
 from prism_trace.ingest import ingest
 from prism_trace.store import open_store
 
+# Slow: exports and checks every node of a run; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "datasets" / "sample"
 

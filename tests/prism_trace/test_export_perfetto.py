@@ -237,6 +237,7 @@ def test_unknown_run_and_unwritable(store: Store, tmp_path: Path) -> None:
     assert not list(tmp_path.glob("**/*.part"))
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_dlrm_kernels_and_flows(shared_datasets: Path, tmp_path: Path) -> None:
     with open_store(tmp_path / "d.duckdb") as s:

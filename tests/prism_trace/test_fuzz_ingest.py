@@ -195,6 +195,7 @@ def test_kineto_whitespace_before_the_array_end_is_read(tmp_path: Path, kineto_d
         assert ingest(store, [padded], run="x", progress=False).rows["event"] > 0
 
 
+@pytest.mark.slow
 def test_gzip_bomb_is_refused_early(tmp_path: Path, fuzz: ModuleType) -> None:
     """2.3 GiB of whitespace inside the events array, 2.3 MB gzipped: refused as a bomb."""
     payload = gzip.decompress((SAMPLE / "rank0.kineto.json.gz").read_bytes())

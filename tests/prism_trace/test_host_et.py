@@ -120,6 +120,7 @@ def test_schema_1_1_1_from_tarball(pt2_et: Path) -> None:
     assert json.loads(mm["attrs"])["input_strides"] == node["inputs"]["strides"]
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_comm_groups_from_process_group_init(shared_datasets: Path) -> None:
     for name, world in [

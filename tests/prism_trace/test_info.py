@@ -44,6 +44,7 @@ def test_compact_ranks(ranks: list[int], text: str) -> None:
     assert compact_ranks(ranks) == text
 
 
+@pytest.mark.slow
 def test_sliced_run_is_one_line_per_class(sliced_db: Path) -> None:
     text = _cli("info", sliced_db, "--run", "big")
     assert len(text) < 2_000, len(text)  # not one row per rank (it was 660 KB at 8192 ranks)
@@ -55,6 +56,7 @@ def test_sliced_run_is_one_line_per_class(sliced_db: Path) -> None:
     assert sum(g["groups"] for g in info["comm_groups"]) == 8197
 
 
+@pytest.mark.slow
 def test_ranks_picks_ranks_and_json_keeps_numbers(sliced_db: Path) -> None:
     info = json.loads(_cli("info", sliced_db, "--run", "big", "--ranks", "4096..4097", "--json"))
     assert [r["rank"] for r in info["ranks"]] == [4096, 4097]

@@ -14,7 +14,8 @@ import pytest
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
-pytestmark = pytest.mark.shared_data
+# Slow: ingests every shared real trace; `scripts/test -m "not slow"` leaves it out.
+pytestmark = [pytest.mark.shared_data, pytest.mark.slow]
 
 ASTRA = "chakra-et/astrasim_et_examples"
 

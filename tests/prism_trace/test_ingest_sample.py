@@ -114,6 +114,7 @@ def test_every_collective_instance_matches(store: Store) -> None:
     assert unpaired == [(0,)]
 
 
+@pytest.mark.slow
 def test_iterations_and_linking(store: Store) -> None:
     meta = json.loads((SAMPLE / "run.json").read_text())
     for rank in range(meta["world_size"]):

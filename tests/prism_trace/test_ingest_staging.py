@@ -19,6 +19,9 @@ from prism_trace.errors import DuplicateRankError, TraceFormatError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
+# Slow: ingests with work on disk and in parallel; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 _TABLES = ("track", "event", "flow", "iteration", "memory", "collective", "p2p", "et_op", "rank")
 

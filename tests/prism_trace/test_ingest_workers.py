@@ -22,6 +22,9 @@ from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 from prism_trace.store_write import RUN_TABLES
 
+# Slow: starts worker processes and a dask cluster; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 

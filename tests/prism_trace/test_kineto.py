@@ -75,6 +75,7 @@ def real_files(root: Path) -> list[tuple[Path, int | None]]:
 # ------------------------------------------------------------------------------- real traces
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_real_traces_match_independent_counts(shared_datasets: Path) -> None:
     for path, rank in real_files(shared_datasets):
@@ -123,6 +124,7 @@ def test_real_traces_match_independent_counts(shared_datasets: Path) -> None:
         assert t.tracks["track_id"].to_list() == list(range(t.tracks.height))
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_dlrm_collectives_per_rank(shared_datasets: Path) -> None:
     """Old traces: one collective per `nccl:<op>` annotation, in group 0 of all 8 ranks."""

@@ -106,6 +106,7 @@ def test_st_one_rank_per_group(
     assert any("8 unrecorded ranks run as copies" in n for n in own.notes)
 
 
+@pytest.mark.slow
 def test_sample_without_tp_peers(tmp_path: Path) -> None:
     src = tmp_path / "in"
     src.mkdir()
@@ -207,6 +208,7 @@ def test_declared_layout_is_checked(tp_pair: Path, tmp_path: Path) -> None:
     assert store.con.execute("SELECT world_size FROM run").fetchall() == [(2,)]
 
 
+@pytest.mark.slow
 def test_two_of_eight_ranks(tmp_path: Path, shared_datasets: Path) -> None:
     src = sorted((shared_datasets / "param-dlrm-8rank" / "kineto").glob("*.json.gz"))[:2]
     for i, f in enumerate(src):

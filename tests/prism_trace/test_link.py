@@ -232,6 +232,7 @@ def test_linear_pair(shared_datasets: Path) -> None:
     assert linked == rep.linked
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_resnet_pair(shared_datasets: Path) -> None:
     """Not the same job: the ET is a DDP run (reducer, copy_bucket_to_grad, comms), the Kineto

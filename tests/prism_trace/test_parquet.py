@@ -43,6 +43,7 @@ def test_layout_is_hive_by_rank_and_polars_reads_it(exported: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_query_and_views_on_parquet_match_the_store(sample_store: object, exported: Path) -> None:
     sql = (
         "SELECT group_name, seq, kind, participants, arrival_spread FROM collective_instance"

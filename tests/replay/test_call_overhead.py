@@ -12,6 +12,9 @@ from prism_trace.replay.call_overhead import call_overhead, expected_events  # n
 from prism_trace.replay.hybrid import ReplayOptions, replay_run  # noqa: E402
 from prism_trace.replay.kernels import build_program, select_units  # noqa: E402
 
+# Slow: replays real kernels; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def program(sample_store: object) -> object:

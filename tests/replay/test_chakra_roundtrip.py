@@ -14,6 +14,9 @@ from prism_trace.graph import build_graph
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
+# Slow: exports, reads back and emulates whole runs; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 SHIFT_SQL = """

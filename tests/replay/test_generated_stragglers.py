@@ -19,6 +19,9 @@ from prism_trace.errors import PrismError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
+# Slow: records straggler jobs with torch processes; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 MS = 1_000_000  # ns
 
 Row = tuple[int, int, int, str, float, float]  # dp_rank, stage, step, optype, start ms, dur ms

@@ -18,6 +18,9 @@ from prism_trace.replay.validate import validate_replayed  # noqa: E402
 
 from prism_trace.errors import PrismError  # noqa: E402
 
+# Slow: replays real kernels; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
 
 

@@ -17,7 +17,8 @@ from prism_trace.replay.launch import launch
 
 from prism_trace.errors import PrismError
 
-pytestmark = pytest.mark.torch
+# Slow: launches training scripts in torch processes; `scripts/test -m "not slow"` leaves it out.
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "datasets" / "sample"

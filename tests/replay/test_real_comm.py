@@ -24,6 +24,9 @@ from prism_trace.errors import PrismError  # noqa: E402
 from prism_trace.parallel import ParallelLayout  # noqa: E402
 from prism_trace.slicing import slice_run  # noqa: E402
 
+# Slow: replays ranks together in torch processes; `scripts/test -m "not slow"` leaves it out.
+pytestmark = pytest.mark.slow
+
 FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
 CLOCK_SLACK_NS = 50_000
 """Clock reads around a call are taken a few µs before/after the call itself."""

@@ -148,6 +148,7 @@ def test_one_slow_replica_sets_the_same_pace_at_8192_and_65536_ranks(store: Stor
     assert (j["dur"] > j["dur_base"]).mean() > 0.99
 
 
+@pytest.mark.slow
 def test_every_replica_distinct_and_the_slowest_of_n_grows(store: Store) -> None:
     _, a = emulate(store, "s4", "variance", seed=3)
     _, b = emulate(store, "s4", "variance", seed=3)
