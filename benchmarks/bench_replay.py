@@ -9,11 +9,11 @@ per pass, on a different unit each time; the *typical* figure
 (``RankReplay.overhead_typical_pct``) takes each unit's median over the passes before summing,
 which keeps what every pass pays and drops those preemptions.
 
-The instrumentation alone (``ReplayOptions.bare_passes``): the same ops, views, allocations and
-frees rendered without clock reads or hooks (the *bare* pass), alternating with timed passes that
-run their ops back to back (the virtual peers not waited for); the timed pass's wall time beyond
-the bare one's (less its communication spans), as % of the bare one, median over the pairs. This
-is the cost of timing every op, apart from the views and frees that executing the ops needs.
+The instrumentation alone (``KernelReplayOptions.bare_passes``): the same ops, views, allocations
+and frees rendered without clock reads or hooks (the *bare* pass), alternating with timed passes
+that run their ops back to back (the virtual peers not waited for); the timed pass's wall time
+beyond the bare one's (less its communication spans), as % of the bare one, median over the pairs.
+This is the cost of timing every op, apart from the views and frees that executing the ops needs.
 Their op time also shows how much slower the same ops run in the measured passes, each burst of
 ops coming after a wait for the virtual peers (the sample waits ~0.5 s per pass).
 
@@ -53,9 +53,9 @@ def _measure(
     wait: str = "auto",
     pairs: int = 0,
 ) -> dict[str, float]:
-    from prism_trace.replay.hybrid import ReplayOptions, replay_run
+    from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
 
-    opts = ReplayOptions(
+    opts = KernelReplayOptions(
         iterations=passes,
         warmup=2,
         gaps=gaps,  # type: ignore[arg-type]
@@ -109,12 +109,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--passes", type=int, default=10)
     ap.add_argument(
-        "--pairs", type=int, default=100, help="timed/bare pass pairs (ReplayOptions.bare_passes)"
+        "--pairs",
+        type=int,
+        default=100,
+        help="timed/bare pass pairs (KernelReplayOptions.bare_passes)",
     )
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument(
-        "--wait", default="auto", help="ReplayOptions.wait: auto (spins here), spin or sleep"
+        "--wait", default="auto", help="KernelReplayOptions.wait: auto (spins here), spin or sleep"
     )
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")

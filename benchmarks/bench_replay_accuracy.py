@@ -58,7 +58,7 @@ def _record_and_replay(
 
     from prism_trace.datasets._model import ModelConfig
     from prism_trace.datasets.generate import JobConfig, generate
-    from prism_trace.replay.hybrid import ReplayOptions, replay_run
+    from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
     from prism_trace.replay.validate import validate_replayed
 
     from prism_trace.graph import build_graph
@@ -84,7 +84,7 @@ def _record_and_replay(
     ]
     results = {}
     for inst in [s for s in args.instrument.split(",") if s]:
-        opts = ReplayOptions(
+        opts = KernelReplayOptions(
             iterations=args.iterations,
             warmup=args.warmup,
             threads=1,

@@ -12,7 +12,7 @@ from prism_trace.replay.calibrate import calibrate_run
 from prism_trace.replay.emulate import emulate_run
 from prism_trace.replay.emulate_types import EmulationConfig, EmulationReport, ReplayConfig
 from prism_trace.replay.emulator import DeadlockError, MissingParticipantError
-from prism_trace.replay.hybrid import ReplayOptions, replay_run
+from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
 from prism_trace.replay.timing import TimingConfig
 from prism_trace.replay.topology import Topology
 from prism_trace.replay.validate import ValidationReport, validate_replayed, validate_run
@@ -22,9 +22,9 @@ __all__ = [
     "DeadlockError",
     "EmulationConfig",
     "EmulationReport",
+    "KernelReplayOptions",
     "MissingParticipantError",
     "ReplayConfig",
-    "ReplayOptions",
     "TimingConfig",
     "Topology",
     "ValidationReport",

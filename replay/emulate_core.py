@@ -40,6 +40,7 @@ from prism_trace.replay.vector import (
 )
 from prism_trace.replay.whatif import (
     SlowDown,
+    WhatIfError,
 )
 
 if TYPE_CHECKING:
@@ -206,9 +207,14 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         lo[hit], hi[hit] = g_lo[pos[hit]], g_hi[pos[hit]]
     topology = config.topology
     if config.what_if.bandwidth_scale is not None:
-        topology = dataclasses.replace(
-            topology, bandwidth_scale=topology.bandwidth_scale * config.what_if.bandwidth_scale
-        )
+        if topology.bandwidth_scale != 1.0:  # two knobs for one thing: say which one wins
+            msg = (
+                f"the bandwidth is scaled twice: topology.bandwidth_scale = "
+                f"{topology.bandwidth_scale} and --what-if bandwidth="
+                f"{config.what_if.bandwidth_scale}; give one of them"
+            )
+            raise WhatIfError(msg)
+        topology = dataclasses.replace(topology, bandwidth_scale=config.what_if.bandwidth_scale)
     if config.timing.calibrate:
         from prism_trace.replay.calibrate import calibrate_run
 

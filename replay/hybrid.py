@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING
 
 from prism_trace.replay.hybrid_load import _load_rank, _source_of
-from prism_trace.replay.hybrid_options import RankReplay, ReplayOptions, ReplayReport
+from prism_trace.replay.hybrid_options import KernelReplayOptions, RankReplay, ReplayReport
 from prism_trace.replay.hybrid_rank import _replay_rank
 from prism_trace.replay.hybrid_together import _replay_together
 from prism_trace.replay.hybrid_write import _write, write_replayed_header
@@ -36,7 +36,13 @@ if TYPE_CHECKING:
 
     from prism_trace.store import Store
 
-__all__ = ["RankReplay", "ReplayOptions", "ReplayReport", "replay_run", "write_replayed_header"]
+__all__ = [
+    "KernelReplayOptions",
+    "RankReplay",
+    "ReplayReport",
+    "replay_run",
+    "write_replayed_header",
+]
 
 
 def replay_run(
@@ -45,7 +51,7 @@ def replay_run(
     run: str,
     ranks: list[int],
     out_run: str,
-    options: ReplayOptions | None = None,
+    options: KernelReplayOptions | None = None,
     replace: bool = False,
     config: EmulationConfig | None = None,
 ) -> ReplayReport:
@@ -62,7 +68,7 @@ def replay_run(
         run: a recorded or sliced run whose ranks (or their representatives) have host ETs.
         ranks: the ranks to replay for real.
         out_run: name of the new run (kind ``replayed``, parent ``run``).
-        options: how to replay (``ReplayOptions``).
+        options: how to replay (``KernelReplayOptions``).
         replace: overwrite an existing replayed run of that name.
         config: the emulation config for the virtual peers.
 
@@ -76,7 +82,7 @@ def replay_run(
     import torch
 
     t0 = time.perf_counter()
-    options = options or ReplayOptions()
+    options = options or KernelReplayOptions()
     if not ranks:
         msg = "replay needs at least one rank (--ranks)"
         raise PrismError(msg)

@@ -1,4 +1,4 @@
-"""What a hybrid replay is asked for (``ReplayOptions``) and returns (the rank and run reports)."""
+"""What a hybrid replay is asked for (``KernelReplayOptions``) and what it returns (its reports)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _SPIN_SLEEP_NS = 2_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplayOptions:
+class KernelReplayOptions:
     """How a replay runs; stored in ``run.config_json``.
 
     Attributes:
@@ -104,8 +104,8 @@ class RankReplay:
     overhead_ns: int = 0
     call_overhead: dict[str, int] = field(default_factory=dict)
     wait_lead_ns: int = 0
-    # Per bare pass (ReplayOptions.bare_passes): its wall time, the instrumentation's cost, and
-    # the op time of the timed pass paired with it (ops back to back, no waits for the peers).
+    # Per bare pass (KernelReplayOptions.bare_passes): its wall time, the instrumentation's cost,
+    # and the op time of the timed pass paired with it (ops back to back, no waits for the peers).
     bare_ns: list[int] = field(default_factory=list)
     paired_op_ns: list[int] = field(default_factory=list)
     instrumentation_pct_passes: list[float] = field(default_factory=list)
@@ -164,7 +164,7 @@ class ReplayReport:
     run_id: int
     input_run: str
     device: str
-    options: ReplayOptions
+    options: KernelReplayOptions
     ranks: list[RankReplay]
     seconds: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 from prism_trace.replay.call_overhead import PASS_MARK, CallOverhead, call_overhead, top_level_spans
 from prism_trace.replay.hybrid_load import _RankInputs
-from prism_trace.replay.hybrid_options import _SPIN_SLEEP_NS, ReplayOptions
+from prism_trace.replay.hybrid_options import _SPIN_SLEEP_NS, KernelReplayOptions
 from prism_trace.replay.kernels import (
     Program,
 )
@@ -109,8 +109,8 @@ def _wait_until(target: int, pc: Any, sleep: bool) -> None:  # noqa: FBT001
         pass
 
 
-def _sleeps(options: ReplayOptions, processes: int) -> bool:
-    """``options.wait`` resolved: True when the waits sleep (``ReplayOptions.wait``)."""
+def _sleeps(options: KernelReplayOptions, processes: int) -> bool:
+    """``options.wait`` resolved: True when the waits sleep (``KernelReplayOptions.wait``)."""
     if options.wait != "auto":
         return options.wait == "sleep"
     import torch
@@ -160,7 +160,7 @@ class _Driver:
                 prev = u.iteration
         self.calls = _unit_calls(program, schedule)
         self.quiet_views = False
-        self.sleep = False  # ReplayOptions.wait
+        self.sleep = False  # KernelReplayOptions.wait
         self.peer_waits = True  # False: communication returns at once (bare-pass comparisons)
         self.lead = self._lead_ns()
         self.reset()
@@ -313,7 +313,7 @@ def _view_makers(*, quiet: bool) -> tuple[Any, Any]:
 
 
 def _profiler(
-    options: ReplayOptions, trace_dir: Path, *, memory_only: bool, name: str = "replay"
+    options: KernelReplayOptions, trace_dir: Path, *, memory_only: bool, name: str = "replay"
 ) -> Any:
     import torch
     from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
@@ -339,7 +339,7 @@ def _call_overhead(
     fn: Any,
     externals: list[Any],
     program: Program,
-    options: ReplayOptions,
+    options: KernelReplayOptions,
     trace_dir: Path,
     passes: int = 2,
 ) -> CallOverhead:

@@ -21,7 +21,7 @@ from prism_trace.replay.hybrid_frames import (
     _result,
 )
 from prism_trace.replay.hybrid_load import _RankInputs
-from prism_trace.replay.hybrid_options import RankReplay, ReplayOptions
+from prism_trace.replay.hybrid_options import KernelReplayOptions, RankReplay
 from prism_trace.replay.hybrid_pass import (
     _call_overhead,
     _device_map,
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 
 def _replay_rank(
-    inputs: _RankInputs, options: ReplayOptions, real: list[int] | None = None
+    inputs: _RankInputs, options: KernelReplayOptions, real: list[int] | None = None
 ) -> RankReplay:
     """Replay one rank; ``real``: every rank of a multi-process replay (``torch.distributed``
     initialised, this process being ``real.index(inputs.rank)``), None when it runs alone."""

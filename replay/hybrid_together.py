@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prism_trace.replay.hybrid_load import _RankInputs
-from prism_trace.replay.hybrid_options import RankReplay, ReplayOptions
+from prism_trace.replay.hybrid_options import KernelReplayOptions, RankReplay
 from prism_trace.replay.hybrid_rank import _replay_rank
 
 from prism_trace.errors import PrismError
@@ -65,7 +65,7 @@ def _together_worker(index: int, tmp: str) -> None:
         raise SystemExit(1) from None
 
 
-def _replay_together(inputs: list[_RankInputs], options: ReplayOptions) -> list[RankReplay]:
+def _replay_together(inputs: list[_RankInputs], options: KernelReplayOptions) -> list[RankReplay]:
     """Replay the ranks as processes that run together (one each) and talk for real."""
     import torch.multiprocessing as mp
 

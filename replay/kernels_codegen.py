@@ -69,7 +69,7 @@ def render(
         timed: False renders the *bare* pass: the same ops, views, allocations and frees with
             no clock reads, no hooks, and neither communication nor substitutes; its wall time
             is what executing the ops costs without the replay, the baseline of the
-            instrumentation overhead (``ReplayOptions.bare_passes``).
+            instrumentation overhead (``KernelReplayOptions.bare_passes``).
 
     Returns:
         ``(source, globals)``: exec the source with the globals to get ``_replay_pass``.

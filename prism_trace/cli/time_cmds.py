@@ -171,10 +171,10 @@ def replay_cmd(
     as_json: bool,
 ) -> None:
     """Replay RANKS of RUN with real kernels; the other ranks are virtual peers."""
-    from prism_trace.replay.hybrid import ReplayOptions, replay_run
+    from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
     from prism_trace.store import open_store
 
-    options = ReplayOptions(
+    options = KernelReplayOptions(
         device=device,  # type: ignore[arg-type]
         iterations=iterations,
         warmup=warmup,

@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from prism_trace.replay.call_overhead import call_overhead, expected_events  # noqa: E402
-from prism_trace.replay.hybrid import ReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.hybrid import KernelReplayOptions, replay_run  # noqa: E402
 from prism_trace.replay.kernels import build_program, select_units  # noqa: E402
 
 # Slow: replays real kernels; `scripts/test -m "not slow"` leaves it out.
@@ -92,14 +92,14 @@ def test_profiled_replay_spends_the_gaps_less_its_call_cost(sample_store: object
     """Under the recording's instrumentation every op of the sample's rank 0 is found in both
     calibration passes, each call costs something outside its span, and the replay spends that
     much less of the recorded gaps."""
-    opts = ReplayOptions(iterations=1, warmup=0, threads=1, instrument="profiler")
+    opts = KernelReplayOptions(iterations=1, warmup=0, threads=1, instrument="profiler")
     rep = replay_run(sample_store, run="sample", ranks=[0], out_run="rp-prof", options=opts)  # type: ignore[arg-type]
     plain = replay_run(
         sample_store,  # type: ignore[arg-type]
         run="sample",
         ranks=[0],
         out_run="rp-prof-plain",
-        options=ReplayOptions(
+        options=KernelReplayOptions(
             iterations=1, warmup=0, threads=1, instrument="profiler", call_overhead=False
         ),
     )

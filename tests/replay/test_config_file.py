@@ -54,3 +54,25 @@ def test_bad_configs_are_one_line(text: str, why: str) -> None:
 def test_missing_file() -> None:
     with pytest.raises(PrismError, match="cannot read the config"):
         load_emulation_config(Path("/nonexistent/x.toml"))
+
+
+def test_the_bandwidth_is_scaled_in_one_place(tmp_path: Path) -> None:
+    """`topology.bandwidth_scale` and `--what-if bandwidth=` are one knob: both are refused."""
+    from dataclasses import replace
+
+    from prism_trace.replay.emulate import EmulationConfig, emulate_run
+    from prism_trace.replay.whatif import WhatIfError, parse_what_if
+
+    from tests.replay.test_emulate import hand_store
+
+    store = hand_store(tmp_path)
+    base = EmulationConfig()
+    both = replace(
+        base,
+        topology=replace(base.topology, bandwidth_scale=2.0),
+        what_if=parse_what_if(("bandwidth=2",)),
+    )
+    with pytest.raises(WhatIfError, match="scaled twice"):
+        emulate_run(store, run="h", out_run="e", config=both)
+    one = replace(base, what_if=parse_what_if(("bandwidth=2",)))
+    assert emulate_run(store, run="h", out_run="e", config=one).run_id > 0

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.hybrid import ReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.hybrid import KernelReplayOptions, replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
 from prism_trace.replay.validate import validate_replayed  # noqa: E402
 
@@ -21,7 +21,7 @@ from prism_trace.errors import PrismError  # noqa: E402
 # Slow: replays real kernels; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
-FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
+FAST = KernelReplayOptions(iterations=1, warmup=0, threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def replayed(sample_store: object) -> object:
     return replay_run(sample_store, run="sample", ranks=[0], out_run="rp", options=FAST)  # type: ignore[arg-type]
 
 
-def _rank0(store: object, out_run: str, options: ReplayOptions) -> Any:
+def _rank0(store: object, out_run: str, options: KernelReplayOptions) -> Any:
     """Rank 0 of the sample replayed alone into ``out_run``."""
     return replay_run(store, run="sample", ranks=[0], out_run=out_run, options=options)  # type: ignore[arg-type]
 
@@ -177,7 +177,7 @@ def test_unsupported_ops_fail_or_take_recorded_time(sample_store: object) -> Non
     try:
         with pytest.raises(PrismError, match=r"aten::gelu x1 \(no op aten::no_such_op_here"):
             replay_run(sample_store, run="sample", ranks=[0], out_run="rp_bad", options=FAST)  # type: ignore[arg-type]
-        opts = ReplayOptions(
+        opts = KernelReplayOptions(
             iterations=1, warmup=0, threads=1, substitute_recorded=True, memory=False
         )
         rep = replay_run(sample_store, run="sample", ranks=[0], out_run="rp_sub", options=opts)  # type: ignore[arg-type]
@@ -200,7 +200,7 @@ def test_cuda_path_is_guarded(sample_store: object) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present; the guard is for machines without one")
     with pytest.raises(PrismError, match="no CUDA device"):
-        _rank0(sample_store, "rp_cuda", ReplayOptions(device="cuda", iterations=1, warmup=0))
+        _rank0(sample_store, "rp_cuda", KernelReplayOptions(device="cuda", iterations=1, warmup=0))
 
 
 def test_bare_passes_measure_the_instrumentation(sample_store: object) -> None:
@@ -271,11 +271,11 @@ def test_waits_spin_when_each_process_has_its_cores() -> None:
     from prism_trace.replay.hybrid_pass import _sleeps, _wait_until
 
     cpus = os.cpu_count() or 1
-    assert not _sleeps(ReplayOptions(threads=1), cpus)
-    assert _sleeps(ReplayOptions(threads=1), cpus + 1)
-    assert _sleeps(ReplayOptions(threads=2, wait="auto"), cpus)
-    assert not _sleeps(ReplayOptions(threads=8, wait="spin"), cpus)
-    assert _sleeps(ReplayOptions(threads=1, wait="sleep"), 1)
+    assert not _sleeps(KernelReplayOptions(threads=1), cpus)
+    assert _sleeps(KernelReplayOptions(threads=1), cpus + 1)
+    assert _sleeps(KernelReplayOptions(threads=2, wait="auto"), cpus)
+    assert not _sleeps(KernelReplayOptions(threads=8, wait="spin"), cpus)
+    assert _sleeps(KernelReplayOptions(threads=1, wait="sleep"), 1)
     pc = time.perf_counter_ns
     for sleep in (True, False):
         target = pc() + 3_000_000  # past the 2 ms that a sleeping wait spins at its end

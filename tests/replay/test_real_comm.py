@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.hybrid import ReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.hybrid import KernelReplayOptions, replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
 from prism_trace.replay.real_comm import RealSpec, agree, specs_for_rank  # noqa: E402
 from prism_trace.replay.validate import validate_replayed  # noqa: E402
@@ -27,7 +27,7 @@ from prism_trace.slicing import slice_run  # noqa: E402
 # Slow: replays ranks together in torch processes; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
-FAST = ReplayOptions(iterations=1, warmup=0, threads=1)
+FAST = KernelReplayOptions(iterations=1, warmup=0, threads=1)
 CLOCK_SLACK_NS = 50_000
 """Clock reads around a call are taken a few µs before/after the call itself."""
 
@@ -221,7 +221,7 @@ def test_a_failing_rank_stops_all_with_one_line(sample_store: object) -> None:
             run="sample",
             ranks=[0, 1],
             out_run="rt_cuda",
-            options=ReplayOptions(device="cuda", iterations=1, warmup=0),
+            options=KernelReplayOptions(device="cuda", iterations=1, warmup=0),
         )
     assert "\n" not in str(info.value)
     assert _q(sample_store, "SELECT * FROM run WHERE name = 'rt_cuda'").is_empty()
