@@ -53,7 +53,7 @@ def run_query(
         df.write_parquet(output)  # type: ignore[arg-type]
         return ""
     if fmt == "csv":
-        text = df.write_csv()
+        text = _flat(df).write_csv()
     elif fmt == "json":
         text = dumps(df.to_dicts(), indent=1)
     else:
@@ -63,6 +63,21 @@ def run_query(
         output.write_text(text)
         return ""
     return text
+
+
+def _flat(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` with its list and struct columns as JSON text: CSV has no nested values."""
+    nested = [name for name, dtype in df.schema.items() if dtype.is_nested()]
+    return df.with_columns(
+        pl.when(pl.col(name).is_null())
+        .then(None)
+        # Encoding a one-field struct gives '{"v":<value>}'; the value's JSON is what is inside.
+        .otherwise(
+            pl.struct(pl.col(name).alias("v")).struct.json_encode().str.slice(5).str.head(-1)
+        )
+        .alias(name)
+        for name in nested
+    )
 
 
 def _frame(table: pa.Table) -> pl.DataFrame:
