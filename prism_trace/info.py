@@ -148,7 +148,7 @@ def describe_run(store: Store, name: str, *, ranks: Sequence[int] | None = None)
     out["start_ns"] = None if span is None else span[0]
     out["unmatched_collectives"] = 0 if unmatched is None else unmatched[0]
     out["layout"] = _layout(store, name)
-    out["config"] = stored_config(store, name)
+    out["config"] = stored_config(store, name)[1]
     return out
 
 
@@ -156,8 +156,9 @@ CONFIGURED_BY = {"emulated": "emulate", "replayed": "replay"}
 """Run kinds whose command reads a ``--config`` file, and that command."""
 
 
-def stored_config(store: Store, name: str) -> dict[str, Any] | None:
-    """The resolved config a run was made with (``run.config_json.config``), or None.
+def stored_config(store: Store, name: str) -> tuple[str, dict[str, Any] | None]:
+    """The run's kind and the resolved config it was made with (``run.config_json.config``;
+    None for a run not made from a config file).
 
     Every run made by a command with ``--config`` (`CONFIGURED_BY`) stores, under ``config``,
     what it ran with after defaults, the file and the flags, in the sections of that file: given
@@ -176,10 +177,10 @@ def stored_config(store: Store, name: str) -> dict[str, Any] | None:
     ).fetchall()
     data = json.loads(text or "{}")
     if isinstance(data.get("config"), dict):
-        return dict(data["config"])
+        return kind, dict(data["config"])
     if kind == "emulated" and "timing" in data:
-        return {k: v for k, v in data.items() if k not in ("input_run", "input_kind")}
-    return None
+        return kind, {k: v for k, v in data.items() if k not in ("input_run", "input_kind")}
+    return kind, None
 
 
 def _layout(store: Store, name: str) -> dict[str, Any]:

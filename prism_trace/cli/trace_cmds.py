@@ -175,10 +175,7 @@ def _show_config(db: Path, run_name: str, *, as_json: bool) -> None:
     from prism_trace.store import open_store
 
     with open_store(db, read_only=True) as store:
-        config = stored_config(store, run_name)
-        ((kind,),) = store.con.execute(
-            "SELECT kind FROM run WHERE run_id = ?", [store.require_run(run_name)]
-        ).fetchall()
+        kind, config = stored_config(store, run_name)
     if config is None:
         msg = (
             f"{db}: run {run_name!r} ({kind}) was not made from a config file; its parameters"

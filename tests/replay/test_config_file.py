@@ -164,3 +164,12 @@ def test_a_flag_changes_the_preset_not_only_its_name() -> None:
     a100 = h100.with_system("a100")
     assert a100 == Topology(system="a100", inter_node_gbps=12.5)
     assert a100.intra_node_gbps == Topology(system="a100").intra_node_gbps != h100.intra_node_gbps
+
+
+def test_the_documented_replay_toml_loads() -> None:
+    doc = DOC.with_name("replay.md")
+    (block,) = re.findall(r"```toml\n(.*?)```", doc.read_text(), re.S)
+    options, cfg = load_replay_config(_write(block, "replay.md"))
+    assert (options.iterations, options.gaps, options.bare_passes) == (5, "none", 2)
+    assert (options.together, options.threads) == (False, 1)
+    assert cfg.timing.model == "recorded"

@@ -159,3 +159,34 @@ def test_replay_flag_defaults_are_the_option_defaults() -> None:
     for name in _REPLAY_FLAGS:
         assert params[name].get_default(ctx) == getattr(defaults, name), name
     assert "override the file" in " ".join(params["config_file"].help.split())  # type: ignore[union-attr]
+
+
+def test_an_emulated_run_stored_before_config_existed_is_read(tmp_path: Path) -> None:
+    """Older emulated runs kept the sections at the top of config_json, with `replay`."""
+    import json
+
+    import duckdb
+    from prism_trace.replay.config_file import load_emulation_config
+
+    hand_store(tmp_path).close()
+    db = tmp_path / "h.duckdb"
+    runner = CliRunner()
+    assert runner.invoke(main, ["emulate", str(db), "--run", "h", "--out-run", "e"]).exit_code == 0
+    old = {
+        "input_run": "h",
+        "input_kind": "recorded",
+        "replay": {"allow_partial": False, "completion": "common"},
+        "timing": {"model": "recorded"},
+        "seed": 9,
+    }
+    with duckdb.connect(str(db)) as con:
+        con.execute("UPDATE run SET config_json = ? WHERE name = 'e'", [json.dumps(old)])
+    shown = runner.invoke(main, ["info", str(db), "--run", "e", "--config"])
+    assert shown.exit_code == 0, shown.output
+    assert "input_run" not in shown.output
+    toml = tmp_path / "old.toml"
+    toml.write_text(shown.output)
+    notes: list[str] = []
+    cfg = load_emulation_config(toml, notes)
+    assert (cfg.completion.rule, cfg.timing.model, cfg.seed) == ("common", "recorded", 9)
+    assert len(notes) == 1
