@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 from _common import REPO, SHARED, host_kind, write_note
 from prism_trace.datasets.variants import kineto_variant, two_ranks_of_many
-from prism_trace.replay import EmulationConfig, ReplayConfig, emulate_run
+from prism_trace.replay import CompletionConfig, EmulationConfig, emulate_run
 from prism_trace.replay.validate import validate_run
 
 from prism_trace.collectives import match_comms
@@ -152,7 +152,7 @@ def _path(store: Any, name: str, declared: str | None) -> dict[str, str]:
         except PrismError as exc:
             row["slice"] = f"refused: {str(exc).splitlines()[0]}"
     partial = row["missing"] != "none" and "not recorded" in row["missing"]
-    cfg = EmulationConfig(replay=ReplayConfig(allow_partial=partial))
+    cfg = EmulationConfig(completion=CompletionConfig(allow_partial=partial))
     t0 = time.perf_counter()
     rep_e = emulate_run(store, run=name, out_run=f"{name}-e", config=cfg)
     row["emulate"] = (

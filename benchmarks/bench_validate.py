@@ -48,13 +48,13 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.replay.emulate_types import EmulationConfig, ReplayConfig
+    from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig
     from prism_trace.replay.validate import validate_run
 
     from prism_trace.ingest import ingest
     from prism_trace.store import open_store
 
-    config = EmulationConfig(replay=ReplayConfig(completion=args.completion))
+    config = EmulationConfig(completion=CompletionConfig(rule=args.completion))
     header = (
         "set",
         "iters",

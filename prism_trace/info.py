@@ -13,7 +13,7 @@ from typing import Any
 from prism_trace.ranks import format_ranks
 from prism_trace.store import Store
 
-__all__ = ["compact_ranks", "describe_run", "list_runs", "render_run"]
+__all__ = ["compact_ranks", "describe_run", "list_runs", "render_run", "stored_config"]
 
 
 def _rows(store: Store, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -148,7 +148,39 @@ def describe_run(store: Store, name: str, *, ranks: Sequence[int] | None = None)
     out["start_ns"] = None if span is None else span[0]
     out["unmatched_collectives"] = 0 if unmatched is None else unmatched[0]
     out["layout"] = _layout(store, name)
+    out["config"] = stored_config(store, name)[1]
     return out
+
+
+CONFIGURED_BY = {"emulated": "emulate", "replayed": "replay"}
+"""Run kinds whose command reads a ``--config`` file, and that command."""
+
+
+def stored_config(store: Store, name: str) -> tuple[str, dict[str, Any] | None]:
+    """The run's kind and the resolved config it was made with (``run.config_json.config``;
+    None for a run not made from a config file).
+
+    Every run made by a command with ``--config`` (`CONFIGURED_BY`) stores, under ``config``,
+    what it ran with after defaults, the file and the flags, in the sections of that file: given
+    back to ``--config`` it makes the same run. The other keys of ``config_json`` say where the
+    run came from (its input run, ranks, what was measured). Emulated runs written before
+    ``config`` existed kept the sections at the top level; they are read from there.
+
+    Raises:
+        PrismError: no run of that name.
+    """
+    import json
+
+    rid = store.require_run(name)
+    ((kind, text),) = store.con.execute(
+        "SELECT kind, config_json FROM run WHERE run_id = ?", [rid]
+    ).fetchall()
+    data = json.loads(text or "{}")
+    if isinstance(data.get("config"), dict):
+        return kind, dict(data["config"])
+    if kind == "emulated" and "timing" in data:
+        return kind, {k: v for k, v in data.items() if k not in ("input_run", "input_kind")}
+    return kind, None
 
 
 def _layout(store: Store, name: str) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prism_trace.replay.calibrate import calibrate_run
 from prism_trace.replay.emulate import emulate_run
-from prism_trace.replay.emulate_types import EmulationConfig, EmulationReport, ReplayConfig
+from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig, EmulationReport
 from prism_trace.replay.emulator import DeadlockError, MissingParticipantError
 from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
 from prism_trace.replay.timing import TimingConfig
@@ -19,12 +19,12 @@ from prism_trace.replay.validate import ValidationReport, validate_replayed, val
 from prism_trace.replay.whatif import WhatIfConfig, parse_what_if
 
 __all__ = [
+    "CompletionConfig",
     "DeadlockError",
     "EmulationConfig",
     "EmulationReport",
     "KernelReplayOptions",
     "MissingParticipantError",
-    "ReplayConfig",
     "TimingConfig",
     "Topology",
     "ValidationReport",

@@ -22,10 +22,10 @@ from prism_trace.replay.emulate_frames import _all_iterations, _memory, _recorde
 from prism_trace.replay.emulate_load import _Inputs
 from prism_trace.replay.emulate_prepare import _apply_what_if, _prepare, _run_layout
 from prism_trace.replay.emulate_types import (
+    CompletionConfig,
     EmulationConfig,
     EmulationReport,
     MemoryConfig,
-    ReplayConfig,
 )
 from prism_trace.replay.emulate_write import _writing
 from prism_trace.replay.memory import (
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from prism_trace.parallel import ParallelLayout
     from prism_trace.store import Store
 
-__all__ = ["EmulationConfig", "EmulationReport", "MemoryConfig", "ReplayConfig", "emulate_run"]
+__all__ = ["CompletionConfig", "EmulationConfig", "EmulationReport", "MemoryConfig", "emulate_run"]
 
 
 # -- loading -------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     g_size = dict(zip(groups["group_id"].to_list(), groups["size"].to_list(), strict=True))
     g_axis = dict(zip(groups["group_id"].to_list(), groups["axis"].to_list(), strict=True))
     unit_rank = inputs.unit_rank
-    allow = config.replay.allow_partial
+    allow = config.completion.allow_partial
     if allow and inputs.kind == "recorded":
         from prism_trace.symmetry import missing_ranks
 
@@ -259,7 +259,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     )
     delay = np.maximum(edges["delay"].fill_null(0).to_numpy().astype(np.int64), 0)
     skew = sync["skew"].fill_null(0).to_numpy().astype(np.int64)
-    if config.replay.completion == "common":
+    if config.completion.rule == "common":
         skew = np.zeros_like(skew)
     per_part = transfer[inst]
     failed = None

@@ -1,5 +1,5 @@
 """What an emulation is asked for and what it returns: ``EmulationConfig`` with its sections
-(``ReplayConfig``, ``MemoryConfig``), and ``EmulationReport``."""
+(``CompletionConfig``, ``MemoryConfig``), and ``EmulationReport``."""
 
 from __future__ import annotations
 
@@ -31,20 +31,26 @@ _DEFAULT_CATEGORY = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplayConfig:
-    """The ``replay`` section of ``EmulationConfig``.
+class CompletionConfig:
+    """When the emulator lets a communication call complete: the ``completion`` section of
+    ``EmulationConfig`` (TOML ``[completion]``; it was ``ReplayConfig`` / ``[replay]``).
 
     Attributes:
         allow_partial: resolve a communication instance over the participants present instead of
             raising ``MissingParticipantError`` (for partial recordings; the result then ignores
             the absent ranks).
-        completion: ``per_rank`` (each participant completes at last arrival + transfer + its
+        rule: ``per_rank`` (each participant completes at last arrival + transfer + its
             recorded completion skew: exact replay of collectives whose ranks leave at different
             times, e.g. gloo) or ``common`` (all complete at last arrival + transfer).
     """
 
     allow_partial: bool = False
-    completion: Literal["per_rank", "common"] = "per_rank"
+    rule: Literal["per_rank", "common"] = "per_rank"
+
+    def __post_init__(self) -> None:
+        if self.rule not in ("per_rank", "common"):
+            msg = f"completion `rule` must be per_rank or common, got {self.rule!r}"
+            raise ValueError(msg)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +72,7 @@ class EmulationConfig:
     """Everything that shapes an emulation; stored resolved in ``run.config_json``.
 
     Attributes:
-        replay: how the graph is replayed (``ReplayConfig``).
+        completion: when communication completes (``CompletionConfig``).
         timing: the transfer-time model (``replay.timing.TimingConfig``).
         topology: the network (``replay.topology.Topology``), used by modelled transfers.
         memory: the memory replay (``MemoryConfig``).
@@ -76,7 +82,7 @@ class EmulationConfig:
             (a class member otherwise shares its exemplar's events: ``rank.class_id``).
     """
 
-    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    completion: CompletionConfig = field(default_factory=CompletionConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     topology: Topology = field(default_factory=Topology)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
@@ -93,14 +99,14 @@ class EmulationConfig:
         """Build from a parsed TOML/JSON mapping with the same sections.
 
         Args:
-            data: ``{"replay": {...}, "timing": {...}, "topology": {...}, "memory": {...},
+            data: ``{"completion": {...}, "timing": {...}, "topology": {...}, "memory": {...},
                 "what_if": {...}, "seed": 0}``.
 
         Returns:
             The config (unknown keys raise ``TypeError``).
         """
         return cls(
-            replay=ReplayConfig(**data.get("replay", {})),
+            completion=CompletionConfig(**data.get("completion", {})),
             timing=TimingConfig(**data.get("timing", {})),
             topology=Topology(**data.get("topology", {})),
             memory=MemoryConfig(**data.get("memory", {})),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.hybrid_load import _load_rank, _source_of
 from prism_trace.replay.hybrid_options import KernelReplayOptions, RankReplay, ReplayReport
 from prism_trace.replay.hybrid_rank import _replay_rank
@@ -32,8 +33,6 @@ from prism_trace.errors import PrismError
 from prism_trace.store_write import claim_run_name
 
 if TYPE_CHECKING:
-    from prism_trace.replay.emulate_types import EmulationConfig
-
     from prism_trace.store import Store
 
 __all__ = [
@@ -108,6 +107,7 @@ def replay_run(
     # One emulation; each rank replayed alone sees every other rank, selected or not, as virtual.
     from prism_trace.replay.emulate import emulate_in_memory
 
+    config = config or EmulationConfig()
     res, iters = emulate_in_memory(store, run=run, config=config)
     together = options.together and len(ranks) > 1
     schedules = {
@@ -132,8 +132,11 @@ def replay_run(
     cfg = {
         "input_run": run,
         "ranks": list(ranks),
-        "replay": options.as_dict(),
-        "emulation": config.as_dict() if config is not None else None,
+        # The resolved config, in the sections of `prism replay --config` (replay.config_file).
+        "config": {
+            "kernel_replay": options.as_dict(),
+            **config.as_dict(),
+        },
         "torch_version": torch.__version__,
         "per_rank": [r.as_dict() for r in results],
     }

@@ -420,6 +420,7 @@ def _patch(c10d: ModuleType) -> None:
         # init_method is dropped (its rendezvous waits for all N ranks); the backend's options
         # and device binding belong to the real backend and mean nothing to `prism`.
         del init_method, backend, pg_options, device_id
+        ppg.register()
         original(
             ppg.BACKEND,
             timeout=timeout,

@@ -9,8 +9,13 @@ a recorded run would let it complete, so that the script's own timers see faithf
 Use it through `prism run` (`replay.launch`), or directly::
 
     import prism_trace.replay.process_group as ppg
+    ppg.register()  # idempotent; configure() registers too
     ppg.configure(world_size=8, real_ranks=(0,), schedule=schedule)   # optional
     torch.distributed.init_process_group("prism", store=store, rank=0, world_size=8)
+
+Importing this module registers nothing: torch's backend table is changed only by the code that
+is about to make a `prism` group (``register()``, ``configure()``, the `prism run` shim), so
+importing the package for anything else leaves torch.distributed as it was.
 
 The backend is split: ``pg_base`` (name, switches, error, clock), ``pg_timeline`` (timing),
 ``pg_session`` (what the groups of a process share), ``pg_work`` (completion), ``pg_data``
@@ -30,19 +35,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+from prism_trace.replay import pg_session
 from prism_trace.replay.pg_base import BACKEND, ENV, ScheduleMismatchError
 from prism_trace.replay.pg_data import _Members, _post, _pre, _real_op
 from prism_trace.replay.pg_session import (
     PrismSession,
     _session_from_env,
-    configure,
     reset,
     session,
 )
 from prism_trace.replay.pg_work import PrismWork
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
+
+    from prism_trace.replay.peers import PeerSchedule
 
 
 __all__ = [
@@ -466,4 +473,19 @@ def register() -> None:
     dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
 
 
-register()
+def configure(
+    *,
+    world_size: int,
+    real_ranks: Sequence[int],
+    schedule: PeerSchedule | None = None,
+    groups: Mapping[int, tuple[str, Sequence[int]]] | None = None,
+) -> PrismSession:
+    """Register the backend and set the world the next `init_process_group("prism", ...)` joins.
+
+    The arguments are those of `pg_session.configure`; registering here means a caller that
+    configures a session never has to remember ``register()`` as well.
+    """
+    register()
+    return pg_session.configure(
+        world_size=world_size, real_ranks=real_ranks, schedule=schedule, groups=groups
+    )

@@ -127,6 +127,19 @@ class Topology:
             or self.bandwidth_scale * self.inter_bandwidth_scale != 1.0
         )
 
+    def with_system(self, name: str) -> Topology:
+        """This topology on the preset ``name``: the fields that came from the old preset come
+        from the new one; those set to other values stay.
+
+        ``dataclasses.replace(t, system=...)`` would keep the old preset's figures, which
+        ``__post_init__`` already filled in (``--topology a100`` over a file's ``h100``).
+        A field set to exactly the old preset's value is taken as coming from the preset.
+        """
+        old = PRESETS[self.system]
+        own = {f: getattr(self, f) for f in _FROM_PRESET if getattr(self, f) != old[f]}
+        unset: dict[str, Any] = {f: own.get(f) for f in _FROM_PRESET}
+        return replace(self, system=name, **unset)
+
     def unscaled(self) -> Topology:
         """The same network without the bandwidth what-if (the network of the recording)."""
         return replace(

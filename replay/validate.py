@@ -358,7 +358,7 @@ def validate_run(
             seed ``0 .. seeds-1``, and compare the per-iteration mean over seeds.
         seeds: number of seeds of the variance check.
         allow_partial: a run missing ranks is replayed from the ranks it has (collectives and
-            sends resolved over the participants present, ``ReplayConfig.allow_partial``) and
+            sends resolved over the participants present, ``CompletionConfig.allow_partial``) and
             compared on those ranks; the slice check is skipped.
 
     Returns:
@@ -403,7 +403,7 @@ def validate_run(
             partial = True
     if partial:
         config = dataclasses.replace(
-            config, replay=dataclasses.replace(config.replay, allow_partial=True)
+            config, completion=dataclasses.replace(config.completion, allow_partial=True)
         )
     recorded = store.con.sql(
         "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]

@@ -54,7 +54,8 @@ from prism_trace.errors import PrismError
     "config_file",
     type=click.Path(path_type=Path),
     default=None,
-    help="TOML of the emulation's sections (docs/network.md); flags given override it.",
+    help="TOML of the emulation's sections (docs/network.md); flags given on the command line"
+    " override the file. `prism info DB --run E --config` prints a run's resolved config.",
 )
 @click.option(
     "--partial",
@@ -86,25 +87,44 @@ def emulate_cmd(
     from prism_trace.replay.whatif import parse_what_if
     from prism_trace.store import open_store
 
-    config = EmulationConfig() if config_file is None else load_emulation_config(config_file)
+    notes: list[str] = []
+    config = EmulationConfig() if config_file is None else load_emulation_config(config_file, notes)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
     given = _given_flags()
     if what_ifs:
         config = with_(config, what_if=parse_what_if(what_ifs))
     if "seed" in given or config_file is None:
         config = with_(config, seed=seed)
     if "system" in given or config_file is None:
-        config = with_(config, topology=with_(config.topology, system=system))
+        config = with_(config, topology=config.topology.with_system(system))
     if "timing_model" in given or config_file is None:
         config = with_(config, timing=with_(config.timing, model=timing_model))
     if calibrate:
         config = with_(config, timing=with_(config.timing, calibrate=True))
     if partial:
-        config = with_(config, replay=with_(config.replay, allow_partial=True))
+        config = with_(config, completion=with_(config.completion, allow_partial=True))
     if keep_events:
         config = with_(config, keep_events=tuple(keep_events))
     with open_store(db) as store:
         report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+
+
+_REPLAY_FLAGS = (
+    "device",
+    "iterations",
+    "warmup",
+    "substitute_recorded",
+    "gaps",
+    "instrument",
+    "call_overhead",
+    "threads",
+    "recorded_lifetimes",
+    "wait",
+    "together",
+)
+"""`prism replay`'s flags that are `KernelReplayOptions` fields of the same name."""
 
 
 @main.command("replay")
@@ -148,6 +168,14 @@ def emulate_cmd(
     help="Several ranks: one process each, talking through torch.distributed; or one after the"
     " other in this process, each seeing the others as virtual peers.",
 )
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML: [kernel_replay] (these options and more) and the virtual peers' emulation"
+    " sections (docs/replay.md); flags given on the command line override the file.",
+)
 @click.option("--replace", is_flag=True, help="Overwrite an existing replayed run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @_one_line_errors
@@ -167,29 +195,39 @@ def replay_cmd(
     recorded_lifetimes: bool,
     wait: str,
     together: bool,
+    config_file: Path | None,
     replace: bool,
     as_json: bool,
 ) -> None:
     """Replay RANKS of RUN with real kernels; the other ranks are virtual peers."""
+    from dataclasses import replace as with_
+
+    from prism_trace.replay.config_file import load_replay_config
+    from prism_trace.replay.emulate_types import EmulationConfig
     from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
     from prism_trace.store import open_store
 
-    options = KernelReplayOptions(
-        device=device,  # type: ignore[arg-type]
-        iterations=iterations,
-        warmup=warmup,
-        substitute_recorded=substitute_recorded,
-        gaps=gaps,  # type: ignore[arg-type]
-        instrument=instrument,  # type: ignore[arg-type]
-        call_overhead=call_overhead,
-        threads=threads,
-        recorded_lifetimes=recorded_lifetimes,
-        wait=wait,
-        together=together,
+    notes: list[str] = []
+    options, config = (
+        (KernelReplayOptions(), EmulationConfig())
+        if config_file is None
+        else load_replay_config(config_file, notes)
     )
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    # Each flag's default is the option's default, so without a file this is the flags alone.
+    flags = click.get_current_context().params
+    given = _given_flags()
+    options = with_(options, **{k: flags[k] for k in _REPLAY_FLAGS if k in given})
     with open_store(db) as store:
         report = replay_run(
-            store, run=run_name, ranks=ranks, out_run=out_run, options=options, replace=replace
+            store,
+            run=run_name,
+            ranks=ranks,
+            out_run=out_run,
+            options=options,
+            replace=replace,
+            config=config,
         )
     click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
 

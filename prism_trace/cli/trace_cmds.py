@@ -123,9 +123,18 @@ def ingest_cmd(
 @click.argument("db", type=click.Path(path_type=Path))
 @click.option("--run", "run_name", default=None, help="Only this run, in detail.")
 @click.option("--ranks", type=RANKS, default=None, help="With --run: these ranks, one line each.")
+@click.option(
+    "--config",
+    "show_config",
+    is_flag=True,
+    help="With --run: the run's resolved config as TOML (--json: as JSON), which the command"
+    " that made it reads back with --config to make the same run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_one_line_errors
-def info_cmd(db: Path, run_name: str | None, ranks: list[int] | None, as_json: bool) -> None:
+def info_cmd(
+    db: Path, run_name: str | None, ranks: list[int] | None, show_config: bool, as_json: bool
+) -> None:
     """Runs; with --run, its ranks (classes when sliced or emulated), groups and step times."""
     from prism_trace.info import describe_run, list_runs, render_run
     from prism_trace.jsonout import dumps
@@ -134,6 +143,12 @@ def info_cmd(db: Path, run_name: str | None, ranks: list[int] | None, as_json: b
     if ranks is not None and run_name is None:
         msg = "--ranks goes with --run"
         raise PrismError(msg)
+    if show_config:
+        if run_name is None:
+            msg = "--config goes with --run"
+            raise PrismError(msg)
+        _show_config(db, run_name, as_json=as_json)
+        return
     with open_store(db, read_only=True) as store:
         if run_name is None:
             runs = list_runs(store)
@@ -151,6 +166,30 @@ def info_cmd(db: Path, run_name: str | None, ranks: list[int] | None, as_json: b
                 click.echo(render_run(out))
                 return
     click.echo(dumps(out))
+
+
+def _show_config(db: Path, run_name: str, *, as_json: bool) -> None:
+    """Print a run's stored resolved config, as TOML for the ``--config`` of its command."""
+    from prism_trace.info import CONFIGURED_BY, stored_config
+    from prism_trace.jsonout import dumps
+    from prism_trace.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        kind, config = stored_config(store, run_name)
+    if config is None:
+        msg = (
+            f"{db}: run {run_name!r} ({kind}) was not made from a config file; its parameters"
+            f' are in run.config_json (prism query {db} "SELECT config_json FROM run")'
+        )
+        raise PrismError(msg)
+    if as_json:
+        click.echo(dumps(config))
+        return
+    from prism_trace.replay.config_file import to_toml
+
+    command = CONFIGURED_BY.get(kind, kind)
+    click.echo(f"# resolved config of run {run_name!r}: prism {command} ... --config FILE")
+    click.echo(to_toml(config), nl=False)
 
 
 @main.command("query")

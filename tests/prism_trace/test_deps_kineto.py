@@ -72,14 +72,14 @@ def test_flows_win_when_the_trace_has_them() -> None:
 @pytest.mark.shared_data
 def test_hta_nccl_rank_replays_kernel_starts(shared_datasets: Path, tmp_path: Path) -> None:
     from prism_trace.replay.emulate import emulate_in_memory
-    from prism_trace.replay.emulate_types import EmulationConfig, ReplayConfig
+    from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig
 
     store = open_store(tmp_path / "h.duckdb")
     ingest(store, [shared_datasets / "hta-nccl-rank0"], run="h", progress=False)
     build_graph(store, "h")
     ((n,),) = store.con.execute("SELECT count(*) FROM graph_edge WHERE kind = 'wait'").fetchall()
     assert n >= 1
-    cfg = EmulationConfig(replay=ReplayConfig(allow_partial=True))
+    cfg = EmulationConfig(completion=CompletionConfig(allow_partial=True))
 
     def worst_start_error() -> float:
         res, _ = emulate_in_memory(store, run="h", config=cfg)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from prism_trace.datasets.variants import kineto_variant
-from prism_trace.replay import EmulationConfig, ReplayConfig, emulate_run
+from prism_trace.replay import CompletionConfig, EmulationConfig, emulate_run
 from prism_trace.replay.emulator import MissingParticipantError
 from prism_trace.replay.validate import validate_run
 
@@ -216,7 +216,7 @@ def test_two_of_eight_ranks(tmp_path: Path, shared_datasets: Path) -> None:
     store = _store(tmp_path, "d2", [tmp_path / "in"])
     with pytest.raises(MissingParticipantError):
         emulate_run(store, run="d2", out_run="e")
-    config = EmulationConfig(replay=ReplayConfig(allow_partial=True))
+    config = EmulationConfig(completion=CompletionConfig(allow_partial=True))
     report = emulate_run(store, run="d2", out_run="e", config=config)
     assert any("not recorded: 2..7 (6 ranks)" in n for n in report.notes)
     res = CliRunner().invoke(

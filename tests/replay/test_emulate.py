@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prism_trace.replay import EmulationConfig, MissingParticipantError, ReplayConfig, emulate_run
+from prism_trace.replay import (
+    CompletionConfig,
+    EmulationConfig,
+    MissingParticipantError,
+    emulate_run,
+)
 
 from prism_trace.errors import DuplicateRunError, PrismError
 from prism_trace.store import Store, open_store
@@ -136,14 +141,17 @@ def test_missing_participant_names_group_seq_and_ranks(tmp_path: Path) -> None:
     assert row_counts(store) == before
     # a partial recording may be emulated on purpose
     report = emulate_run(
-        store, run="h", out_run="e", config=EmulationConfig(replay=ReplayConfig(allow_partial=True))
+        store,
+        run="h",
+        out_run="e",
+        config=EmulationConfig(completion=CompletionConfig(allow_partial=True)),
     )
     assert report.collective_instances == 1
 
 
 def test_common_completion_ignores_skew(tmp_path: Path) -> None:
     store = hand_store(tmp_path)
-    cfg = EmulationConfig(replay=ReplayConfig(completion="common"))
+    cfg = EmulationConfig(completion=CompletionConfig(rule="common"))
     rid = emulate_run(store, run="h", out_run="c", config=cfg).run_id
     ends = q(
         store,

@@ -49,7 +49,17 @@ def test_stored_as_a_replayed_run(sample_store: object, replayed: object) -> Non
     assert run["parent"][0] == "sample"
     cfg = json.loads(run["config_json"][0])
     assert cfg["ranks"] == [0]
-    assert cfg["replay"]["iterations"] == 1
+    assert cfg["config"]["kernel_replay"]["iterations"] == 1
+    # The stored config is the resolved one, and `prism replay --config` reads it back.
+    import tempfile
+    from pathlib import Path
+
+    from prism_trace.replay.config_file import load_replay_config, to_toml
+    from prism_trace.replay.emulate_types import EmulationConfig
+
+    toml = Path(tempfile.mkdtemp()) / "rp.toml"
+    toml.write_text(to_toml(cfg["config"]))
+    assert load_replay_config(toml) == (FAST, EmulationConfig())
     rid = "(SELECT run_id FROM run WHERE name = 'rp')"
     ranks = _q(sample_store, f"SELECT rank, represented_by FROM rank WHERE run_id = {rid}")
     assert ranks.rows() == [(0, 0)]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -74,7 +76,21 @@ def _schedule(calls: list[PeerCall], world_size: int = 2) -> PeerSchedule:
     )
 
 
+def test_importing_the_module_registers_nothing() -> None:
+    code = (
+        "import torch.distributed as d, prism_trace.replay.process_group as ppg\n"
+        "print('PRISM' in d.Backend._plugins)\n"
+        "ppg.register(); ppg.register()\n"
+        "print('PRISM' in d.Backend._plugins, d.Backend.backend_list.count('prism'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "1"]
+
+
 def test_backend_is_registered_and_only_declares_its_devices() -> None:
+    ppg.register()
     assert "prism" in dist.Backend.backend_list
     assert dist.Backend._plugins["PRISM"].extended_api
     # Registering must not take cpu/cuda away from gloo/nccl.
