@@ -20,7 +20,6 @@ Frames and their columns (each frame may hold several ranks; every frame has a `
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -28,8 +27,8 @@ from typing import IO, Literal
 import polars as pl
 
 from prism_trace import schema
-from prism_trace.errors import TraceFormatError, TruncatedTraceError
-from prism_trace.limits import open_bounded
+from prism_trace.errors import TraceFormatError
+from prism_trace.limits import gzip_errors, open_bounded
 
 __all__ = [
     "FRAME_SCHEMAS",
@@ -170,21 +169,14 @@ def read_all_bytes(path: Path, *, max_bytes: int | None = None) -> bytes:
     """
     parts: list[bytes] = []
     seen = 0
-    try:
-        with open_maybe_gzip(path) as fh:
-            while chunk := fh.read(1 << 22):
-                seen += len(chunk)
-                if max_bytes is not None and seen > max_bytes:
-                    msg = (
-                        f"{path}: more than {max_bytes} bytes of JSON, the limit for a file read"
-                        " whole (set PRISM_MAX_JSON_BYTES to allow more)"
-                    )
-                    raise TraceFormatError(msg)
-                parts.append(chunk)
-        return b"".join(parts)
-    except EOFError as exc:
-        msg = f"{path}: truncated gzip stream (file ends before the compressed data does)"
-        raise TruncatedTraceError(msg) from exc
-    except (OSError, zlib.error) as exc:
-        msg = f"{path}: corrupt gzip data: {exc}"
-        raise TraceFormatError(msg) from exc
+    with gzip_errors(path), open_maybe_gzip(path) as fh:
+        while chunk := fh.read(1 << 22):
+            seen += len(chunk)
+            if max_bytes is not None and seen > max_bytes:
+                msg = (
+                    f"{path}: more than {max_bytes} bytes of JSON, the limit for a file read"
+                    " whole (set PRISM_MAX_JSON_BYTES to allow more)"
+                )
+                raise TraceFormatError(msg)
+            parts.append(chunk)
+    return b"".join(parts)
