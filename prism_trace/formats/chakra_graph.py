@@ -20,7 +20,7 @@ import polars as pl
 
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
-from prism_trace.formats.base import TraceTables
+from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
 from prism_trace.limits import MAX_RANKS, check_count, check_rank, check_world_size
 
 __all__ = [
@@ -392,16 +392,7 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
         row["seq"] = seq_by_peer[key]
         seq_by_peer[key] += 1
 
-    comm_groups = pl.DataFrame(
-        list(groups.values()),
-        schema={
-            "name": pl.Utf8,
-            "description": pl.Utf8,
-            "backend": pl.Utf8,
-            "size": pl.Int32,
-            "ranks": pl.List(pl.Int32),
-        },
-    )
+    comm_groups = pl.DataFrame(list(groups.values()), schema=FRAME_SCHEMAS["comm_groups"])
 
     version = {"chakra_version": g.gm_version} if g.gm_version else {}
     rank_args = {**version, **gm_attrs, "nodes": n, "dropped_deps": dropped}

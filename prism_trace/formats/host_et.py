@@ -24,7 +24,7 @@ import polars as pl
 
 from prism_trace.errors import RankUnknownError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
-from prism_trace.formats.host_et_check import check_nodes, load
+from prism_trace.formats.host_et_check import OLD_IO_KEYS, PROMOTED_ATTRS, check_nodes, load
 from prism_trace.formats.host_et_comms import (
     PG_INIT_NAME,
     collectives_frame,
@@ -52,21 +52,7 @@ __all__ = [
 ET_ONLY_PREFIX = "[pytorch|profiler|execution_"
 """Prefix of the ET's synthetic process and thread roots (no Kineto counterpart)."""
 
-_PROMOTED_ATTRS = ("rf_id", "seq_id", "scope", "tid", "fw_parent", "op_schema")
-_OLD_KNOWN_KEYS = frozenset(
-    (
-        "id",
-        "name",
-        "parent",
-        *_PROMOTED_ATTRS,
-        "inputs",
-        "input_shapes",
-        "input_types",
-        "outputs",
-        "output_shapes",
-        "output_types",
-    )
-)
+_OLD_KNOWN_KEYS = frozenset(("id", "name", "parent", *PROMOTED_ATTRS, *OLD_IO_KEYS))
 _NEW_KNOWN_KEYS = frozenset(("id", "name", "ctrl_deps", "inputs", "outputs", "attrs"))
 _RANK_NAME_PATTERNS = (
     re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE),
@@ -181,7 +167,7 @@ def _op_frame(nodes: list[dict[str, Any]]) -> pl.DataFrame:
         parents = [n.get("ctrl_deps") for n in nodes]
         ins = [n.get("inputs") or {} for n in nodes]
         outs = [n.get("outputs") or {} for n in nodes]
-        promoted = {k: [a.get(k) for a in amaps] for k in _PROMOTED_ATTRS}
+        promoted = {k: [a.get(k) for a in amaps] for k in PROMOTED_ATTRS}
         cols = {
             "inputs": [_dumps(i.get("values", [])) for i in ins],
             "input_shapes": [_dumps(i.get("shapes", [])) for i in ins],
@@ -196,12 +182,8 @@ def _op_frame(nodes: list[dict[str, Any]]) -> pl.DataFrame:
         ]
     else:
         parents = [n.get("parent") for n in nodes]
-        promoted = {k: [n.get(k) for n in nodes] for k in _PROMOTED_ATTRS}
-        cols = {
-            k: [_dumps(n.get(k, [])) for n in nodes]
-            for k in ("inputs", "input_shapes", "input_types", "outputs", "output_shapes")
-        }
-        cols["output_types"] = [_dumps(n.get("output_types", [])) for n in nodes]
+        promoted = {k: [n.get(k) for n in nodes] for k in PROMOTED_ATTRS}
+        cols = {k: [_dumps(n.get(k, [])) for n in nodes] for k in OLD_IO_KEYS}
         attrs = [_dumps({k: v for k, v in n.items() if k not in _OLD_KNOWN_KEYS}) for n in nodes]
 
     schema = FRAME_SCHEMAS["et_ops"]
@@ -236,7 +218,7 @@ def _op_frame(nodes: list[dict[str, Any]]) -> pl.DataFrame:
 def _rest_new(
     node: dict[str, Any], amap: dict[str, Any], ins: dict[str, Any], outs: dict[str, Any]
 ) -> dict[str, Any]:
-    rest = {k: v for k, v in amap.items() if k not in _PROMOTED_ATTRS}
+    rest = {k: v for k, v in amap.items() if k not in PROMOTED_ATTRS}
     for k, v in node.items():
         if k not in _NEW_KNOWN_KEYS:
             rest[k] = v

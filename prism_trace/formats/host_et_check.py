@@ -14,7 +14,7 @@ from prism_trace.errors import MissingFieldError, TraceFormatError, TruncatedTra
 from prism_trace.formats.base import read_all_bytes
 from prism_trace.limits import type_name
 
-__all__ = ["check_nodes", "load"]
+__all__ = ["OLD_IO_KEYS", "PROMOTED_ATTRS", "check_nodes", "load"]
 
 
 # A host ET is parsed whole (its nodes refer to each other anywhere in the file); Python objects
@@ -66,27 +66,6 @@ def _load_lenient(path: Path, raw: bytes, exc: orjson.JSONDecodeError) -> Any:
 _INT64 = 1 << 63
 # Fields that, when present and not null, must be of these types, per layout (``int`` excludes
 # bool; a float is refused too, so a NaN ``rf_id`` cannot pass).
-_OLD_TYPES: dict[str, tuple[type, ...]] = {
-    "parent": (int,),
-    "rf_id": (int,),
-    "seq_id": (int,),
-    "tid": (int,),
-    "fw_parent": (int,),
-    "scope": (int,),
-    "op_schema": (str,),
-    "inputs": (list,),
-    "input_shapes": (list,),
-    "input_types": (list,),
-    "outputs": (list,),
-    "output_shapes": (list,),
-    "output_types": (list,),
-}
-_NEW_TYPES: dict[str, tuple[type, ...]] = {
-    "ctrl_deps": (int,),
-    "inputs": (dict,),
-    "outputs": (dict,),
-    "attrs": (list,),
-}
 _ATTR_TYPES: dict[str, tuple[type, ...]] = {
     "rf_id": (int,),
     "seq_id": (int,),
@@ -95,12 +74,9 @@ _ATTR_TYPES: dict[str, tuple[type, ...]] = {
     "scope": (int,),
     "op_schema": (str,),
 }
-_IO_KEYS = ("values", "shapes", "types", "strides")
-# Keys the ExecutionTraceObserver writes on every node of a layout (each real ET checked carries
-# them on all nodes: DLRM 1.0.1, ResNet 1.0.3/1.1.0, GPT-2 1.1.0, the sample 1.1.1). A node
-# without one is not a node the observer wrote: typically two nodes run together by a cut.
-_OLD_REQUIRED = (
-    "parent",
+"""The attributes the reader promotes to columns (``PROMOTED_ATTRS``), by their type."""
+PROMOTED_ATTRS = tuple(_ATTR_TYPES)
+OLD_IO_KEYS = (
     "inputs",
     "input_shapes",
     "input_types",
@@ -108,6 +84,23 @@ _OLD_REQUIRED = (
     "output_shapes",
     "output_types",
 )
+"""The flat input/output lists of a 1.0.1 node."""
+_OLD_TYPES: dict[str, tuple[type, ...]] = {
+    "parent": (int,),
+    **_ATTR_TYPES,
+    **dict.fromkeys(OLD_IO_KEYS, (list,)),
+}
+_NEW_TYPES: dict[str, tuple[type, ...]] = {
+    "ctrl_deps": (int,),
+    "inputs": (dict,),
+    "outputs": (dict,),
+    "attrs": (list,),
+}
+_IO_KEYS = ("values", "shapes", "types", "strides")
+# Keys the ExecutionTraceObserver writes on every node of a layout (each real ET checked carries
+# them on all nodes: DLRM 1.0.1, ResNet 1.0.3/1.1.0, GPT-2 1.1.0, the sample 1.1.1). A node
+# without one is not a node the observer wrote: typically two nodes run together by a cut.
+_OLD_REQUIRED = ("parent", *OLD_IO_KEYS)
 _NEW_REQUIRED = ("ctrl_deps", "inputs", "outputs", "attrs")
 
 
