@@ -31,6 +31,7 @@ from prism_trace.errors import TraceFormatError
 from prism_trace.limits import gzip_errors, open_bounded
 
 __all__ = [
+    "ET_IO_COLUMNS",
     "FRAME_SCHEMAS",
     "FormatName",
     "TraceTables",
@@ -90,6 +91,18 @@ FRAME_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "ranks": pl.List(pl.Int32()),
     },
 }
+
+
+ET_IO_COLUMNS = (
+    "inputs",
+    "input_shapes",
+    "input_types",
+    "outputs",
+    "output_shapes",
+    "output_types",
+)
+"""The ``et_ops`` columns holding an op's inputs and outputs (JSON lists), named after the flat
+lists of a 1.0.1 host execution trace node."""
 
 
 def empty_frame(name: str) -> pl.DataFrame:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from prism_trace.errors import MissingFieldError, TraceFormatError, TruncatedTraceError
-from prism_trace.formats.base import read_all_bytes
+from prism_trace.formats.base import ET_IO_COLUMNS, read_all_bytes
 from prism_trace.limits import type_name
 
 __all__ = ["OLD_IO_KEYS", "PROMOTED_ATTRS", "check_nodes", "load"]
@@ -76,15 +76,8 @@ _ATTR_TYPES: dict[str, tuple[type, ...]] = {
 }
 """The attributes the reader promotes to columns (``PROMOTED_ATTRS``), by their type."""
 PROMOTED_ATTRS = tuple(_ATTR_TYPES)
-OLD_IO_KEYS = (
-    "inputs",
-    "input_shapes",
-    "input_types",
-    "outputs",
-    "output_shapes",
-    "output_types",
-)
-"""The flat input/output lists of a 1.0.1 node."""
+OLD_IO_KEYS = ET_IO_COLUMNS
+"""The flat input/output lists of a 1.0.1 node (they name the ``et_ops`` columns)."""
 _OLD_TYPES: dict[str, tuple[type, ...]] = {
     "parent": (int,),
     **_ATTR_TYPES,
