@@ -55,8 +55,30 @@ def test_figures_tell_timings_from_counts() -> None:
 def test_change_flags_deterministic_differences_only() -> None:
     change = _module()._change
     same = [("8192", False), ("0.13", True)]
-    assert change(same, same) == ("same", "same")
-    assert change(same, [("8192", False), ("0.26", True)]) == ("#2 +100 %", "timing")
-    text, kind = change(same, [("8191", False), ("0.13", True)])
+    assert change(same, same) == ("same", "same", set())
+    assert change(same, [("8192", False), ("0.26", True)]) == ("#2 +100 %", "timing", set())
+    text, kind, differing = change(same, [("8191", False), ("0.13", True)])
     assert kind == "differs"
     assert "8192 → 8191" in text
+    assert differing == {1}
+
+
+def test_table_columns_named_in_seconds_are_timings() -> None:
+    out = """\
+| run | lanes / world | report MiB | report s |
+|---|---|---|---|
+| sample | 8 / 8 | 7.2 | 3.31 |
+rank  recorded  ASTRA-sim (s)  derive s
+   0    820928         70.194      0.28
+"""
+    figs = _module().figures(out)
+    assert figs["sample # / # # #"] == [("8", False), ("8", False), ("7.2", False), ("3.31", True)]
+    # A simulated time in seconds is deterministic; only a bare `s` column is a wall time.
+    assert figs["# # # #"] == [("0", False), ("820928", False), ("70.194", False), ("0.28", True)]
+
+
+def test_explained_only_when_the_numbers_that_differ_are_covered() -> None:
+    mod = _module()
+    fig = "astra_sim: all_reduce # # # # % # # %"
+    assert mod._explained(fig, {5, 6}) is not None
+    assert mod._explained(fig, {2, 5}) is None  # ASTRA-sim's own figure must not move
