@@ -13,14 +13,13 @@ import gzip
 import hashlib
 import re
 import stat
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from prism_trace.errors import TraceFormatError, TruncatedTraceError, UnknownFormatError
+from prism_trace.errors import TraceFormatError, UnknownFormatError
 from prism_trace.formats.base import FormatName
-from prism_trace.limits import check_regular_file
+from prism_trace.limits import check_regular_file, gzip_errors
 
 __all__ = ["TraceFile", "detect_format", "discover", "fingerprint"]
 
@@ -41,15 +40,8 @@ def _head(path: Path) -> bytes:
         raw = fh.read(_HEAD_BYTES)
     if raw[:2] != b"\x1f\x8b":
         return raw
-    try:
-        with gzip.open(path, "rb") as gz:
-            return gz.read(_HEAD_BYTES)
-    except EOFError as exc:
-        msg = f"{path}: truncated gzip stream (file ends before the compressed data does)"
-        raise TruncatedTraceError(msg) from exc
-    except (OSError, zlib.error) as exc:
-        msg = f"{path}: corrupt gzip data: {exc}"
-        raise TraceFormatError(msg) from exc
+    with gzip_errors(path), gzip.open(path, "rb") as gz:
+        return gz.read(_HEAD_BYTES)
 
 
 def detect_format(path: Path) -> FormatName | None:

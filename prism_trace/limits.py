@@ -12,6 +12,8 @@ import math
 import os
 import stat
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,6 +29,7 @@ __all__ = [
     "check_regular_file",
     "check_world_size",
     "expansion_limit",
+    "gzip_errors",
     "open_bounded",
     "type_name",
 ]
@@ -138,6 +141,24 @@ def expansion_limit(compressed_bytes: int) -> int:
     return max(floor, ratio * compressed_bytes)
 
 
+@contextmanager
+def gzip_errors(path: Path | str) -> Iterator[None]:
+    """Reads of a gzip stream in this block: a cut or corrupt stream is one line naming ``path``.
+
+    Raises:
+        TruncatedTraceError: the stream ends before the compressed data does (``EOFError``).
+        TraceFormatError: the compressed data is corrupt (``OSError``, ``zlib.error``).
+    """
+    try:
+        yield
+    except EOFError as exc:
+        msg = f"{path}: truncated gzip stream (file ends before the compressed data does)"
+        raise TruncatedTraceError(msg) from exc
+    except (OSError, zlib.error) as exc:
+        msg = f"{path}: corrupt gzip data: {exc}"
+        raise TraceFormatError(msg) from exc
+
+
 class BoundedGzip(gzip.GzipFile):
     """A gzip reader that refuses to inflate past ``expansion_limit`` of the file's size.
 
@@ -159,14 +180,8 @@ class BoundedGzip(gzip.GzipFile):
             while chunk := self.read(want):
                 parts.append(chunk)
             return b"".join(parts)
-        try:
+        with gzip_errors(self._path):
             data = super().read(min(want, self._limit + 1 - self._seen))
-        except EOFError as exc:
-            msg = f"{self._path}: truncated gzip stream (file ends before the compressed data does)"
-            raise TruncatedTraceError(msg) from exc
-        except (OSError, zlib.error) as exc:
-            msg = f"{self._path}: corrupt gzip data: {exc}"
-            raise TraceFormatError(msg) from exc
         self._seen += len(data)
         if self._seen > self._limit:
             msg = (

@@ -60,6 +60,8 @@ from prism_trace.replay.kernels_schema import (
 )
 from prism_trace.replay.kernels_units import Unit, select_units
 
+from prism_trace.formats.base import ET_IO_COLUMNS
+
 if TYPE_CHECKING:
     import polars as pl
     import torch
@@ -368,17 +370,7 @@ def build_program(
     known = dict(unsupported or {})
     rows = {
         r["node_id"]: r
-        for r in ops.select(
-            "node_id",
-            "op_schema",
-            "inputs",
-            "input_shapes",
-            "input_types",
-            "outputs",
-            "output_shapes",
-            "output_types",
-            "attrs",
-        ).iter_rows(named=True)
+        for r in ops.select("node_id", "op_schema", *ET_IO_COLUMNS, "attrs").iter_rows(named=True)
     }
     planner = _Planner()
     calls: dict[int, OpCall] = {}

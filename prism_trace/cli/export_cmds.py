@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 
 from prism_trace.cli._group import RANKS, _one_line_errors, main
+from prism_trace.cli._options import (
+    db_argument,
+    echo_report,
+    json_option,
+    quiet_option,
+    run_option,
+)
 
 
 @main.group("export")
@@ -17,8 +23,8 @@ def export_group() -> None:
 
 
 @export_group.command("chakra")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="Run to export (recorded or sliced).")
+@db_argument()
+@run_option("Run to export (recorded or sliced).")
 @click.option("-o", "--out-dir", required=True, type=click.Path(path_type=Path))
 @click.option("--prefix", default=None, help="File prefix (default: the run name).")
 @click.option(
@@ -28,8 +34,8 @@ def export_group() -> None:
     show_default=True,
     help="GB/s of the size rule for communication without a recorded size (docs/export.md).",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@quiet_option()
+@json_option()
 @_one_line_errors
 def export_chakra_cmd(
     db: Path,
@@ -53,17 +59,15 @@ def export_chakra_cmd(
             progress=not quiet and sys.stderr.isatty(),
             size_bandwidth_gbps=size_bandwidth,
         )
-    if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
-    elif not quiet:
-        click.echo(report.summary())
+    if as_json or not quiet:
+        echo_report(report, as_json)
     elif report.warnings():
         click.echo("\n".join(report.warnings()), err=True)
 
 
 @export_group.command("perfetto")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="Run to export (any kind).")
+@db_argument()
+@run_option("Run to export (any kind).")
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help=".json[.gz]")
 @click.option(
     "--ranks",
@@ -90,7 +94,7 @@ def export_perfetto_cmd(db: Path, run_name: str, out: Path, ranks_text: list[int
 
 
 @export_group.command("parquet")
-@click.argument("db", type=click.Path(path_type=Path))
+@db_argument()
 @click.option("--run", "runs", multiple=True, help="Run to export (repeatable; default: all).")
 @click.option("-o", "--out-dir", required=True, type=click.Path(path_type=Path))
 @_one_line_errors

@@ -10,6 +10,7 @@ import click
 
 from prism_trace.analysis import WORDS
 from prism_trace.cli._group import RANKS, _one_line_errors, main
+from prism_trace.cli._options import db_argument, json_option, max_rows_option, run_option
 
 _EMPTY_WHY = {
     "idle": " (idle time is per device stream: the selected ranks have no kernels)",
@@ -40,13 +41,13 @@ def _json_rows(df: Any) -> list[dict[str, Any]]:
 
 
 @main.command("analyze")
-@click.argument("db", type=click.Path(path_type=Path))
+@db_argument()
 @click.argument(
     "what",
     # The analysis layer's words, plus `slowdown`, which the replay layer computes.
     type=click.Choice([*WORDS, "slowdown"]),
 )
-@click.option("--run", "run_name", required=True, help="Run to analyse (any kind).")
+@run_option("Run to analyse (any kind).")
 @click.option(
     "--by",
     type=click.Choice(["optype", "rank", "stage", "dp_rank"]),
@@ -74,8 +75,8 @@ def _json_rows(df: Any) -> list[dict[str, Any]]:
     help="diff: an op diverges when its start shifts by more than this % of its iteration.",
 )
 @click.option("--min-ns", type=int, default=0, show_default=True, help="bubbles: shortest window.")
-@click.option("--json", "as_json", is_flag=True, help="Rows as JSON.")
-@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown as table.")
+@json_option("Rows as JSON.")
+@max_rows_option()
 @_one_line_errors
 def analyze_cmd(
     db: Path,
@@ -149,8 +150,8 @@ def analyze_cmd(
 
 
 @main.command("report")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="Run to report on (any kind).")
+@db_argument()
+@run_option("Run to report on (any kind).")
 @click.option("--compare", default=None, help="Another run to compare iteration times with.")
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="HTML file.")
 @_one_line_errors

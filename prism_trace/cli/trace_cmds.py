@@ -11,6 +11,18 @@ from typing import Any
 import click
 
 from prism_trace.cli._group import RANKS, _one_line_errors, main
+from prism_trace.cli._options import (
+    db_argument,
+    declared_layout,
+    echo_report,
+    json_option,
+    layout_options,
+    max_rows_option,
+    out_run_option,
+    quiet_option,
+    replace_option,
+    run_option,
+)
 from prism_trace.errors import PrismError
 
 
@@ -26,7 +38,7 @@ from prism_trace.errors import PrismError
     show_default=True,
 )
 @click.option("--rank", type=int, default=None, help="Rank of a single file that does not say.")
-@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@replace_option()
 @click.option(
     "--workers",
     type=click.IntRange(min=1),
@@ -54,15 +66,9 @@ from prism_trace.errors import PrismError
     help="Directory for work files and the workers' parts (default: the temp dir); with"
     " --scheduler, one every worker sees at the same path.",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
-@click.option("--json", "as_json", is_flag=True, help="Print the ingest report as JSON.")
-@click.option(
-    "--layout",
-    "layout_spec",
-    default=None,
-    help="The recorded job's layout, e.g. tp=8 (when the trace does not say it).",
-)
-@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
+@quiet_option()
+@json_option("Print the ingest report as JSON.")
+@layout_options("The recorded job's layout, e.g. tp=8 (when the trace does not say it).")
 @_one_line_errors
 def ingest_cmd(
     paths: tuple[Path, ...],
@@ -84,10 +90,9 @@ def ingest_cmd(
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
     from prism_trace.ingest import ingest
     from prism_trace.layout import declare_layout_of_new_run
-    from prism_trace.parallel import ParallelLayout
     from prism_trace.store import open_store
 
-    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
+    declared = declared_layout(layout_spec, order)
     name = run_name or paths[0].resolve().name.split(".")[0]
     with open_store(db) as store:
         report = ingest(
@@ -120,8 +125,8 @@ def ingest_cmd(
 
 
 @main.command("info")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", default=None, help="Only this run, in detail.")
+@db_argument()
+@run_option("Only this run, in detail.", required=False)
 @click.option("--ranks", type=RANKS, default=None, help="With --run: these ranks, one line each.")
 @click.option(
     "--config",
@@ -130,7 +135,7 @@ def ingest_cmd(
     help="With --run: the run's resolved config as TOML (--json: as JSON), which the command"
     " that made it reads back with --config to make the same run.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option("Machine-readable output.")
 @_one_line_errors
 def info_cmd(
     db: Path, run_name: str | None, ranks: list[int] | None, show_config: bool, as_json: bool
@@ -207,7 +212,7 @@ def _show_config(db: Path, run_name: str, *, as_json: bool) -> None:
     show_default=True,
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
-@click.option("--max-rows", type=int, default=50, show_default=True, help="Rows shown as table.")
+@max_rows_option()
 @_one_line_errors
 def query_cmd(
     args: tuple[str, ...], parquet: str | None, fmt: str, output: Path | None, max_rows: int
@@ -240,26 +245,19 @@ def query_cmd(
 
 
 @main.command("graph")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="Recorded run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option(
-    "--layout",
-    "layout_spec",
-    default=None,
-    help="Declare (or correct) the recorded layout, e.g. tp=8.",
-)
-@click.option("--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp).")
+@db_argument()
+@run_option("Recorded run.")
+@json_option()
+@layout_options("Declare (or correct) the recorded layout, e.g. tp=8.")
 @_one_line_errors
 def graph_cmd(
     db: Path, run_name: str, as_json: bool, layout_spec: str | None, order: str | None
 ) -> None:
     """Build the per-rank execution graph of a run and check collectives match across ranks."""
     from prism_trace.graph_setup import set_up_graph
-    from prism_trace.parallel import ParallelLayout
     from prism_trace.store import open_store
 
-    declared = None if layout_spec is None else ParallelLayout.parse(layout_spec, order)
+    declared = declared_layout(layout_spec, order)
     with open_store(db) as store:
         setup = set_up_graph(store, run_name, declared=declared)
     if as_json:
@@ -269,17 +267,17 @@ def graph_cmd(
 
 
 @main.command("slice")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="Recorded run to slice.")
+@db_argument()
+@run_option("Recorded run to slice.")
 @click.option("--layout", required=True, help="Target layout, e.g. tp=8,cp=1,ep=1,dp=128,pp=8.")
 @click.option("--world", type=int, required=True, help="Target world size.")
 @click.option("--order", default=None, help="Axis order, fastest first (default tp-cp-ep-dp-pp).")
 @click.option(
     "--from-ranks", type=RANKS, default=None, help="Recorded ranks to take roles from, e.g. 0,3."
 )
-@click.option("--out-run", required=True, help="Name of the sliced run.")
-@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
-@click.option("--json", "as_json", is_flag=True, help="Print the mapping report as JSON.")
+@out_run_option("Name of the sliced run.")
+@replace_option()
+@json_option("Print the mapping report as JSON.")
 @_one_line_errors
 def slice_cmd(
     db: Path,
@@ -307,7 +305,4 @@ def slice_cmd(
             out_run=out_run,
             replace=replace,
         )
-    if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
-    else:
-        click.echo(report.summary())
+    echo_report(report, as_json)

@@ -20,7 +20,6 @@ Frames and their columns (each frame may hold several ranks; every frame has a `
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
@@ -28,10 +27,11 @@ from typing import IO, Literal
 import polars as pl
 
 from prism_trace import schema
-from prism_trace.errors import TraceFormatError, TruncatedTraceError
-from prism_trace.limits import open_bounded
+from prism_trace.errors import TraceFormatError
+from prism_trace.limits import gzip_errors, open_bounded
 
 __all__ = [
+    "ET_IO_COLUMNS",
     "FRAME_SCHEMAS",
     "FormatName",
     "TraceTables",
@@ -91,6 +91,18 @@ FRAME_SCHEMAS: dict[str, dict[str, pl.DataType]] = {
         "ranks": pl.List(pl.Int32()),
     },
 }
+
+
+ET_IO_COLUMNS = (
+    "inputs",
+    "input_shapes",
+    "input_types",
+    "outputs",
+    "output_shapes",
+    "output_types",
+)
+"""The ``et_ops`` columns holding an op's inputs and outputs (JSON lists), named after the flat
+lists of a 1.0.1 host execution trace node."""
 
 
 def empty_frame(name: str) -> pl.DataFrame:
@@ -170,21 +182,14 @@ def read_all_bytes(path: Path, *, max_bytes: int | None = None) -> bytes:
     """
     parts: list[bytes] = []
     seen = 0
-    try:
-        with open_maybe_gzip(path) as fh:
-            while chunk := fh.read(1 << 22):
-                seen += len(chunk)
-                if max_bytes is not None and seen > max_bytes:
-                    msg = (
-                        f"{path}: more than {max_bytes} bytes of JSON, the limit for a file read"
-                        " whole (set PRISM_MAX_JSON_BYTES to allow more)"
-                    )
-                    raise TraceFormatError(msg)
-                parts.append(chunk)
-        return b"".join(parts)
-    except EOFError as exc:
-        msg = f"{path}: truncated gzip stream (file ends before the compressed data does)"
-        raise TruncatedTraceError(msg) from exc
-    except (OSError, zlib.error) as exc:
-        msg = f"{path}: corrupt gzip data: {exc}"
-        raise TraceFormatError(msg) from exc
+    with gzip_errors(path), open_maybe_gzip(path) as fh:
+        while chunk := fh.read(1 << 22):
+            seen += len(chunk)
+            if max_bytes is not None and seen > max_bytes:
+                msg = (
+                    f"{path}: more than {max_bytes} bytes of JSON, the limit for a file read"
+                    " whole (set PRISM_MAX_JSON_BYTES to allow more)"
+                )
+                raise TraceFormatError(msg)
+            parts.append(chunk)
+    return b"".join(parts)

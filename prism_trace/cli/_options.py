@@ -1,0 +1,103 @@
+"""The arguments and options several `prism` commands share, declared once so they read alike.
+
+Each helper returns a click decorator; the help text is the command's own where its meaning differs
+(which run `--run` names, what `--json` prints), and the name, type and default are the same
+everywhere. `echo_report` is how every command prints its report, as text or as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from prism_trace.parallel import ParallelLayout
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = [
+    "db_argument",
+    "declared_layout",
+    "echo_report",
+    "json_option",
+    "layout_options",
+    "max_rows_option",
+    "out_run_option",
+    "quiet_option",
+    "replace_option",
+    "run_option",
+]
+
+
+def db_argument() -> Callable[[F], F]:
+    """``DB``: the DuckDB store the command reads or writes."""
+    return click.argument("db", type=click.Path(path_type=Path))
+
+
+def run_option(help: str, *, required: bool = True) -> Callable[[F], F]:
+    """``--run NAME`` (the function's ``run_name``): the run the command works on."""
+    return click.option("--run", "run_name", required=required, default=None, help=help)
+
+
+def out_run_option(help: str, *, required: bool = True) -> Callable[[F], F]:
+    """``--out-run NAME``: the run the command writes."""
+    return click.option("--out-run", required=required, default=None, help=help)
+
+
+def replace_option(help: str = "Overwrite an existing run of that name.") -> Callable[[F], F]:
+    """``--replace``: overwrite the run the command writes when one of that name exists."""
+    return click.option("--replace", is_flag=True, help=help)
+
+
+def json_option(help: str = "Print the report as JSON.") -> Callable[[F], F]:
+    """``--json`` (the function's ``as_json``): machine-readable output."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def quiet_option() -> Callable[[F], F]:
+    """``--quiet``/``-q``: no progress bar or summary."""
+    return click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+
+
+def max_rows_option() -> Callable[[F], F]:
+    """``--max-rows N``: rows shown when the result prints as a table."""
+    return click.option(
+        "--max-rows", type=int, default=50, show_default=True, help="Rows shown as table."
+    )
+
+
+def layout_options(help: str) -> Callable[[F], F]:
+    """``--layout SPEC`` (``layout_spec``) and ``--order``: a recorded layout the user declares."""
+    layout = click.option("--layout", "layout_spec", default=None, help=help)
+    order = click.option(
+        "--order", default=None, help="Axis order of --layout (default tp-cp-ep-dp-pp)."
+    )
+
+    def decorator(f: F) -> F:
+        return layout(order(f))
+
+    return decorator
+
+
+def declared_layout(spec: str | None, order: str | None) -> ParallelLayout | None:
+    """The layout ``--layout``/``--order`` declare, or None when ``--layout`` is not given."""
+    if spec is None:
+        return None
+    from prism_trace.parallel import ParallelLayout  # here: `prism --help` stays fast
+
+    return ParallelLayout.parse(spec, order)
+
+
+class _Report(Protocol):
+    def as_dict(self) -> dict[str, Any]: ...
+
+    def summary(self) -> str: ...
+
+
+def echo_report(report: _Report, as_json: bool, *, err: bool = False) -> None:
+    """Print ``report`` as indented JSON (``--json``) or as its summary."""
+    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary(), err=err)
