@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 
 from prism_trace.cli._group import RANKS, _given_flags, _one_line_errors, main
+from prism_trace.cli._options import (
+    db_argument,
+    echo_report,
+    json_option,
+    out_run_option,
+    replace_option,
+    run_option,
+)
 from prism_trace.errors import PrismError
 
 
 @main.command("emulate")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
-@click.option("--out-run", required=True, help="Name of the emulated run.")
-@click.option("--replace", is_flag=True, help="Overwrite an existing run of that name.")
+@db_argument()
+@run_option("Recorded or sliced run.")
+@out_run_option("Name of the emulated run.")
+@replace_option()
 @click.option(
     "--what-if",
     "what_ifs",
@@ -62,7 +69,7 @@ from prism_trace.errors import PrismError
     is_flag=True,
     help="A recording of some ranks: complete each collective over the ranks present.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option()
 @_one_line_errors
 def emulate_cmd(
     db: Path,
@@ -108,7 +115,7 @@ def emulate_cmd(
         config = with_(config, keep_events=tuple(keep_events))
     with open_store(db) as store:
         report = emulate_run(store, run=run_name, out_run=out_run, replace=replace, config=config)
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+    echo_report(report, as_json)
 
 
 _REPLAY_FLAGS = (
@@ -128,11 +135,11 @@ _REPLAY_FLAGS = (
 
 
 @main.command("replay")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", required=True, help="Recorded or sliced run.")
+@db_argument()
+@run_option("Recorded or sliced run.")
 @click.option("--ranks", type=RANKS, required=True, help="Ranks to replay with real kernels: 0,5.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--out-run", required=True, help="Name of the replayed run.")
+@out_run_option("Name of the replayed run.")
 @click.option("--iterations", type=int, default=3, show_default=True, help="Measured passes.")
 @click.option("--warmup", type=int, default=1, show_default=True, help="Passes not measured.")
 @click.option("--substitute-recorded", is_flag=True, help="Unsupported ops: recorded duration.")
@@ -176,8 +183,8 @@ _REPLAY_FLAGS = (
     help="TOML: [kernel_replay] (these options and more) and the virtual peers' emulation"
     " sections (docs/replay.md); flags given on the command line override the file.",
 )
-@click.option("--replace", is_flag=True, help="Overwrite an existing replayed run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@replace_option("Overwrite an existing replayed run.")
+@json_option()
 @_one_line_errors
 def replay_cmd(
     db: Path,
@@ -229,12 +236,12 @@ def replay_cmd(
             replace=replace,
             config=config,
         )
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+    echo_report(report, as_json)
 
 
 @main.command("validate")
-@click.argument("db", type=click.Path(path_type=Path))
-@click.option("--run", "run_name", default=None, help="A run whose ranks were all recorded.")
+@db_argument()
+@run_option("A run whose ranks were all recorded.", required=False)
 @click.option("--replayed", default=None, help="Instead: a replayed run against its recording.")
 @click.option("--slice-ranks", type=RANKS, default=None, help="Ranks to slice from, e.g. 0..6:2.")
 @click.option(
@@ -249,7 +256,7 @@ def replay_cmd(
     is_flag=True,
     help="A run missing ranks: replay the recorded ones (collectives over the ranks present).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option()
 @_one_line_errors
 def validate_cmd(
     db: Path,
@@ -270,7 +277,7 @@ def validate_cmd(
 
         with open_store(db, read_only=True) as store:
             rv = validate_replayed(store, replayed=replayed)
-        click.echo(json.dumps(rv.as_dict(), indent=2) if as_json else rv.summary())
+        echo_report(rv, as_json)
         return
     if run_name is None:
         msg = "give --run RUN (or --replayed NAME)"
@@ -284,7 +291,7 @@ def validate_cmd(
             seeds=seeds,
             allow_partial=allow_partial,
         )
-    click.echo(json.dumps(report.as_dict(), indent=2) if as_json else report.summary())
+    echo_report(report, as_json)
 
 
 @main.command(
@@ -295,11 +302,11 @@ def validate_cmd(
     "--ranks", type=RANKS, default="0", show_default=True, help="Ranks to run for real, e.g. 0,1."
 )
 @click.option("--db", type=click.Path(path_type=Path), default=None, help="Store with --run.")
-@click.option("--run", "run_name", default=None, help="Run whose timing the virtual peers follow.")
+@run_option("Run whose timing the virtual peers follow.", required=False)
 @click.option("--timeout-s", type=float, default=None, help="Stop every rank after this long.")
-@click.option("--out-run", default=None, help="Store the step times as this replayed run.")
-@click.option("--replace", is_flag=True, help="Overwrite an existing replayed run (--out-run).")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@out_run_option("Store the step times as this replayed run.", required=False)
+@replace_option("Overwrite an existing replayed run (--out-run).")
+@json_option("Print the result as JSON.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @_one_line_errors
 def run_cmd(
@@ -327,7 +334,7 @@ def run_cmd(
         run=run_name,
         timeout_s=timeout_s,
     )
-    click.echo(json.dumps(res.as_dict(), indent=2) if as_json else res.summary(), err=not as_json)
+    echo_report(res, as_json, err=not as_json)
     if out_run is not None and res.returncode == 0:
         from prism_trace.replay.launched_run import write_launched_run
         from prism_trace.store import open_store
