@@ -8,7 +8,9 @@ Two sets, every tool run in a fresh process (wall clock and peak memory of its p
    --workers 1``, ``prism ingest --workers 2`` and HTA's ``TraceAnalysis(trace_dir=...)`` parse
    on the same folder; checks that both prism stores hold the same rows. Then the floor: the
    Kineto reader alone in one process (no store, no pool) on one of the files (the memory every
-   reading process pays: interpreter, DuckDB, polars) and on all of them (the reader's time).
+   reading process pays: interpreter, DuckDB, polars) and on all of them (the reader's time);
+   and DuckDB's ``read_json`` alone on every file (``bench_ingest.py``'s floor), the least any
+   reader built on it pays.
 2. ``big``: one ``--big-gb`` GB Kineto file from ``make_big_trace.py``; ``prism ingest`` (its
    default workers: one file is read in the prism process) throughput and peak memory.
 
@@ -204,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs[f"reader{len(files)}"] = m
             rows.append((rs.name, m, rs))
+        bi._warm(ts.files)
+        floor = bi.run_floor(ts, work, args.timeout)
+        print(f"  {ts.name} {floor.tool:<18} {floor.wall_s:7.2f} s", file=sys.stderr)
+        rows.append((ts.name, floor, ts))
         w1, w2, hta = runs["w1"], runs["w2"], runs["hta"]
         one, every = runs["reader1"], runs[f"reader{len(ts.files)}"]
         same, events = same_rows(work / "w1.duckdb", work / "w2.duckdb")
@@ -229,6 +235,14 @@ def main(argv: list[str] | None = None) -> int:
                 f" {TARGET_MEM * hta.peak_tree_mb:.0f} MB for the whole tree; on all"
                 f" {len(ts.files)} files it takes {every.wall_s:.2f} s"
                 f" ({every.wall_s / len(ts.files) * 1e3:.0f} ms a file, no store, one process)"
+            )
+        if floor.rc == 0 and hta.rc == 0:
+            lines.append(
+                f"{ts.name}: floor of any DuckDB reader: `read_json` alone on each file's events"
+                f" (split as prism does, nothing typed or checked, fresh process) takes"
+                f" {floor.wall_s:.2f} s, against HTA / {TARGET_HTA:g} ="
+                f" {hta.wall_s / TARGET_HTA:.2f} s"
+                f" (HTA / floor = {hta.wall_s / floor.wall_s:.2f})"
             )
         for m in (w2, w1):
             if hta.rc == 0 and m.rc == 0:
