@@ -279,8 +279,13 @@ class _Reader(_CommTables):
             raise self._fail(exc) from exc
 
     def rows(self, query: str) -> list[tuple[Any, ...]]:
+        """Fetch a small result as tuples.
+
+        Through ``execute``, not a relation: a relation binds its query for its schema before it
+        runs it, which plans a statement of the reader's twice (~2 ms a query on a small trace).
+        """
         try:
-            return self.con.sql(query).fetchall()
+            return self.con.execute(query).fetchall()
         except duckdb.Error as exc:
             raise self._fail(exc) from exc
 
