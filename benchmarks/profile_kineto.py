@@ -81,13 +81,17 @@ def _instrumented() -> Iterator[tuple[dict[str, float], dict[str, float]]]:
 def profile(files: list[Path], top: int) -> str:
     """Read ``files`` instrumented; the report as text."""
     con = duckdb.connect()
+
+    def drop(_rank: int, rel: duckdb.DuckDBPyRelation) -> None:
+        rel.fetchall()
+
     with _instrumented() as (stages, statements):
         t0 = time.perf_counter()
         for i, f in enumerate(files):
             cur = con.cursor()
             cur.execute(f"ATTACH ':memory:' AS work{i}")
             cur.execute(f"USE work{i}")
-            kineto.stage_kineto(f, con=cur, events_into=lambda _r, rel: rel.fetchall())
+            kineto.stage_kineto(f, con=cur, events_into=drop)
             cur.execute("USE memory")
             cur.execute(f"DETACH work{i}")
             cur.close()
