@@ -6,7 +6,11 @@ Two sets, every tool run in a fresh process (wall clock and peak memory of its p
 1. ``dlrm-32rank``: the 8 real PARAM DLRM Kineto ranks replicated to 32 (``distributedInfo.rank``
    and ``world_size`` rewritten, file ``rank<r>.pt.trace.json.gz``). Runs ``prism ingest
    --workers 1``, ``prism ingest --workers 2`` and HTA's ``TraceAnalysis(trace_dir=...)`` parse
-   on the same folder; checks that both prism stores hold the same rows.
+   on the same folder; checks that both prism stores hold the same rows. Then the floor: the
+   Kineto reader alone in one process (no store, no pool) on one of the files (the memory every
+   reading process pays: interpreter, DuckDB, polars) and on all of them (the reader's time);
+   and DuckDB's ``read_json`` alone on every file (``bench_ingest.py``'s floor), the least any
+   reader built on it pays.
 2. ``big``: one ``--big-gb`` GB Kineto file from ``make_big_trace.py``; ``prism ingest`` (its
    default workers: one file is read in the prism process) throughput and peak memory.
 
@@ -90,6 +94,48 @@ def run_prism(
     return bi.measure(f"prism --workers {workers}", cmd, log=log, timeout_s=timeout)
 
 
+def run_reader(files: list[Path], work: Path, timeout: float) -> bi.Measurement:
+    """The Kineto reader alone on ``files``, in one process, no store: its floor.
+
+    On one file: the memory of one process that has read a trace (the interpreter, DuckDB, polars
+    and the pages of their libraries it touched), which every ingest process pays. On every
+    file: the reader's own time, without the store's writes or a worker pool."""
+    out = work / f"reader{len(files)}.json"
+    cmd = [sys.executable, __file__, "--_reader-child", str(out), *map(str, files)]
+    label = f"reader, {len(files)} file{'s' if len(files) > 1 else ''}"
+    m = bi.measure(label, cmd, log=work / f"reader{len(files)}.log", timeout_s=timeout)
+    if m.rc == 0 and out.exists():
+        m.extra.update(json.loads(out.read_text()))
+    return m
+
+
+def _reader_child(out: str, files: list[str]) -> None:
+    """Body of the reader subprocess: ``stage_kineto`` per file on one connection, as a worker
+    does (a work database attached per file), the events fetched and dropped."""
+    import duckdb
+
+    from prism_trace.formats.kineto import stage_kineto
+
+    con = duckdb.connect()
+    events = 0
+
+    def sink(_rank: int, rel: duckdb.DuckDBPyRelation) -> None:
+        nonlocal events
+        events += len(rel.fetchall())
+
+    for i, f in enumerate(files):
+        cur = con.cursor()
+        cur.execute(f"ATTACH ':memory:' AS work{i}")
+        cur.execute(f"USE work{i}")
+        stage_kineto(Path(f), con=cur, events_into=sink)
+        cur.execute("USE memory")
+        cur.execute(f"DETACH work{i}")
+        cur.close()
+    status = Path("/proc/self/status").read_text()
+    rss = {k: int(v) // 1024 for k, v in re.findall(r"(RssAnon|RssFile):\s+(\d+)", status)}
+    Path(out).write_text(json.dumps({"events": events, **rss}))
+
+
 def same_rows(a: Path, b: Path) -> tuple[bool, int]:
     """Whether two stores hold the same rows in every per-run table; and their event count."""
     import duckdb
@@ -118,6 +164,10 @@ def _goal(speed: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run both sets and write the note."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--_reader-child"]:
+        _reader_child(argv[1], argv[2:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--big-gb", type=float, default=1.0, help="size of the large file (0: skip)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
@@ -146,7 +196,22 @@ def main(argv: list[str] | None = None) -> int:
             )
             runs[tool] = m
             rows.append((ts.name, m, ts))
+        for files in (ts.files[:1], ts.files):
+            rs = ts if len(files) > 1 else bi._trace_set(f"{ts.name}, one file", files[0])
+            bi._warm(files)
+            m = run_reader(files, work, args.timeout)
+            print(
+                f"  {rs.name} {m.tool:<18} {m.wall_s:7.2f} s {m.peak_tree_mb:6.0f} MB",
+                file=sys.stderr,
+            )
+            runs[f"reader{len(files)}"] = m
+            rows.append((rs.name, m, rs))
+        bi._warm(ts.files)
+        floor = bi.run_floor(ts, work, args.timeout)
+        print(f"  {ts.name} {floor.tool:<18} {floor.wall_s:7.2f} s", file=sys.stderr)
+        rows.append((ts.name, floor, ts))
         w1, w2, hta = runs["w1"], runs["w2"], runs["hta"]
+        one, every = runs["reader1"], runs[f"reader{len(ts.files)}"]
         same, events = same_rows(work / "w1.duckdb", work / "w2.duckdb")
         w1.extra["events"] = w2.extra["events"] = events
         lines.append(
@@ -162,6 +227,23 @@ def main(argv: list[str] | None = None) -> int:
             f" --workers 2 {w2.extra['cpu_s']}, HTA {hta.extra['cpu_s']}"
             " (on a busy machine wall time follows the CPU share; CPU time does not)"
         )
+        if one.rc == 0 and every.rc == 0:
+            lines.append(
+                f"{ts.name}: floor of one process: the reader alone on one file peaks at"
+                f" {one.peak_tree_mb:.0f} MB (at its end RssAnon {one.extra.get('RssAnon')} MB,"
+                f" RssFile {one.extra.get('RssFile')} MB: library pages), against a target of"
+                f" {TARGET_MEM * hta.peak_tree_mb:.0f} MB for the whole tree; on all"
+                f" {len(ts.files)} files it takes {every.wall_s:.2f} s"
+                f" ({every.wall_s / len(ts.files) * 1e3:.0f} ms a file, no store, one process)"
+            )
+        if floor.rc == 0 and hta.rc == 0:
+            lines.append(
+                f"{ts.name}: floor of any DuckDB reader: `read_json` alone on each file's events"
+                f" (split as prism does, nothing typed or checked, fresh process) takes"
+                f" {floor.wall_s:.2f} s, against HTA / {TARGET_HTA:g} ="
+                f" {hta.wall_s / TARGET_HTA:.2f} s"
+                f" (HTA / floor = {hta.wall_s / floor.wall_s:.2f})"
+            )
         for m in (w2, w1):
             if hta.rc == 0 and m.rc == 0:
                 speed = hta.wall_s / m.wall_s

@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
-import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +27,17 @@ from tqdm import tqdm
 from prism_trace.collectives import check_member_counts, settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
-from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
+from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
+from prism_trace.ingest_read import (
+    _MEMORY_LIMIT,
+    _clash,
+    _insert_part,
+    _Plan,
+    _reading,
+    _Shared,
+    _stored,
+    read_trace,
+)
 from prism_trace.limits import check_rank, check_world_size
 from prism_trace.store import Store
 from prism_trace.store_write import (
@@ -42,7 +50,7 @@ from prism_trace.store_write import (
 )
 
 if TYPE_CHECKING:
-    from prism_trace.ingest_parts import Engine, FilePart
+    from prism_trace.ingest_parts import Engine
 
 __all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace"]
 
@@ -59,29 +67,6 @@ _TABLE_OF_FRAME = {
 _AXES = ("tp", "cp", "ep", "dp", "pp")
 # Where a rank has several sources, timeline frames come from the best one.
 _TIMELINE_PRIORITY: dict[str, int] = {"kineto": 0, "op_timeline": 1, "chakra": 2, "host_et": 3}
-
-
-def _reader(fmt: FormatName) -> Callable[..., TraceTables]:
-    if fmt == "kineto":
-        from prism_trace.formats.kineto import read_kineto
-
-        return read_kineto
-    if fmt == "host_et":
-        from prism_trace.formats.host_et import read_host_et
-
-        return read_host_et
-    if fmt == "chakra":
-        from prism_trace.formats.chakra import read_chakra
-
-        return read_chakra
-    from prism_trace.formats.op_timeline import read_op_timeline
-
-    return read_op_timeline
-
-
-def read_trace(trace: TraceFile, *, rank: int | None = None) -> TraceTables:
-    """Read one file with the reader of its format, conformed to the contract."""
-    return _reader(trace.format)(trace.path, rank=rank).conform()
 
 
 @dataclass
@@ -261,17 +246,6 @@ class _RankBook:
                 raise _clash(t.path, r, other)
 
 
-@contextlib.contextmanager
-def _stored(path: Path) -> Iterator[None]:
-    """Name the file when the store refuses its rows (a key given twice, a value out of range)."""
-    try:
-        yield
-    except duckdb.Error as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        msg = f"{path}: its rows cannot be stored: {first}"
-        raise TraceFormatError(msg) from exc
-
-
 def _check_bounds(t: TraceTables) -> None:
     """Whatever a reader let through, no rank or world size beyond ``MAX_RANKS`` is stored:
     ingest builds the default group's member list from them."""
@@ -282,14 +256,6 @@ def _check_bounds(t: TraceTables) -> None:
         if t.world_size is not None and r >= t.world_size:
             msg = f"{t.path}: rank {r} is not below the world size {t.world_size} it states"
             raise TraceFormatError(msg)
-
-
-def _clash(path: Path, rank: int, other: Path) -> DuplicateRankError:
-    msg = (
-        f"{path}: rank {rank} appears twice in one run (also in {other});"
-        " ingest each job as its own --run"
-    )
-    return DuplicateRankError(msg)
 
 
 def _link_rank(con: object, run_id: int, rank: int, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
@@ -306,17 +272,8 @@ def _link_rank(con: object, run_id: int, rank: int, ops: pl.DataFrame) -> tuple[
     return linked, report.linked
 
 
-# The database a Kineto reader works in, a fresh one per file (in memory, or a file for a large
-# trace), dropped after the file.
-_WORK = "_prism_work"
-# A Kineto trace of at least this many JSON bytes is worked on in a database file, not in memory.
-_WORK_ON_DISK_BYTES = 256 << 20
-# Rows per Arrow batch when a file's events stream from its work database into the store.
-_EVENT_BATCH_ROWS = 1 << 16
 # Files read at the same time (worker processes), by default; the CLI's default is the cores.
 _WORKERS = 1
-# DuckDB's memory limit while ingesting (bytes), unless the store's connection has a lower one.
-_MEMORY_LIMIT = 512 << 20
 
 
 def ingest(
@@ -592,166 +549,6 @@ def _ingest_files(
         et_ops={r: v[0] for r, v in et_counts.items()},
         et_ops_linked={r: v[1] for r, v in et_counts.items()},
     )
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Where files are read: here (one worker) or by worker processes / a dask cluster."""
-
-    workers: int
-    engine: Engine = "local"
-    scheduler: str | None = None
-
-    def in_process(self, n_files: int) -> bool:
-        """Read here: one worker and the local engine, or a single file there (nothing to
-        share out, and the events stream straight into the store instead of via a part)."""
-        return self.engine == "local" and (self.workers == 1 or n_files == 1)
-
-
-@contextlib.contextmanager
-def _reading(
-    shared: _Shared, files: list[TraceFile], plan: _Plan
-) -> Iterator[Iterator[tuple[TraceTables, FilePart | None]]]:
-    """Each file's frames, in file order, with the part holding its events when a worker read
-    it (None when it was read here: its events are in the store or in ``events`` then)."""
-    if not plan.in_process(len(files)):
-        from prism_trace.ingest_parts import parts
-
-        with parts(
-            files,
-            rank=shared.rank,
-            out_dir=shared.tmp,
-            workers=plan.workers,
-            memory_limit=_MEMORY_LIMIT,
-            engine=plan.engine,
-            scheduler=plan.scheduler,
-        ) as got:
-            yield ((p.tables, p) for p in got)
-        return
-    pool = ThreadPoolExecutor(max_workers=1)  # reads the next file while this one is stored
-    futures = [pool.submit(_read_file, shared, f, i) for i, f in enumerate(files)]
-    try:
-        yield ((fut.result(), None) for fut in futures)
-    except BaseException:
-        shared.stop.set()
-        for fut in futures:
-            fut.cancel()
-        raise
-    finally:
-        pool.shutdown(wait=True)  # no thread may touch the store once this returns
-
-
-def _insert_part(shared: _Shared, part: FilePart, ranks: list[int]) -> None:
-    """Append the events of a worker's part for ``ranks`` to the store (hold ``lock``), in the
-    part's order; the part is deleted once stored, so scratch holds the parts not yet stored."""
-    path = part.events_path
-    if path is None:
-        return
-    mine = [r for r in part.event_ranks if r in ranks]
-    shared.claim(part.tables.path, mine)
-    if mine:
-        cols = ", ".join(FRAME_SCHEMAS["events"])
-        shared.store.con.execute(
-            f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
-            f" FROM read_parquet('{_quote(path)}')"
-            f" WHERE rank IN ({', '.join(str(r) for r in mine)})"
-        )
-    path.unlink(missing_ok=True)
-
-
-@dataclass
-class _Shared:
-    """What the threads reading files share: the store's connection, one statement at a time.
-
-    ``claims`` holds which file's events each rank got: a Kineto file's events are written by its
-    thread as soon as they are ready, possibly before an earlier file's are, so a rank given by
-    two files is refused here, before its second set of rows is written (``_RankBook`` tells the
-    same clash in file order, for everything else).
-    """
-
-    store: Store
-    run_id: int
-    tmp: Path
-    rank: int | None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    claims: dict[int, Path] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)  # set when the ingest failed
-
-    def claim(self, path: Path, ranks: list[int]) -> None:
-        """Record that ``path`` writes the events of ``ranks`` (hold ``lock``)."""
-        for r in ranks:
-            other = self.claims.setdefault(r, path)
-            if other != path:
-                raise _clash(path, r, other)
-
-
-def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
-    """Read one file; a Kineto file's events go straight into the store's ``event`` table.
-
-    The Kineto reader runs on a cursor of its own, in a database of its own dropped after the
-    file: the store's transaction must not touch that database (a transaction keeps every
-    database it read alive until it ends), so the events cross over as a stream of Arrow batches
-    that the store's connection appends. For a large trace the work database is a file: its
-    tables are compressed there and DuckDB can evict them, which bounds the peak
-    (benchmarks/bench_ingest.py, big file); for a smaller one memory is faster (no disk write).
-    """
-    if trace.format != "kineto":
-        return read_trace(trace, rank=shared.rank)
-    from prism_trace.formats.kineto import stage_kineto
-
-    store = shared.store
-    on_disk = _json_size_guess(trace.path) >= _WORK_ON_DISK_BYTES
-    work = shared.tmp / f"work{index}.duckdb"
-    alias = f"{_WORK}{index}"
-    batches = f"_event_batches{index}"
-    cols = ", ".join(FRAME_SCHEMAS["events"])
-
-    def append(the_rank: int, events: duckdb.DuckDBPyRelation) -> None:
-        with shared.lock:
-            if shared.stop.is_set():  # another file failed: the transaction will roll back
-                msg = f"{trace.path}: not written, the ingest failed on another file"
-                raise PrismError(msg)
-            shared.claim(trace.path, [the_rank])
-            store.con.register(batches, events.to_arrow_reader(_EVENT_BATCH_ROWS))
-            try:
-                with _stored(trace.path):
-                    store.con.execute(
-                        f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
-                        f" FROM {batches}"
-                    )
-            finally:
-                # After a failed insert the transaction is aborted and unregistering fails
-                # too; the insert's error is the one to report.
-                with contextlib.suppress(duckdb.Error):
-                    store.con.unregister(batches)
-
-    with shared.lock:
-        (catalog,) = store.con.execute("SELECT current_database()").fetchall()[0]
-        cur = store.con.cursor()
-    try:
-        cur.execute(f"ATTACH '{_quote(work) if on_disk else ':memory:'}' AS {alias}")
-        cur.execute(f"USE {alias}")
-        return stage_kineto(
-            trace.path, con=cur, events_into=append, rank=shared.rank, tmp_dir=shared.tmp
-        )
-    finally:
-        cur.execute(f'USE "{catalog.replace(chr(34), chr(34) * 2)}"')
-        cur.execute(f"DETACH DATABASE IF EXISTS {alias}")
-        cur.close()
-        for p in (work, work.with_name(work.name + ".wal")):
-            p.unlink(missing_ok=True)
-
-
-def _json_size_guess(path: Path) -> int:
-    """The JSON bytes of ``path``, guessed: gzipped Kineto JSON shrinks about 8 times."""
-    with path.open("rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
-    return path.stat().st_size * (8 if gz else 1)
-
-
-def _quote(path: Path) -> str:
-    """``path`` for a single-quoted SQL string."""
-    return str(path).replace("'", "''")
 
 
 def _check_fingerprints(store: Store, files: list[TraceFile], old_id: int | None) -> list[str]:

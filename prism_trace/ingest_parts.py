@@ -128,7 +128,7 @@ def parse_file(job: FileJob) -> FilePart:
         The reader's errors (``TraceFormatError`` and its kin), which name the file; the driver
         re-raises the first one in file order.
     """
-    from prism_trace.ingest import read_trace
+    from prism_trace.ingest_read import read_trace
 
     out = job.out_dir / f"events{job.index:06d}.parquet"
     if job.trace.format != "kineto":
@@ -147,7 +147,7 @@ def _parse_kineto(job: FileJob, out: Path) -> FilePart:
     from prism_trace.formats.kineto import stage_kineto
 
     # The same rule as the driver's own path: a large trace is worked on in a database file.
-    from prism_trace.ingest import _WORK_ON_DISK_BYTES, _json_size_guess, _quote
+    from prism_trace.ingest_read import _WORK_ON_DISK_BYTES, _json_size_guess, _quote
 
     con = _connection(job.threads, job.memory_limit)
     cur = con.cursor()

@@ -108,6 +108,9 @@ _NEST_ROWS = 1 << 18
 # with a larger one is read again with the large limit (``load``).
 _OBJECT_BYTES = 16 << 20
 _OBJECT_BYTES_MAX = 1 << 30
+# A trace of at least this many JSON bytes has its work tables freed as soon as they are done
+# with (``_Reader.free``); ~15 statements, ~10 ms a file, that a small trace does without.
+_FREE_BYTES = 32 << 20
 
 
 def rank_from_file_name(path: Path) -> int | None:
@@ -259,6 +262,10 @@ class _Reader(_CommTables):
         self.base_ns = _base_ns(path, self.meta.get("baseTimeNanoseconds"))
         self.bound = pl.DataFrame()  # fwd-bwd flow points' events, from ``event_ids`` to ``flows``
         self.object_bytes = _OBJECT_BYTES
+        # Whether to free work tables as soon as they are done with: worth it for a large trace,
+        # but for a small one the statements cost more than the memory (the caller drops the
+        # work database after the file anyway).
+        self.free = tef.json_bytes >= _FREE_BYTES
 
     def _fail(self, exc: duckdb.Error) -> TraceFormatError:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -272,8 +279,13 @@ class _Reader(_CommTables):
             raise self._fail(exc) from exc
 
     def rows(self, query: str) -> list[tuple[Any, ...]]:
+        """Fetch a small result as tuples.
+
+        Through ``execute``, not a relation: a relation binds its query for its schema before it
+        runs it, which plans a statement of the reader's twice (~2 ms a query on a small trace).
+        """
         try:
-            return self.con.sql(query).fetchall()
+            return self.con.execute(query).fetchall()
         except duckdb.Error as exc:
             raise self._fail(exc) from exc
 
@@ -296,13 +308,13 @@ class _Reader(_CommTables):
         self.build_tracks()
         self.keep_side_records()
         self.build_events()
-        # raw keeps only the args (ev holds the rest); dropping columns frees their memory
-        for column in self.rows(
-            "SELECT column_name FROM duckdb_columns()"
-            " WHERE table_name = 'raw' AND column_name <> 'args'"
-            " AND database_name = current_database() AND schema_name = current_schema()"
-        ):
-            self.sql(f'ALTER TABLE raw DROP COLUMN "{column[0]}"')
+        if self.free:  # raw keeps only the args (ev holds the rest): frees the other columns
+            for column in self.rows(
+                "SELECT column_name FROM duckdb_columns()"
+                " WHERE table_name = 'raw' AND column_name <> 'args'"
+                " AND database_name = current_database() AND schema_name = current_schema()"
+            ):
+                self.sql(f'ALTER TABLE raw DROP COLUMN "{column[0]}"')
         self.assign_iterations()
         tables = TraceTables(path=self.path, format="kineto", world_size=self.world_size)
         tables.tracks = self.frame(
@@ -319,7 +331,9 @@ class _Reader(_CommTables):
         tables.comm_groups = self.comm_groups(groups, tables.collectives, tables.p2p)
         tables.ranks = self.ranks_frame()
         # Last, with the other tables gone: the one frame as large as the trace.
-        for name in ("comm_raw", "flow_point", "mem_record", "arg_row", "_bound", "track", "step"):
+        # (``_bound`` is a temporary table: it would outlive the work database)
+        done = ("comm_raw", "flow_point", "mem_record", "arg_row", "track", "step")
+        for name in ("_bound", *(done if self.free else ())):
             self.sql(f"DROP TABLE IF EXISTS {name}")
         events = self.events_sql()
         if events_into is None:
@@ -474,7 +488,7 @@ class _Reader(_CommTables):
                SELECT i.event_id, b.*, i.parent_id, i.depth
                FROM ev_base b JOIN ev_id i USING (ord)"""
         )
-        for name in ("ev_base", "ev_id", "ev_order"):
+        for name in ("ev_base", "ev_id", "ev_order") if self.free else ():
             self.sql(f"DROP TABLE {name}")
         self.sql("CREATE VIEW eva AS SELECT ev.*, a.args FROM ev JOIN arg_row a USING (ord)")
 

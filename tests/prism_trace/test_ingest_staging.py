@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import prism_trace.ingest as ingest_mod
+import prism_trace.ingest_read as ingest_read
 from prism_trace.errors import DuplicateRankError, TraceFormatError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
@@ -50,14 +51,14 @@ def test_work_on_disk_stores_the_same_rows(
     in_memory: dict[str, list[tuple]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[bool] = []
-    real = ingest_mod._json_size_guess
+    real = ingest_read._json_size_guess
 
     def guess(path: Path) -> int:
         seen.append(True)
         return real(path)
 
-    monkeypatch.setattr(ingest_mod, "_WORK_ON_DISK_BYTES", 0)
-    monkeypatch.setattr(ingest_mod, "_json_size_guess", guess)
+    monkeypatch.setattr(ingest_read, "_WORK_ON_DISK_BYTES", 0)
+    monkeypatch.setattr(ingest_read, "_json_size_guess", guess)
     on_disk = _ingest(tmp_path / "d.duckdb")
     assert seen, "the Kineto files were not read through the staged path"
     assert in_memory["event"], "the sample has events"

@@ -641,3 +641,21 @@ def test_gloo_trace_from_prism_annotations(tmp_path: Path) -> None:
         assert t.memory.height > 0
         assert set(t.memory["device_type"].to_list()) == {"cpu"}
         assert t.iterations["iteration"].to_list() == [1, 2]
+
+
+@pytest.mark.shared_data
+def test_freeing_work_tables_changes_no_row(
+    shared_datasets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large trace frees its work tables as it goes (``_Reader.free``), a small one does not:
+    both give the same frames (here the same file read both ways)."""
+    import prism_trace.formats.kineto as kineto
+
+    path = shared_datasets / HTA
+    small = read_kineto(path)
+    monkeypatch.setattr(kineto, "_FREE_BYTES", 0)
+    freed = read_kineto(path)
+    for name in FRAME_SCHEMAS:
+        a, b = getattr(small, name), getattr(freed, name)
+        assert a.height > 0 or name in ("et_ops", "p2p", "memory"), name
+        assert a.equals(b), name

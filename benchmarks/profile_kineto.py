@@ -1,0 +1,123 @@
+"""Where the Kineto reader's time goes: per stage and per statement, over one or more files.
+
+The reader runs as ingest's workers run it (``stage_kineto`` on one connection, a work database
+attached per file, the events fetched and dropped: no store). Each stage of ``_Reader`` and each
+statement it runs is timed (wall clock, so run it on a quiet machine); the statements are keyed
+by their first words. On a small trace nearly all of a statement's time is DuckDB planning it,
+which is why the reader's cost is per file, not per event (docs/ingest.md, "Cost per file").
+
+Usage::
+
+    python benchmarks/profile_kineto.py /tmp/d32/*.json.gz          # 32 small ranks
+    python benchmarks/profile_kineto.py big_trace.json --top 15      # one large file
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from prism_trace.formats import kineto
+
+_STAGES = (
+    "load",
+    "build_tracks",
+    "keep_side_records",
+    "build_events",
+    "assign_iterations",
+    "memory",
+    "flows",
+    "comms",
+    "comm_groups",
+    "ranks_frame",
+)
+_STATEMENTS = ("sql", "rows", "frame", "load_files")
+
+
+def _timed(table: dict[str, float], key: Callable[..., str], fn: Callable[..., Any]) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            table[key(*args)] += time.perf_counter() - t0
+
+    return wrapper
+
+
+@contextlib.contextmanager
+def _instrumented() -> Iterator[tuple[dict[str, float], dict[str, float]]]:
+    """Wrap the reader's stages and statement runners; put them back afterwards."""
+    stages: dict[str, float] = collections.defaultdict(float)
+    statements: dict[str, float] = collections.defaultdict(float)
+    saved = {n: getattr(kineto._Reader, n) for n in (*_STAGES, *_STATEMENTS)}
+    for n in _STAGES:
+        setattr(kineto._Reader, n, _timed(stages, lambda *_a, n=n: n, saved[n]))
+    for n in _STATEMENTS:
+        setattr(
+            kineto._Reader,
+            n,
+            _timed(
+                statements,
+                lambda _self, q, *_a, n=n: f"{n}: " + " ".join(str(q).split())[:70],
+                saved[n],
+            ),
+        )
+    try:
+        yield stages, statements
+    finally:
+        for n, fn in saved.items():
+            setattr(kineto._Reader, n, fn)
+
+
+def profile(files: list[Path], top: int) -> str:
+    """Read ``files`` instrumented; the report as text."""
+    con = duckdb.connect()
+
+    def drop(_rank: int, rel: duckdb.DuckDBPyRelation) -> None:
+        rel.fetchall()
+
+    with _instrumented() as (stages, statements):
+        t0 = time.perf_counter()
+        for i, f in enumerate(files):
+            cur = con.cursor()
+            cur.execute(f"ATTACH ':memory:' AS work{i}")
+            cur.execute(f"USE work{i}")
+            kineto.stage_kineto(f, con=cur, events_into=drop)
+            cur.execute("USE memory")
+            cur.execute(f"DETACH work{i}")
+            cur.close()
+        total = time.perf_counter() - t0
+    n = len(files)
+    mb = sum(f.stat().st_size for f in files) / 1e6
+    out = [f"{n} file(s), {mb:.1f} MB on disk: {total:.2f} s, {total / n * 1e3:.0f} ms a file"]
+    out.append("stages, ms a file:")
+    out += [f"  {v / n * 1e3:8.1f}  {k}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1])]
+    rest = total - sum(stages.values())
+    out.append(f"  {rest / n * 1e3:8.1f}  (the rest: splitting the array, the events fetch)")
+    ranked = sorted(statements.items(), key=lambda kv: -kv[1])
+    out.append(f"statements: {len(statements)} kinds; the {top} slowest, ms a file:")
+    out += [f"  {v / n * 1e3:8.1f}  {k}" for k, v in ranked[:top]]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+", type=Path)
+    ap.add_argument("--top", type=int, default=12, help="statements listed")
+    args = ap.parse_args(argv)
+    print(profile(args.files, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
