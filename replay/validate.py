@@ -395,7 +395,7 @@ def validate_run(
         elif not allow_partial:
             msg = (
                 f"{store.path}: run {run!r} recorded {len(ranks)} of {world} ranks; validation"
-                " needs every rank as ground truth, or one per TP/CP group (--allow-partial"
+                " needs every rank as ground truth, or one per TP/CP group (--partial"
                 " replays the recorded ones)"
             )
             raise PrismError(msg)

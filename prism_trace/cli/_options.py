@@ -27,6 +27,7 @@ __all__ = [
     "layout_options",
     "max_rows_option",
     "out_run_option",
+    "partial_option",
     "quiet_option",
     "replace_option",
     "run_option",
@@ -56,6 +57,11 @@ def replace_option(help: str = "Overwrite an existing run of that name.") -> Cal
 def json_option(help: str = "Print the report as JSON.") -> Callable[[F], F]:
     """``--json`` (the function's ``as_json``): machine-readable output."""
     return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+def partial_option(help: str) -> Callable[[F], F]:
+    """``--partial``: a recording of some ranks (``--allow-partial`` is its old name)."""
+    return click.option("--partial", "--allow-partial", "partial", is_flag=True, help=help)
 
 
 def quiet_option() -> Callable[[F], F]:

@@ -13,6 +13,7 @@ from prism_trace.cli._options import (
     echo_report,
     json_option,
     out_run_option,
+    partial_option,
     replace_option,
     run_option,
 )
@@ -64,11 +65,7 @@ from prism_trace.errors import PrismError
     help="TOML of the emulation's sections (docs/network.md); flags given on the command line"
     " override the file. `prism info DB --run E --config` prints a run's resolved config.",
 )
-@click.option(
-    "--partial",
-    is_flag=True,
-    help="A recording of some ranks: complete each collective over the ranks present.",
-)
+@partial_option("A recording of some ranks: complete each collective over the ranks present.")
 @json_option()
 @_one_line_errors
 def emulate_cmd(
@@ -251,10 +248,8 @@ def replay_cmd(
     help="Also emulate the slice with each replica drawing its durations (seeded).",
 )
 @click.option("--seeds", type=int, default=5, show_default=True, help="Seeds of --variance.")
-@click.option(
-    "--allow-partial",
-    is_flag=True,
-    help="A run missing ranks: replay the recorded ones (collectives over the ranks present).",
+@partial_option(
+    "A run missing ranks: replay the recorded ones (collectives over the ranks present)."
 )
 @json_option()
 @_one_line_errors
@@ -265,7 +260,7 @@ def validate_cmd(
     slice_ranks: list[int] | None,
     variance: str | None,
     seeds: int,
-    allow_partial: bool,
+    partial: bool,
     as_json: bool,
 ) -> None:
     """Iteration-time error of emulating RUN from all its ranks, and from a slice of them."""
@@ -289,7 +284,7 @@ def validate_cmd(
             slice_ranks=slice_ranks,
             variance=variance,  # type: ignore[arg-type]
             seeds=seeds,
-            allow_partial=allow_partial,
+            allow_partial=partial,
         )
     echo_report(report, as_json)
 

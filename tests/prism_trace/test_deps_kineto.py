@@ -3,6 +3,7 @@ flows: a hand-built rank, and the real HTA NCCL rank."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -106,10 +107,37 @@ def test_hta_nccl_rank_validates_with_partial_instances(
 
     store = open_store(tmp_path / "h.duckdb")
     ingest(store, [shared_datasets / "hta-nccl-rank0"], run="h", progress=False)
-    with pytest.raises(PrismError, match="--allow-partial"):
+    with pytest.raises(PrismError, match="--partial"):
         validate_run(store, run="h")
     d = validate_run(store, run="h", allow_partial=True).as_dict()
     assert d["replay_iteration_time_error_pct"] < 0.1
     assert d["replay_op_start_error_p99_pct"] < 1.0  # measured 0.011 %
     assert d["replay_comm_time_error_pct"] < 1.0  # measured 0.0000 %
     assert d["slice_iteration_time_error_pct"] is None
+
+
+@pytest.mark.shared_data
+def test_validate_partial_has_one_meaning_under_both_names(
+    shared_datasets: Path, tmp_path: Path
+) -> None:
+    """`validate --partial` is emulate's spelling; the old `--allow-partial` still works."""
+    from click.testing import CliRunner
+
+    from prism_trace.cli import main
+
+    db = tmp_path / "h.duckdb"
+    store = open_store(db)
+    ingest(store, [shared_datasets / "hta-nccl-rank0"], run="h", progress=False)
+    store.con.close()
+    runner = CliRunner()
+    refused = runner.invoke(main, ["validate", str(db), "--run", "h", "--json"])
+    assert refused.exit_code != 0
+    assert "--partial" in refused.output
+    outs = [
+        runner.invoke(main, ["validate", str(db), "--run", "h", flag, "--json"])
+        for flag in ("--partial", "--allow-partial")
+    ]
+    assert [o.exit_code for o in outs] == [0, 0], [o.output for o in outs]
+    new, old = (json.loads(o.output) for o in outs)
+    assert new["replay_iteration_time_error_pct"] == old["replay_iteration_time_error_pct"]
+    assert new["slice_iteration_time_error_pct"] is None
