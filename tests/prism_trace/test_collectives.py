@@ -18,10 +18,9 @@ SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("comm") / "s.duckdb")
-    ingest(s, [SAMPLE], run="sample", progress=False)
-    return s
+def sample(sample_store: Store) -> Store:
+    """The module's own copy of the sample store (conftest: ingested once per test run)."""
+    return sample_store
 
 
 @contextmanager

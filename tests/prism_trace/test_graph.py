@@ -442,10 +442,9 @@ def is_prism_comm(ev: RawEvent) -> bool:
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("graph") / "s.duckdb")
-    ingest(s, [SAMPLE], run="sample", progress=False)
-    return s
+def sample(sample_store: Store) -> Store:
+    """The module's own copy of the sample store (conftest: ingested once per test run)."""
+    return sample_store
 
 
 def test_sample_graph_matches_raw_json(sample: Store) -> None:
