@@ -74,9 +74,7 @@ def _copy_of(template: Path, tmp_path_factory: pytest.TempPathFactory, name: str
     """A writable store of the module's own, copied from a store ingested once per session."""
     from prism_trace.store import open_store
 
-    db = tmp_path_factory.mktemp(name) / template.name
-    shutil.copyfile(template, db)
-    return open_store(db)
+    return open_store(copy_of_template(template, tmp_path_factory, name))
 
 
 @pytest.fixture(scope="session")
@@ -125,6 +123,41 @@ def sliced_sample_store(
     """A store per test module holding `sample` with its graph and the slices `s4`, `s2048` and
     `s16384` (`tp=2,dp=N,pp=2`)."""
     return _copy_of(sliced_sample_template, tmp_path_factory, "sliced")
+
+
+@pytest.fixture(scope="session")
+def dlrm_hta_template(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Path:
+    """param-dlrm-8rank as `dlrm` and hta-nccl-rank0 as `hta`, ingested once per test run."""
+    runs = {
+        "dlrm": [shared_datasets / "param-dlrm-8rank"],
+        "hta": [shared_datasets / "hta-nccl-rank0"],
+    }
+    return built_once(
+        tmp_path_factory,
+        "dlrm_hta",
+        lambda db: ingest_runs(db, runs).close(),  # type: ignore[attr-defined]
+    )
+
+
+def _emulate_st(shared_datasets: Path, db: Path) -> None:
+    from prism_trace.replay import emulate_run
+
+    store = ingest_runs(db, {"st": [shared_datasets / "megatron-straggler-st-8rank"]})
+    emulate_run(store, run="st", out_run="st_emu")  # type: ignore[arg-type]
+    store.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def st_emulated_template(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Path:
+    """The ST op timeline as `st` and its emulation `st_emu`, built once per test run."""
+    return built_once(tmp_path_factory, "st_emulated", lambda db: _emulate_st(shared_datasets, db))
+
+
+def copy_of_template(template: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A writable copy of a template store file, in a new temporary folder of its own."""
+    db = tmp_path_factory.mktemp(name) / template.name
+    shutil.copyfile(template, db)
+    return db
 
 
 @pytest.fixture(scope="session")
