@@ -365,9 +365,13 @@ def test_builds_missing_graph_and_sanitises_prefix(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
-    store = open_store(tmp_path_factory.mktemp("export") / "e.duckdb")
-    ingest(store, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
+def shared_store(
+    tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path, dlrm_hta_template: Path
+) -> Store:
+    """dlrm (and hta) from a copy of the conftest template, and the Chakra ring as `ring`."""
+    from tests.conftest import copy_of_template
+
+    store = open_store(copy_of_template(dlrm_hta_template, tmp_path_factory, "export"))
     ingest(store, [shared_datasets / RING], run="ring", progress=False)
     return store
 
