@@ -10,9 +10,13 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from filelock import FileLock
+
+if TYPE_CHECKING:
+    from prism_trace.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "datasets" / "sample"
@@ -151,6 +155,18 @@ def _emulate_st(shared_datasets: Path, db: Path) -> None:
 def st_emulated_template(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Path:
     """The ST op timeline as `st` and its emulation `st_emu`, built once per test run."""
     return built_once(tmp_path_factory, "st_emulated", lambda db: _emulate_st(shared_datasets, db))
+
+
+def sample_copy(template: Path, db: Path, run: str = "sample") -> Store:
+    """A store at ``db`` holding the sample as ``run``: a copy of ``sample_template`` with the
+    run renamed (the name lives in the `run` row only), instead of another 5 s ingest."""
+    from prism_trace.store import open_store
+
+    shutil.copyfile(template, db)
+    store = open_store(db)
+    if run != "sample":
+        store.con.execute("UPDATE run SET name = ? WHERE name = 'sample'", [run])
+    return store
 
 
 def copy_of_template(template: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:

@@ -22,6 +22,7 @@ from prism_trace.ingest import ingest
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store, open_store
+from tests.conftest import sample_copy
 
 # Slow: runs ASTRA-sim; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
@@ -136,10 +137,11 @@ def test_microbenchmarks_round_trip_in_astra_sim(
         assert got == want, (kind, n)
 
 
-def test_unsimulated_collectives_are_substituted_and_named(astra_sim: Path, tmp_path: Path) -> None:
+def test_unsimulated_collectives_are_substituted_and_named(
+    astra_sim: Path, tmp_path: Path, sample_template: Path
+) -> None:
     """REDUCE/GATHER/SCATTER/BARRIER hang this ASTRA-sim: written as simulated kinds, warned."""
-    store = open_store(tmp_path / "k.duckdb")
-    ingest(store, [SAMPLE], run="k", progress=False)
+    store = sample_copy(sample_template, tmp_path / "k.duckdb", run="k")
     from prism_trace.graph import build_graph
 
     build_graph(store, "k")
