@@ -8,8 +8,6 @@ import pytest
 
 from prism_trace.store import Store, open_store
 
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
-
 
 @pytest.fixture(scope="session")
 def sample_store(sample_template: Path) -> Store:

@@ -31,7 +31,6 @@ from prism_trace.store import Store, open_store
 # Slow: writes reports and drives a headless browser; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 CHROMIUM = os.environ.get("PRISM_CHROMIUM", "/usr/bin/chromium")
 NASTY = "<script>alert(1)</script> \"quotes\" & 'apos'"
 CHROMIUM_ARGS = [

@@ -14,8 +14,6 @@ from prism_trace.errors import CollectiveMismatchError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
-
 
 @pytest.fixture(scope="module")
 def sample(sample_store: Store) -> Store:
