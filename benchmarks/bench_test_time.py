@@ -36,7 +36,8 @@ HEADER = (
     "user + system of pytest and every process it waited for (xdist workers, CLI subprocesses, "
     "torch ranks); load is the 1-minute load average sampled every 2 s during the run (the host "
     "is shared, so compare CPU time when load differs).\n\n"
-    "| date (UTC) | label | pytest args | result | wall | CPU (user+sys) | load min/mean/max |\n"
+    "| finished (UTC) | label | pytest args | result | wall | CPU (user+sys)"
+    " | load min/mean/max |\n"
     "|---|---|---|---|---|---|---|\n"
 )
 
