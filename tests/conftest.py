@@ -1,12 +1,22 @@
-"""Shared fixtures: where the real public traces are, and the bundled generated sample."""
+"""Shared fixtures: where the real public traces are, and the bundled generated sample.
+
+The session's template stores are built once per test run, not once per xdist worker: a worker
+builds a template under a file lock in the run's shared temporary folder and the others copy it.
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from filelock import FileLock
+
+if TYPE_CHECKING:
+    from prism_trace.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "datasets" / "sample"
@@ -40,21 +50,45 @@ def ingest_runs(db: Path, runs: dict[str, list[Path]]) -> object:
     return store
 
 
+def built_once(
+    tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]
+) -> Path:
+    """The store file ``build`` writes, built by the first worker that asks for it.
+
+    Under pytest-xdist every worker has its own temporary folder below one folder of the run, so
+    the template lives there, behind a lock; without xdist that is the session's own folder. The
+    store is built under another name and renamed when closed, so a build that fails half-way is
+    never taken for a finished template.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    db = root / "templates" / f"{name}.duckdb"
+    db.parent.mkdir(exist_ok=True)
+    with FileLock(str(db) + ".lock"):
+        if not db.exists():
+            partial = db.with_name(f"{name}.partial.duckdb")
+            partial.unlink(missing_ok=True)
+            build(partial)
+            partial.rename(db)
+    return db
+
+
 def _copy_of(template: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> object:
     """A writable store of the module's own, copied from a store ingested once per session."""
     from prism_trace.store import open_store
 
-    db = tmp_path_factory.mktemp(name) / template.name
-    shutil.copyfile(template, db)
-    return open_store(db)
+    return open_store(copy_of_template(template, tmp_path_factory, name))
 
 
 @pytest.fixture(scope="session")
 def sample_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundled sample ingested once per session as run `sample` (a closed store file)."""
-    db = tmp_path_factory.mktemp("sample_template") / "s.duckdb"
-    ingest_runs(db, {"sample": [SAMPLE]}).close()  # type: ignore[attr-defined]
-    return db
+    """The bundled sample ingested once per test run as run `sample` (a closed store file)."""
+    return built_once(
+        tmp_path_factory,
+        "sample",
+        lambda db: ingest_runs(db, {"sample": [SAMPLE]}).close(),  # type: ignore[attr-defined]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,19 +97,98 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory, sample_template: Path
     return _copy_of(sample_template, tmp_path_factory, "sample")
 
 
+def _slice_sample(template: Path, db: Path) -> None:
+    """The sample, its graph and three `tp=2,dp=N,pp=2` slices: runs `s4`, `s2048`, `s16384`."""
+    from prism_trace.graph import build_graph
+    from prism_trace.parallel import ParallelLayout
+    from prism_trace.slicing import slice_run
+    from prism_trace.store import open_store
+
+    shutil.copyfile(template, db)
+    with open_store(db) as store:
+        build_graph(store, "sample")
+        for dp in (4, 2048, 16384):
+            layout = ParallelLayout.parse(f"tp=2,dp={dp},pp=2")
+            slice_run(store, run="sample", layout=layout, world=layout.world_size, out_run=f"s{dp}")
+
+
+@pytest.fixture(scope="session")
+def sliced_sample_template(tmp_path_factory: pytest.TempPathFactory, sample_template: Path) -> Path:
+    """The sample, its graph and its slices to 16, 8192 and 65536 ranks, built once per test run."""
+    return built_once(
+        tmp_path_factory, "sample_sliced", lambda db: _slice_sample(sample_template, db)
+    )
+
+
+@pytest.fixture(scope="module")
+def sliced_sample_store(
+    tmp_path_factory: pytest.TempPathFactory, sliced_sample_template: Path
+) -> object:
+    """A store per test module holding `sample` with its graph and the slices `s4`, `s2048` and
+    `s16384` (`tp=2,dp=N,pp=2`)."""
+    return _copy_of(sliced_sample_template, tmp_path_factory, "sliced")
+
+
+@pytest.fixture(scope="session")
+def dlrm_hta_template(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Path:
+    """param-dlrm-8rank as `dlrm` and hta-nccl-rank0 as `hta`, ingested once per test run."""
+    runs = {
+        "dlrm": [shared_datasets / "param-dlrm-8rank"],
+        "hta": [shared_datasets / "hta-nccl-rank0"],
+    }
+    return built_once(
+        tmp_path_factory,
+        "dlrm_hta",
+        lambda db: ingest_runs(db, runs).close(),  # type: ignore[attr-defined]
+    )
+
+
+def _emulate_st(shared_datasets: Path, db: Path) -> None:
+    from prism_trace.replay import emulate_run
+
+    store = ingest_runs(db, {"st": [shared_datasets / "megatron-straggler-st-8rank"]})
+    emulate_run(store, run="st", out_run="st_emu")  # type: ignore[arg-type]
+    store.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def st_emulated_template(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Path:
+    """The ST op timeline as `st` and its emulation `st_emu`, built once per test run."""
+    return built_once(tmp_path_factory, "st_emulated", lambda db: _emulate_st(shared_datasets, db))
+
+
+def sample_copy(template: Path, db: Path, run: str = "sample") -> Store:
+    """A store at ``db`` holding the sample as ``run``: a copy of ``sample_template`` with the
+    run renamed (the name lives in the `run` row only), instead of another 5 s ingest."""
+    from prism_trace.store import open_store
+
+    shutil.copyfile(template, db)
+    store = open_store(db)
+    if run != "sample":
+        store.con.execute("UPDATE run SET name = ? WHERE name = 'sample'", [run])
+    return store
+
+
+def copy_of_template(template: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A writable copy of a template store file, in a new temporary folder of its own."""
+    db = tmp_path_factory.mktemp(name) / template.name
+    shutil.copyfile(template, db)
+    return db
+
+
 @pytest.fixture(scope="session")
 def real_template(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Path:
-    """The ST op timeline, dlrm and the 64-rank Chakra ResNet, ingested once per session."""
-    db = tmp_path_factory.mktemp("real_template") / "r.duckdb"
-    ingest_runs(
-        db,
-        {
-            "st": [shared_datasets / "megatron-straggler-st-8rank"],
-            "dlrm": [shared_datasets / "param-dlrm-8rank"],
-            "resnet": [shared_datasets / CHAKRA_RESNET],
-        },
-    ).close()  # type: ignore[attr-defined]
-    return db
+    """The ST op timeline, dlrm and the 64-rank Chakra ResNet, ingested once per test run."""
+    runs = {
+        "st": [shared_datasets / "megatron-straggler-st-8rank"],
+        "dlrm": [shared_datasets / "param-dlrm-8rank"],
+        "resnet": [shared_datasets / CHAKRA_RESNET],
+    }
+    return built_once(
+        tmp_path_factory,
+        "real",
+        lambda db: ingest_runs(db, runs).close(),  # type: ignore[attr-defined]
+    )
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
-
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 
 @pytest.fixture(scope="session")
@@ -19,10 +16,7 @@ def sample_store(sample_template: Path) -> Store:
 
 
 @pytest.fixture(scope="session")
-def real_store(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """param-dlrm-8rank as run `dlrm` and hta-nccl-rank0 as run `hta`, reopened read-only."""
-    db = tmp_path_factory.mktemp("analysis_real") / "r.duckdb"
-    with open_store(db) as s:
-        ingest(s, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
-        ingest(s, [shared_datasets / "hta-nccl-rank0"], run="hta", progress=False)
-    return open_store(db, read_only=True)
+def real_store(dlrm_hta_template: Path) -> Store:
+    """param-dlrm-8rank as run `dlrm` and hta-nccl-rank0 as run `hta` (the session's one ingest),
+    read-only."""
+    return open_store(dlrm_hta_template, read_only=True)

@@ -18,7 +18,6 @@ import rawtrace
 from prism_trace.analysis import ANALYSES, bubble_summary, bubbles
 from prism_trace.replay import emulate_run
 
-from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
 ST = "megatron-straggler-st-8rank"
@@ -47,13 +46,9 @@ def _coverage(cuts: list[int], ivs: list[tuple[int, int]]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def st_store(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """The ST op timeline as `st` and its emulation `st_emu`, reopened read-only."""
-    db = tmp_path_factory.mktemp("bubbles_st") / "st.duckdb"
-    with open_store(db) as s:
-        ingest(s, [shared_datasets / ST], run="st", progress=False)
-        emulate_run(s, run="st", out_run="st_emu")
-    return open_store(db, read_only=True)
+def st_store(st_emulated_template: Path) -> Store:
+    """The ST op timeline as `st` and its emulation `st_emu` (the conftest template), read-only."""
+    return open_store(st_emulated_template, read_only=True)
 
 
 def _raw_st_windows(shared: Path) -> dict[tuple[int, int], list[tuple[int, int]]]:

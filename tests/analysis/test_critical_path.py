@@ -16,20 +16,18 @@ from prism_trace.analysis import critical_path, critical_path_shares, critical_p
 from prism_trace.replay import emulate_run
 
 from prism_trace.errors import PrismError
-from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
 ST = "megatron-straggler-st-8rank"
 
 
 @pytest.fixture(scope="module")
-def st_store(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """ST as `st` (with its graph) and its emulation `st_emu` (writable: the what-if test)."""
-    db = tmp_path_factory.mktemp("cp_st") / "st.duckdb"
-    s = open_store(db)
-    ingest(s, [shared_datasets / ST], run="st", progress=False)
-    emulate_run(s, run="st", out_run="st_emu")
-    return s
+def st_store(st_emulated_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """ST as `st` (with its graph) and its emulation `st_emu`: the module's own copy of the
+    conftest template (writable: the what-if test)."""
+    from tests.conftest import copy_of_template
+
+    return open_store(copy_of_template(st_emulated_template, tmp_path_factory, "cp_st"))
 
 
 @pytest.fixture(scope="module")

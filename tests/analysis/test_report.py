@@ -31,7 +31,6 @@ from prism_trace.store import Store, open_store
 # Slow: writes reports and drives a headless browser; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 CHROMIUM = os.environ.get("PRISM_CHROMIUM", "/usr/bin/chromium")
 NASTY = "<script>alert(1)</script> \"quotes\" & 'apos'"
 CHROMIUM_ARGS = [
@@ -47,12 +46,12 @@ CHROMIUM_ARGS = [
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+def store(tmp_path_factory: pytest.TempPathFactory, sample_template: Path) -> Store:
     """The sample (`sample`, one op and one thread renamed to hostile strings), sliced to 8192
     ranks (`big`) and emulated (`big_emu`), and the sample emulated as is (`sample_emu`)."""
     db = tmp_path_factory.mktemp("report") / "s.duckdb"
+    shutil.copyfile(sample_template, db)  # the sample, ingested once per test run
     with open_store(db) as s:
-        ingest(s, [SAMPLE], run="sample", progress=False)
         rid = s.require_run("sample")
         s.con.execute(
             "UPDATE event SET name = $2 WHERE run_id = $1 AND rank = 0 AND event_id = 0",
@@ -126,13 +125,15 @@ def test_units_and_ms_text() -> None:
     assert ms_text(None) == "-"
 
 
-def test_report_lanes_colours_and_kernels(store: Store, tmp_path: Path) -> None:
+def test_report_lanes_colours_and_kernels(
+    store: Store, tmp_path: Path, sample_template: Path
+) -> None:
     """Negative Kineto thread ids read unsigned; comm kernels have their own colour; an
     emulated run's kernels are weighted by class size."""
     from prism_trace.analysis._report_data import timeline_tracks
 
+    shutil.copyfile(sample_template, tmp_path / "t.duckdb")  # the sample, ingested once per run
     with open_store(tmp_path / "t.duckdb") as s:
-        ingest(s, [SAMPLE], run="sample", progress=False)
         rid = s.require_run("sample")
         s.con.execute(
             "UPDATE track SET tid = -549452224, name = NULL WHERE run_id = $1 AND rank = 0"
@@ -439,9 +440,9 @@ def test_browser_emulated_8192(store: Store, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-def test_browser_dlrm(shared_datasets: Path, tmp_path: Path) -> None:
+def test_browser_dlrm(tmp_path: Path, dlrm_hta_template: Path) -> None:
+    shutil.copyfile(dlrm_hta_template, tmp_path / "d.duckdb")  # dlrm (and hta), ingested once
     with open_store(tmp_path / "d.duckdb") as s:
-        ingest(s, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
         out = tmp_path / "dlrm.html"
         rep = write_report(s, run="dlrm", out=out)
     assert rep.events == rep.events_drawn == 19781

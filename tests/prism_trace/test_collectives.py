@@ -14,14 +14,11 @@ from prism_trace.errors import CollectiveMismatchError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
-
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("comm") / "s.duckdb")
-    ingest(s, [SAMPLE], run="sample", progress=False)
-    return s
+def sample(sample_store: Store) -> Store:
+    """The module's own copy of the sample store (conftest: ingested once per test run)."""
+    return sample_store
 
 
 @contextmanager
@@ -95,10 +92,11 @@ def test_missing_recorded_rank_and_unpaired_send(sample: Store) -> None:
 
 
 @pytest.fixture(scope="module")
-def dlrm(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("dlrm_comm") / "d.duckdb")
-    ingest(s, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
-    return s
+def dlrm(tmp_path_factory: pytest.TempPathFactory, dlrm_hta_template: Path) -> Store:
+    """The module's copy of the conftest store holding param-dlrm-8rank as `dlrm` (and `hta`)."""
+    from tests.conftest import copy_of_template
+
+    return open_store(copy_of_template(dlrm_hta_template, tmp_path_factory, "dlrm_comm"))
 
 
 @pytest.mark.shared_data

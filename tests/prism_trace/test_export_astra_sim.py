@@ -22,6 +22,7 @@ from prism_trace.ingest import ingest
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store, open_store
+from tests.conftest import copy_of_template, sample_copy
 
 # Slow: runs ASTRA-sim; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
@@ -80,10 +81,10 @@ def test_sample_runs_in_astra_sim(astra_sim: Path, sample_store: Store, tmp_path
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
-    store = open_store(tmp_path_factory.mktemp("astra") / "a.duckdb")
-    ingest(store, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
-    ingest(store, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
+def real(tmp_path_factory: pytest.TempPathFactory, real_template: Path) -> Store:
+    """ST and dlrm (a copy of the conftest template, which also holds the Chakra ResNet), and
+    `s64`: ST sliced to dp=16,pp=4."""
+    store = open_store(copy_of_template(real_template, tmp_path_factory, "astra"))
     layout = ParallelLayout.parse("dp=16,pp=4")
     slice_run(store, run="st", layout=layout, world=64, out_run="s64")
     return store
@@ -136,10 +137,11 @@ def test_microbenchmarks_round_trip_in_astra_sim(
         assert got == want, (kind, n)
 
 
-def test_unsimulated_collectives_are_substituted_and_named(astra_sim: Path, tmp_path: Path) -> None:
+def test_unsimulated_collectives_are_substituted_and_named(
+    astra_sim: Path, tmp_path: Path, sample_template: Path
+) -> None:
     """REDUCE/GATHER/SCATTER/BARRIER hang this ASTRA-sim: written as simulated kinds, warned."""
-    store = open_store(tmp_path / "k.duckdb")
-    ingest(store, [SAMPLE], run="k", progress=False)
+    store = sample_copy(sample_template, tmp_path / "k.duckdb", run="k")
     from prism_trace.graph import build_graph
 
     build_graph(store, "k")

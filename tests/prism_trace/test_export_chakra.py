@@ -26,6 +26,7 @@ from prism_trace.ingest import ingest
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store, open_store
+from tests.conftest import sample_copy
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
@@ -355,9 +356,8 @@ def test_refuses_stray_rank_files(sample_store: Store, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_builds_missing_graph_and_sanitises_prefix(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.duckdb")
-    ingest(store, [SAMPLE], run="my run/1", progress=False)
+def test_builds_missing_graph_and_sanitises_prefix(tmp_path: Path, sample_template: Path) -> None:
+    store = sample_copy(sample_template, tmp_path / "s.duckdb", run="my run/1")
     report = export_chakra(store, run="my run/1", out_dir=tmp_path / "out")
     assert report.built_graph
     assert report.prefix == "my_run_1"
@@ -365,9 +365,13 @@ def test_builds_missing_graph_and_sanitises_prefix(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
-    store = open_store(tmp_path_factory.mktemp("export") / "e.duckdb")
-    ingest(store, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
+def shared_store(
+    tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path, dlrm_hta_template: Path
+) -> Store:
+    """dlrm (and hta) from a copy of the conftest template, and the Chakra ring as `ring`."""
+    from tests.conftest import copy_of_template
+
+    store = open_store(copy_of_template(dlrm_hta_template, tmp_path_factory, "export"))
     ingest(store, [shared_datasets / RING], run="ring", progress=False)
     return store
 
@@ -415,10 +419,9 @@ def test_chakra_ring_roundtrip(shared_store: Store, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_edge_kind_without_a_code_round_trips(tmp_path: Path) -> None:
+def test_edge_kind_without_a_code_round_trips(tmp_path: Path, sample_template: Path) -> None:
     """A kind outside ``prism_deps``' code table is spelled out in ``prism_dep_kinds``."""
-    store = open_store(tmp_path / "k.duckdb")
-    ingest(store, [SAMPLE], run="k", progress=False)
+    store = sample_copy(sample_template, tmp_path / "k.duckdb", run="k")
     build_graph(store, "k")
     rid = run_id(store, "k")
     ((src, dst),) = q(
@@ -442,15 +445,14 @@ def test_edge_kind_without_a_code_round_trips(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_size_bandwidth_and_bad_value(tmp_path: Path) -> None:
+def test_cli_size_bandwidth_and_bad_value(tmp_path: Path, sample_template: Path) -> None:
     import json as _json
 
     from click.testing import CliRunner
 
     from prism_trace.cli import main
 
-    store = open_store(tmp_path / "c.duckdb")
-    ingest(store, [SAMPLE], run="c", progress=False)
+    store = sample_copy(sample_template, tmp_path / "c.duckdb", run="c")
     store.close()
     db = str(tmp_path / "c.duckdb")
     runner = CliRunner()
@@ -483,12 +485,11 @@ def test_cli_size_bandwidth_and_bad_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_all_gather_comm_size_is_each_members_input(tmp_path: Path) -> None:
+def test_all_gather_comm_size_is_each_members_input(tmp_path: Path, sample_template: Path) -> None:
     """An ALL_GATHER's ``comm_size`` is a member's input (ASTRA-sim and the PyTorch converter):
     the recorded nccl-tests size over the group size, rounded up, with the exact size kept in
     ``prism_msg_bytes`` where it is not a multiple; both read back to the recorded size."""
-    store = open_store(tmp_path / "g.duckdb")
-    ingest(store, [SAMPLE], run="g", progress=False)
+    store = sample_copy(sample_template, tmp_path / "g.duckdb", run="g")
     build_graph(store, "g")
     rid = run_id(store, "g")
     # The sample's all-gathers run in groups of 2 at 64 KiB; make every other one odd.

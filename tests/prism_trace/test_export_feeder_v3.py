@@ -34,8 +34,7 @@ from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 
 from prism_trace.export import START_NAME, export_chakra
-from prism_trace.ingest import ingest
-from prism_trace.store import open_store
+from tests.conftest import sample_copy
 
 # Slow: exports and checks every node of a run; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
@@ -95,9 +94,8 @@ def workload_pg_metadata(node: pb.Node, world: int) -> dict[str, list[int]]:
     return groups
 
 
-def test_sample_export_meets_the_feeder_v3_contract(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s.duckdb")
-    ingest(store, [SAMPLE], run="s", progress=False)
+def test_sample_export_meets_the_feeder_v3_contract(tmp_path: Path, sample_template: Path) -> None:
+    store = sample_copy(sample_template, tmp_path / "s.duckdb", run="s")
     report = export_chakra(store, run="s", out_dir=tmp_path / "et")
     config = json.loads((tmp_path / "et" / "comm_groups.json").read_text())
     files = sorted((tmp_path / "et").glob("s.*.et"))
@@ -143,7 +141,7 @@ def test_contract_checks_fail_on_a_cycle_and_a_dangling_dependency() -> None:
         feeder_v3_issue_order([a, b, c])
 
 
-def test_feeder_v3_itself_issues_every_node(tmp_path: Path) -> None:
+def test_feeder_v3_itself_issues_every_node(tmp_path: Path, sample_template: Path) -> None:
     """With feeder_v3's sources at ``$PRISM_FEEDER_V3_SRC``: build the driver and run it."""
     src = os.environ.get("PRISM_FEEDER_V3_SRC")
     if not src or not (Path(src) / "et_feeder.cpp").is_file():
@@ -166,8 +164,7 @@ def test_feeder_v3_itself_issues_every_node(tmp_path: Path) -> None:
         check=True,
         timeout=600,
     )  # fmt: skip
-    store = open_store(tmp_path / "s.duckdb")
-    ingest(store, [SAMPLE], run="s", progress=False)
+    store = sample_copy(sample_template, tmp_path / "s.duckdb", run="s")
     export_chakra(store, run="s", out_dir=tmp_path / "et")
     files = sorted(str(p) for p in (tmp_path / "et").glob("s.*.et"))
     proc = subprocess.run([str(exe), *files], capture_output=True, text=True, check=False)

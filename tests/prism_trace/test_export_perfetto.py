@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,15 +23,15 @@ NASTY = '<script>alert(1)</script> "quotes" \\ \n tab\t é'
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
+def store(tmp_path_factory: pytest.TempPathFactory, sample_template: Path) -> Store:
     """The sample (one op renamed to a hostile string), sliced to 8192 ranks and emulated."""
     from prism_trace.replay import (
         emulate_run,  # replay is above prism_trace: only the test builds with it
     )
 
     db = tmp_path_factory.mktemp("perfetto") / "s.duckdb"
+    shutil.copyfile(sample_template, db)  # the sample, ingested once per test run
     with open_store(db) as s:
-        ingest(s, [SAMPLE], run="sample", progress=False)
         s.con.execute(
             "UPDATE event SET name = $2 WHERE run_id = $1 AND rank = 0 AND event_id = 5",
             [s.require_run("sample"), NASTY],

@@ -6,12 +6,14 @@ Every case here uses the bundled sample or inputs made in the test, so it runs w
 
 from __future__ import annotations
 
+import functools
 import gzip
 import importlib.util
 import json
 import os
 import shutil
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -62,11 +64,20 @@ def et_doc() -> dict:
     return doc
 
 
+@functools.cache
+def _empty_store() -> bytes:
+    """The bytes of a new, empty store: made once, since creating the schema is most of the cost
+    of a small refused ingest."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "empty.duckdb"
+        open_store(db).close()
+        return db.read_bytes()
+
+
 def _refused(tmp_path: Path, files: list[Path], needle: str) -> str:
     """Ingest ``files`` in-process and through the CLI: one line naming the file, store as was."""
     db = tmp_path / "s.duckdb"
-    with open_store(db):
-        pass
+    db.write_bytes(_empty_store())
     with open_store(db) as store, pytest.raises(PrismError) as exc:
         ingest(store, files, run="x", progress=False)
     msg = str(exc.value)

@@ -442,10 +442,9 @@ def is_prism_comm(ev: RawEvent) -> bool:
 
 
 @pytest.fixture(scope="module")
-def sample(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("graph") / "s.duckdb")
-    ingest(s, [SAMPLE], run="sample", progress=False)
-    return s
+def sample(sample_store: Store) -> Store:
+    """The module's own copy of the sample store (conftest: ingested once per test run)."""
+    return sample_store
 
 
 def test_sample_graph_matches_raw_json(sample: Store) -> None:
@@ -510,11 +509,14 @@ def test_unknown_run_is_refused(sample: Store) -> None:
 
 
 @pytest.fixture(scope="module")
-def real(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("graph_real") / "r.duckdb")
+def real(
+    shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory, dlrm_hta_template: Path
+) -> Store:
+    """dlrm and hta (a copy of the conftest template), then the Chakra ring and ST ingested here."""
+    from tests.conftest import copy_of_template
+
+    s = open_store(copy_of_template(dlrm_hta_template, tmp_path_factory, "graph_real"))
     sets = {
-        "dlrm": ["param-dlrm-8rank"],
-        "hta": ["hta-nccl-rank0"],
         "ring": ["chakra-et/astrasim_et_examples/custom_ring_allreduce_8npus_1MB"],
         "st": ["megatron-straggler-st-8rank"],
     }

@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.store import Store
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 _ANNOT = re.compile(r"^prism_comm:(.*)$")
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    s = open_store(tmp_path_factory.mktemp("sample") / "s.duckdb")
-    ingest(s, [SAMPLE], run="sample", progress=False)
-    return s
+def store(sample_store: Store) -> Store:
+    """The module's own copy of the sample ingested by conftest's `sample_template` (the same
+    `ingest(store, [SAMPLE], run="sample")` call, made once per test run)."""
+    return sample_store
 
 
 def raw(rank: int, kind: str) -> dict:

@@ -145,16 +145,12 @@ def test_incomplete_instances_use_a_low_quantile() -> None:
 
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> object:
-    from tests.conftest import ingest_runs
+def real(tmp_path_factory: pytest.TempPathFactory, dlrm_hta_template: Path) -> object:
+    """A copy of the conftest store holding param-dlrm-8rank (`dlrm`) and hta-nccl-rank0 (`hta`)."""
+    from prism_trace.store import open_store
+    from tests.conftest import copy_of_template
 
-    return ingest_runs(
-        tmp_path_factory.mktemp("cal") / "c.duckdb",
-        {
-            "dlrm": [shared_datasets / "param-dlrm-8rank"],
-            "hta": [shared_datasets / "hta-nccl-rank0"],
-        },
-    )
+    return open_store(copy_of_template(dlrm_hta_template, tmp_path_factory, "cal"))
 
 
 @pytest.mark.shared_data

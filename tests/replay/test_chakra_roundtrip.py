@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,6 @@ from prism_trace.store import Store, open_store
 # Slow: exports, reads back and emulates whole runs; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
 
-SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
 SHIFT_SQL = """
 WITH a AS (
@@ -59,9 +59,9 @@ TOLERANCE_NS = 20_000
 (the sample) and 10 µs (ST, a 70 s run); DLRM records whole µs and comes back exact."""
 
 
-def test_sample_roundtrip_emulates_the_same(tmp_path: Path) -> None:
+def test_sample_roundtrip_emulates_the_same(tmp_path: Path, sample_template: Path) -> None:
+    shutil.copyfile(sample_template, tmp_path / "s.duckdb")  # the sample, ingested once per run
     store = open_store(tmp_path / "s.duckdb")
-    ingest(store, [SAMPLE], run="sample", progress=False)
     matched, d_start, d_end = roundtrip_shift(store, "sample", tmp_path)
     assert matched == nodes(store, "sample")
     assert d_start <= TOLERANCE_NS
@@ -69,10 +69,9 @@ def test_sample_roundtrip_emulates_the_same(tmp_path: Path) -> None:
 
 
 @pytest.mark.shared_data
-def test_st_and_dlrm_roundtrip_emulate_the_same(shared_datasets: Path, tmp_path: Path) -> None:
+def test_st_and_dlrm_roundtrip_emulate_the_same(tmp_path: Path, real_template: Path) -> None:
+    shutil.copyfile(real_template, tmp_path / "r.duckdb")  # st and dlrm (and resnet), ingested once
     store = open_store(tmp_path / "r.duckdb")
-    ingest(store, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
-    ingest(store, [shared_datasets / "param-dlrm-8rank"], run="dlrm", progress=False)
     # DLRM: its sync edges (end waits for end) used to come back as "start after end" and close
     # cycles (a deadlock); the exact edges (kind, anchor, delay) now come back.
     for run, exact in (("st", False), ("dlrm", True)):

@@ -24,21 +24,14 @@ from prism_trace.replay.whatif import parse_what_if
 
 from prism_trace.cli import main
 from prism_trace.parallel import ParallelLayout
-from prism_trace.slicing import slice_run
 from prism_trace.store import Store
-from tests.conftest import SAMPLE, ingest_runs
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Store:
-    from prism_trace.graph import build_graph
-
-    s = ingest_runs(tmp_path_factory.mktemp("rank_step") / "r.duckdb", {"sample": [SAMPLE]})
-    build_graph(s, "sample")
-    for dp in (4, 2048):
-        layout = ParallelLayout.parse(f"tp=2,dp={dp},pp=2")
-        slice_run(s, run="sample", layout=layout, world=layout.world_size, out_run=f"s{dp}")
-    return s
+def store(sliced_sample_store: Store) -> Store:
+    """The sample with its graph and the slices `s4` and `s2048` (`tp=2,dp=N,pp=2`; the conftest
+    store also holds `s16384`, which this module does not use)."""
+    return sliced_sample_store
 
 
 def test_sums_per_unit_step_and_column(monkeypatch: pytest.MonkeyPatch) -> None:

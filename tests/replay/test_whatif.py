@@ -18,18 +18,18 @@ from prism_trace.replay.emulate_types import EmulationConfig
 from prism_trace.replay.whatif import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.cli import main
+from prism_trace.ingest import ingest
 from prism_trace.parallel import ParallelLayout
 from prism_trace.slicing import slice_run
 from prism_trace.store import Store
-from tests.conftest import SAMPLE, ingest_runs
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
-    s = ingest_runs(
-        tmp_path_factory.mktemp("whatif") / "w.duckdb",
-        {"st": [shared_datasets / "megatron-straggler-st-8rank"], "sample": [SAMPLE]},
-    )
+def store(sample_store: Store, shared_datasets: Path) -> Store:
+    """The sample (the module's copy of the conftest template) and the ST op timeline as `st`,
+    both with their graph and axes, and `st64`: ST sliced to dp=16,pp=4."""
+    s = sample_store
+    ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
     for run in ("st", "sample"):
         from prism_trace.graph import build_graph
         from prism_trace.parallel import assign_axes, infer_layout
