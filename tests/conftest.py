@@ -195,3 +195,17 @@ def real_template(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Pat
 def real_store(tmp_path_factory: pytest.TempPathFactory, real_template: Path) -> object:
     """A store per test module holding the ST op timeline, dlrm and the 64-rank Chakra ResNet."""
     return _copy_of(real_template, tmp_path_factory, "real")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files whose every test is slow run first; the rest keep their order.
+
+    Under ``--dist loadfile`` a file runs on one worker, in the order files were collected; a
+    heavy file collected last (test_readme.py) would leave the other worker idle at the end.
+    """
+    every_slow: dict[str, bool] = {}
+    for item in items:
+        file = item.nodeid.split("::")[0]
+        slow = item.get_closest_marker("slow") is not None
+        every_slow[file] = every_slow.get(file, True) and slow
+    items.sort(key=lambda item: not every_slow[item.nodeid.split("::")[0]])
