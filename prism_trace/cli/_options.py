@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
+    "config_option",
     "db_argument",
     "declared_layout",
     "echo_report",
@@ -62,6 +63,13 @@ def json_option(help: str = "Print the report as JSON.") -> Callable[[F], F]:
 def partial_option(help: str) -> Callable[[F], F]:
     """``--partial``: a recording of some ranks (``--allow-partial`` is its old name)."""
     return click.option("--partial", "--allow-partial", "partial", is_flag=True, help=help)
+
+
+def config_option(help: str) -> Callable[[F], F]:
+    """``--config FILE.toml`` (``config_file``): the command's typed sections; flags override it."""
+    return click.option(
+        "--config", "config_file", type=click.Path(path_type=Path), default=None, help=help
+    )
 
 
 def quiet_option() -> Callable[[F], F]:

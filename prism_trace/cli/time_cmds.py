@@ -9,6 +9,7 @@ import click
 
 from prism_trace.cli._group import RANKS, _given_flags, _one_line_errors, main
 from prism_trace.cli._options import (
+    config_option,
     db_argument,
     echo_report,
     json_option,
@@ -57,13 +58,9 @@ from prism_trace.errors import PrismError
     help="Transfer times: recorded, carried to a new scale by the model, or the pure model.",
 )
 @click.option("--calibrate", is_flag=True, help="Fit the network model to recorded collectives.")
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="TOML of the emulation's sections (docs/network.md); flags given on the command line"
-    " override the file. `prism info DB --run E --config` prints a run's resolved config.",
+@config_option(
+    "TOML of the emulation's sections (docs/network.md); flags given on the command line"
+    " override the file. `prism info DB --run E --config` prints a run's resolved config."
 )
 @partial_option("A recording of some ranks: complete each collective over the ranks present.")
 @json_option()
@@ -172,13 +169,9 @@ _REPLAY_FLAGS = (
     help="Several ranks: one process each, talking through torch.distributed; or one after the"
     " other in this process, each seeing the others as virtual peers.",
 )
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="TOML: [kernel_replay] (these options and more) and the virtual peers' emulation"
-    " sections (docs/replay.md); flags given on the command line override the file.",
+@config_option(
+    "TOML: [kernel_replay] (these options and more) and the virtual peers' emulation"
+    " sections (docs/replay.md); flags given on the command line override the file."
 )
 @replace_option("Overwrite an existing replayed run.")
 @json_option()
