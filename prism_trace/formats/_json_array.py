@@ -28,11 +28,10 @@ import orjson
 
 from prism_trace.errors import (
     MissingFieldError,
-    TraceFormatError,
     TruncatedTraceError,
     UnknownFormatError,
 )
-from prism_trace.limits import check_regular_file, open_bounded
+from prism_trace.limits import check_regular_file, gzip_errors, open_bounded
 
 __all__ = ["TraceEventsFile", "sniff_kineto", "split_trace_events"]
 
@@ -113,14 +112,8 @@ def _chunks(path: Path) -> Iterator[bytes]:
     """Yield the uncompressed bytes of ``path`` in chunks, naming gzip damage as our errors."""
     with _open(path) as fh:
         while True:
-            try:
+            with gzip_errors(path):
                 chunk = fh.read(_CHUNK)
-            except EOFError as exc:
-                msg = f"{path}: truncated gzip stream (file ends before the compressed data does)"
-                raise TruncatedTraceError(msg) from exc
-            except (OSError, zlib.error) as exc:
-                msg = f"{path}: corrupt gzip data: {exc}"
-                raise TraceFormatError(msg) from exc
             if not chunk:
                 return
             yield chunk
