@@ -22,6 +22,7 @@ stage of one (tp, cp, ep, dp) cell).
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -398,6 +399,7 @@ _DESCRIPTIONS: dict[str, str] = {
 _AXIS_TOKENS = {a.value for a in AXES}
 
 
+@functools.lru_cache(maxsize=1024)  # a run has thousands of groups and a few descriptions
 def _described_axis(description: str | None) -> str | None:
     """The axis value a group description names (``tp``, ``dp_stage0``, ``data``, ...), or None."""
     if not description:
@@ -422,23 +424,27 @@ def _described_axis(description: str | None) -> str | None:
     return _DESCRIPTIONS.get(tokens[0]) if tokens[0] in ("embd", "embedding") else None
 
 
+@functools.lru_cache(maxsize=32)
+def _groups_by_first(layout: ParallelLayout, value: str) -> tuple[dict[int, int], np.ndarray]:
+    """``layout.groups(value)`` and the row each group's lowest rank starts.
+
+    Checking a run's groups asks this once per group; the grid is the same for every group of
+    an axis, so it is built once (8197 groups at 8192 ranks: 5 s without, milliseconds with).
+    """
+    groups = layout.groups(value)
+    return {int(first): i for i, first in enumerate(groups[:, 0])}, groups
+
+
 def _fits(layout: ParallelLayout, members: np.ndarray, value: str) -> bool:
     """Whether ``members`` (sorted, unique) are exactly one group of axis value ``value``."""
     if value == EMBD:
         if layout.pp < 2:
             return False
-        groups = layout.groups(EMBD)
-    else:
-        axes = parse_axes(value)
-        n = int(np.prod([layout.size(a) for a in axes]))
-        if n != members.size:
-            return False
-        groups = None
-    if groups is not None:
-        row = layout.group_index(EMBD, members[:1])[0]
-        return bool(row >= 0 and np.array_equal(groups[row], members))
-    row = layout.group_index(value, members[:1])[0]
-    return bool(np.array_equal(layout.groups(value)[row], members))
+    elif int(np.prod([layout.size(a) for a in parse_axes(value)])) != members.size:
+        return False
+    rows, groups = _groups_by_first(layout, value)
+    row = rows.get(int(members[0]))
+    return row is not None and bool(np.array_equal(groups[row], members))
 
 
 def _world_axis(layout: ParallelLayout) -> str:
