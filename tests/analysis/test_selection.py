@@ -222,17 +222,16 @@ def test_device_work_past_the_step_end_counts_to_its_step(
 
 
 @pytest.mark.slow
-def test_cli_points_at_the_class_exemplar(tmp_path: Path) -> None:
+def test_cli_points_at_the_class_exemplar(tmp_path: Path, sample_template: Path) -> None:
     """Ranks of an emulated run that store no events: the one line names their exemplars."""
     from prism_trace.replay import emulate_run
 
     from prism_trace.parallel import ParallelLayout
     from prism_trace.slicing import slice_run
+    from tests.conftest import sample_copy
 
-    sample = Path(__file__).resolve().parents[2] / "datasets" / "sample"
     db = tmp_path / "e.duckdb"
-    with open_store(db) as s:
-        ingest(s, [sample], run="sample", progress=False)
+    with sample_copy(sample_template, db) as s:
         layout = ParallelLayout.parse("tp=2,dp=8,pp=2")
         slice_run(s, run="sample", layout=layout, world=32, out_run="s32")
         emulate_run(s, run="s32", out_run="s32_emu")

@@ -148,14 +148,13 @@ def test_bad_launches_fail_before_starting_anything(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_datasets_rank_under_recorded_peers(tmp_path: Path) -> None:
+def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Path) -> None:
     """Rank 0 of the bundled tp2 x dp2 x pp2 job, the other 7 ranks virtual, timed by the run."""
-    from prism_trace.ingest import ingest
     from prism_trace.store import open_store
+    from tests.conftest import sample_copy
 
     db = tmp_path / "s.duckdb"
-    with open_store(db) as store:
-        ingest(store, [SAMPLE], run="sample", progress=False)
+    sample_copy(sample_template, db).close()
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_run_accuracy.py"), "rank"]
     cmd += ["--config", str(SAMPLE / "run.json"), "--out", str(out)]
