@@ -43,8 +43,11 @@ def _ingest(db: Path) -> dict[str, list[tuple]]:
 
 
 @pytest.fixture(scope="module")
-def in_memory(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple]]:
-    return _ingest(tmp_path_factory.mktemp("mem") / "m.duckdb")
+def in_memory(sample_template: Path) -> dict[str, list[tuple]]:
+    """The rows of the sample ingested the default way (work in memory, the default workers): the
+    session's template is exactly `ingest(store, [SAMPLE], ...)`."""
+    with open_store(sample_template, read_only=True) as store:
+        return _dump(store)
 
 
 def test_work_on_disk_stores_the_same_rows(
@@ -66,12 +69,21 @@ def test_work_on_disk_stores_the_same_rows(
 
 
 def test_scratch_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    src = tmp_path / "job"
+    src.mkdir()
+    for r in (0, 1):  # two ranks, each a Kineto trace and a host ET
+        for kind in ("kineto", "et"):
+            name = f"rank{r}.{kind}.json.gz"
+            (src / name).write_bytes((SAMPLE / name).read_bytes())
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     with open_store(tmp_path / "s.duckdb") as store:
-        ingest(store, [SAMPLE], run="s", progress=False)
+        ingest(store, [src], run="s", progress=False)
         dbs = store.con.execute("SELECT database_name FROM duckdb_databases()").fetchall()
         assert not [d for (d,) in dbs if d.startswith("_prism")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.duckdb"]
+    assert list(scratch.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job", "s.duckdb", "tmp"]
 
 
 def test_bad_file_after_good_ones_leaves_store_and_disk_clean(
