@@ -21,6 +21,7 @@ their memory.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,10 +49,20 @@ from prism_trace.formats.kineto_sql import (
 )
 from prism_trace.limits import check_world_size
 
-__all__ = ["BATCH_MAX_BYTES", "batchable", "read_kineto_batch", "try_read_kineto_batch"]
+__all__ = [
+    "BATCH_MAX_BYTES",
+    "batchable",
+    "plan_batches",
+    "read_kineto_batch",
+    "try_read_kineto_batch",
+]
 
 BATCH_MAX_BYTES = _FREE_BYTES
-"""A file of at least this many bytes on disk is never batched (``read_kineto_batch``)."""
+"""A file of at least this many bytes of JSON is never batched (``read_kineto_batch``)."""
+BATCH_FILES = 32
+"""The most files a batch holds (``plan_batches``)."""
+BATCH_TOTAL_BYTES = 64 << 20
+"""The most JSON bytes (guessed) a batch holds: its work tables are in memory at once."""
 
 # The per-file load with the file key: ``filename`` (the part read) mapped to its file's place.
 _SELECT_BATCH = _SELECT_FAST.replace(
@@ -60,6 +71,15 @@ _SELECT_BATCH = _SELECT_FAST.replace(
     "FROM read_json(?, format = 'array',", "FROM read_json(?, filename = true, format = 'array',"
 )
 assert _SELECT_BATCH.count("filename") == 2  # the template changed under us
+
+
+def _split(df: pl.DataFrame) -> Callable[[int], pl.DataFrame]:
+    """``df``'s rows of file ``f``, by ``f`` (one pass over the frame, not a filter a file)."""
+    if "f" not in df.columns:
+        return lambda _f: df
+    parts = {k[0]: v for k, v in df.partition_by("f", as_dict=True, maintain_order=True).items()}
+    empty = df.clear()
+    return lambda f: parts.get(f, empty)
 
 
 class _Fallback(Exception):
@@ -89,7 +109,7 @@ def read_kineto_batch(
     from prism_trace.formats.kineto import read_kineto
 
     paths = [Path(p) for p in paths]
-    the_ranks = list(ranks) if ranks is not None else [None] * len(paths)
+    the_ranks: list[int | None] = list(ranks) if ranks is not None else [None] * len(paths)
     with contextlib.closing(duckdb.connect()) as con:
         got = try_read_kineto_batch(paths, ranks=the_ranks, con=con, tmp_dir=tmp_dir)
     if got is not None:
@@ -97,11 +117,16 @@ def read_kineto_batch(
     return [read_kineto(p, rank=r, tmp_dir=tmp_dir) for p, r in zip(paths, the_ranks, strict=True)]
 
 
-def batchable(path: Path) -> bool:
-    """Whether a file is small enough to be read in a batch (its JSON size guessed)."""
+def _json_size_guess(path: Path) -> int:
+    """The JSON bytes of ``path``, guessed: gzipped Kineto JSON shrinks about 8 times."""
     with path.open("rb") as fh:
         gz = fh.read(2) == b"\x1f\x8b"
-    return path.stat().st_size * (8 if gz else 1) < BATCH_MAX_BYTES
+    return path.stat().st_size * (8 if gz else 1)
+
+
+def batchable(path: Path) -> bool:
+    """Whether a file is small enough to be read in a batch (its JSON size guessed)."""
+    return _json_size_guess(path) < BATCH_MAX_BYTES
 
 
 def try_read_kineto_batch(
@@ -249,12 +274,22 @@ class _BatchReader(_Reader):
         )
         track_off = dict(tracks.group_by("f").agg(pl.col("track_id").min()).iter_rows())
         event_off = dict(events.group_by("f").agg(pl.col("event_id").min()).iter_rows())
+        by_file = {
+            name: _split(df)
+            for name, df in (
+                ("tracks", tracks),
+                ("steps", steps),
+                ("memory", memory),
+                ("flows", flows),
+                ("events", events),
+                ("comm", comm),
+            )
+        }
         out = []
         for f, (path, tef) in enumerate(zip(self.paths, self.tefs, strict=True)):
             rank = self.file_ranks[f]
             t_off = int(track_off.get(f, 0))
             e_off = int(event_off.get(f, 0))
-            mine = pl.col("f") == f
             lit_rank = pl.lit(rank, pl.Int32).alias("rank")
 
             def ids(df: pl.DataFrame, cols: tuple[str, ...], off: int) -> pl.DataFrame:
@@ -262,19 +297,19 @@ class _BatchReader(_Reader):
 
             tables = TraceTables(path=path, format="kineto", world_size=self.world_sizes[f])
             tables.tracks = ids(
-                tracks.filter(mine).select(lit_rank, pl.exclude("f")), ("track_id",), t_off
+                by_file["tracks"](f).select(lit_rank, pl.exclude("f")), ("track_id",), t_off
             )
-            tables.iterations = steps.filter(mine).select(lit_rank, pl.exclude("f"))
-            tables.memory = memory.filter(mine).select(lit_rank, pl.exclude("f"))
+            tables.iterations = by_file["steps"](f).select(lit_rank, pl.exclude("f"))
+            tables.memory = by_file["memory"](f).select(lit_rank, pl.exclude("f"))
             tables.flows = ids(
-                flows.filter(mine).select(lit_rank, pl.exclude("f")),
+                by_file["flows"](f).select(lit_rank, pl.exclude("f")),
                 ("src_event_id", "dst_event_id"),
                 e_off,
             )
             fc = _FileComms(tables, rank, tef.meta)
             groups = fc.comm_groups_from_meta()
             if comm.height:
-                raw = ids(comm.filter(mine).drop("f"), ("event_id", "kernel_event_id"), e_off)
+                raw = ids(by_file["comm"](f).drop("f"), ("event_id", "kernel_event_id"), e_off)
             else:
                 raw = self.empty_comm_raw()
             ws = self.world_sizes[f]
@@ -295,7 +330,7 @@ class _BatchReader(_Reader):
             )
             tables.events = ids(
                 ids(
-                    events.filter(mine).select(lit_rank, pl.exclude("f")),
+                    by_file["events"](f).select(lit_rank, pl.exclude("f")),
                     ("event_id", "parent_id"),
                     e_off,
                 ),
@@ -538,3 +573,39 @@ class _BatchReader(_Reader):
                 FROM (SELECT DISTINCT f FROM tp) hp_f
                 LEFT JOIN sp USING (f) LEFT JOIN hp USING (f) LEFT JOIN dp USING (f)"""
         )
+
+
+def plan_batches(paths: list[Path | None], ways: int) -> list[list[int]]:
+    """Cut ``paths`` (by index, in order) into batches for ``ways`` readers working at once.
+
+    A None is a file not to be batched (not Kineto, say). Consecutive batchable files
+    (``batchable``) go together, about a ``ways``-th of each run of them a batch (so every
+    reader gets one), at most ``BATCH_FILES`` files and ``BATCH_TOTAL_BYTES`` of JSON (guessed)
+    a batch; any other file is a batch of its own.
+    """
+    out: list[list[int]] = []
+    run: list[int] = []
+
+    def flush() -> None:
+        if run:
+            size = min(BATCH_FILES, max(1, -(-len(run) // max(1, ways))))
+            batch: list[int] = []
+            total = 0
+            for i in run:
+                guess = _json_size_guess(Path(str(paths[i])))
+                if batch and (len(batch) >= size or total + guess > BATCH_TOTAL_BYTES):
+                    out.append(batch)
+                    batch, total = [], 0
+                batch.append(i)
+                total += guess
+            out.append(batch)
+            run.clear()
+
+    for i, path in enumerate(paths):
+        if path is not None and batchable(path):
+            run.append(i)
+        else:
+            flush()
+            out.append([i])
+    flush()
+    return out

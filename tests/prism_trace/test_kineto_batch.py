@@ -189,3 +189,48 @@ def test_bad_file_in_a_batch_reads_as_alone(tmp_path: Path) -> None:
     # a file the batch cannot take (a lossy ts) is still read, as the per-file reader reads it
     got = read_kineto_batch([good[0], lossy])
     assert_frame_equal(got[1].events, read_kineto(lossy).events)
+
+
+@pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_ingest_stores_the_same_rows_batched_or_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Every table of the run, ingesting the sample's ranks with and without batches."""
+    from prism_trace.formats import kineto_batch
+    from prism_trace.ingest import ingest
+    from prism_trace.store import open_store
+    from prism_trace.store_write import RUN_TABLES
+
+    job = tmp_path / "job"
+    job.mkdir()
+    for f in sorted(SAMPLE.glob("rank[0-5].*.json.gz")):
+        (job / f.name).write_bytes(f.read_bytes())
+
+    def dump(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+        with open_store(db) as store:
+            ingest(store, [job], run="s", progress=False, workers=workers)
+            out = {}
+            for tbl in RUN_TABLES:
+                drop = "run_id, ingested_at" if tbl == "source_file" else "run_id"
+                out[tbl] = store.con.execute(
+                    f"SELECT * EXCLUDE ({drop}) FROM {tbl} ORDER BY ALL"
+                ).fetchall()
+            return out
+
+    batched = dump(tmp_path / "b.duckdb")
+    if workers == 1:  # the reads here go through the batch (the workers' are in other processes)
+        seen: list[int] = []
+        real = kineto_batch.try_read_kineto_batch
+
+        def spy(paths: list[Path], **kw: Any) -> list[TraceTables] | None:
+            got = real(paths, **kw)
+            seen.append(0 if got is None else len(got))
+            return got
+
+        monkeypatch.setattr(kineto_batch, "try_read_kineto_batch", spy)
+        dump(tmp_path / "spy.duckdb")
+        assert sum(seen) == 6, seen
+    monkeypatch.setattr(kineto_batch, "BATCH_FILES", 1)  # every file a batch of its own
+    alone = dump(tmp_path / "a.duckdb")
+    assert all(batched[t] for t in ("event", "collective", "flow"))
+    assert batched == alone
