@@ -124,8 +124,8 @@ def _reading(
     from prism_trace.formats.kineto_batch import plan_batches
 
     small = _batch_candidates(files, shared.rank)
-    pool = ThreadPoolExecutor(max_workers=1)  # reads the next batch while this one is stored
-    futures = [pool.submit(_read_files, shared, files, b) for b in plan_batches(small, 2)]
+    pool = ThreadPoolExecutor(max_workers=1)  # reads the next batch while one is stored
+    futures = [pool.submit(_read_files, shared, files, b) for b in plan_batches(small, 1)]
     try:
         yield ((t, None) for fut in futures for t in _raised(fut.result()))
     except BaseException:

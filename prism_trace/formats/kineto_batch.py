@@ -82,6 +82,11 @@ def _split(df: pl.DataFrame) -> Callable[[int], pl.DataFrame]:
     return lambda f: parts.get(f, empty)
 
 
+def _shifted(df: pl.DataFrame, cols: tuple[str, ...], off: int) -> pl.DataFrame:
+    """``df`` with ids ``cols`` lowered by ``off``: a file's batch-wide ids to its own."""
+    return df.with_columns(pl.col(c) - off for c in cols)
+
+
 class _Fallback(Exception):
     """The batch cannot be read as one: read its files one by one."""
 
@@ -255,13 +260,12 @@ class _BatchReader(_Reader):
         steps = self.frame("SELECT f, iteration, ts, dur, name FROM step ORDER BY f, iteration")
         memory = self.batch_memory()
         flows = self.batch_flows()
-        comm = (
-            self.frame(
-                "SELECT e.f, c.* FROM comm_raw c JOIN ev e USING (event_id)"
-                " ORDER BY e.f, c.ts, c.event_id"
-            )
-            if self.make_comm_raw()
-            else pl.DataFrame()
+        # The group size of a call naming no group is filled per file below, where the
+        # per-file statement writes the world size.
+        self.sql(comm_raw_sql("NULL", " AND k.f = r.f"))
+        comm = self.frame(
+            "SELECT e.f, c.* FROM comm_raw c JOIN ev e USING (event_id)"
+            " ORDER BY e.f, c.ts, c.event_id"
         )
         pids = {f: (pid, dev) for f, pid, dev in self.batch_pids()}
         self.sql("DROP TABLE IF EXISTS _bound")
@@ -291,10 +295,7 @@ class _BatchReader(_Reader):
             t_off = int(track_off.get(f, 0))
             e_off = int(event_off.get(f, 0))
             lit_rank = pl.lit(rank, pl.Int32).alias("rank")
-
-            def ids(df: pl.DataFrame, cols: tuple[str, ...], off: int) -> pl.DataFrame:
-                return df.with_columns(pl.col(c) - off for c in cols)
-
+            ids = _shifted
             tables = TraceTables(path=path, format="kineto", world_size=self.world_sizes[f])
             tables.tracks = ids(
                 by_file["tracks"](f).select(lit_rank, pl.exclude("f")), ("track_id",), t_off
@@ -308,10 +309,7 @@ class _BatchReader(_Reader):
             )
             fc = _FileComms(tables, rank, tef.meta)
             groups = fc.comm_groups_from_meta()
-            if comm.height:
-                raw = ids(by_file["comm"](f).drop("f"), ("event_id", "kernel_event_id"), e_off)
-            else:
-                raw = self.empty_comm_raw()
+            raw = ids(by_file["comm"](f).drop("f"), ("event_id", "kernel_event_id"), e_off)
             ws = self.world_sizes[f]
             if ws is not None:  # what ``{ws}`` of the per-file statement gives sources 2 and 3
                 raw = raw.with_columns(
@@ -339,9 +337,6 @@ class _BatchReader(_Reader):
             )
             out.append(tables.conform())
         return out
-
-    def empty_comm_raw(self) -> pl.DataFrame:
-        return self.con.sql("SELECT * FROM comm_raw").limit(0).pl()
 
     # -- loading -------------------------------------------------------------------------------
 
@@ -544,12 +539,6 @@ class _BatchReader(_Reader):
                     UNION ALL SELECT * FROM syncs)
                 ORDER BY f, kind, dst_event_id, src_event_id"""
         )
-
-    def make_comm_raw(self) -> bool:
-        """``comm_raw`` for the batch: the group size of a call naming no group is filled per
-        file afterwards (``read_all``), where the per-file statement writes the world size."""
-        self.sql(comm_raw_sql("NULL", " AND k.f = r.f"))
-        return True
 
     def batch_pids(self) -> list[tuple[Any, ...]]:
         """Each file's process id and device id, as ``_Reader.ranks_frame`` finds them."""
