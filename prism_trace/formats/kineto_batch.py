@@ -21,6 +21,7 @@ their memory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -290,13 +291,16 @@ class _BatchReader(_Reader):
             )
         }
         out = []
+        blank = TraceTables(path=self.paths[0], format="kineto")
         for f, (path, tef) in enumerate(zip(self.paths, self.tefs, strict=True)):
             rank = self.file_ranks[f]
             t_off = int(track_off.get(f, 0))
             e_off = int(event_off.get(f, 0))
             lit_rank = pl.lit(rank, pl.Int32).alias("rank")
             ids = _shifted
-            tables = TraceTables(path=path, format="kineto", world_size=self.world_sizes[f])
+            # (``replace``: the empty frames made once for the batch, not ten a file; ``conform``
+            # below makes every frame anew)
+            tables = dataclasses.replace(blank, path=path, world_size=self.world_sizes[f])
             tables.tracks = ids(
                 by_file["tracks"](f).select(lit_rank, pl.exclude("f")), ("track_id",), t_off
             )
