@@ -10,6 +10,7 @@ Usage::
 
     python benchmarks/profile_kineto.py /tmp/d32/*.json.gz          # 32 small ranks
     python benchmarks/profile_kineto.py big_trace.json --top 15      # one large file
+    python benchmarks/profile_kineto.py --batch /tmp/d32/*.json.gz  # the batch reader
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import duckdb
 
-from prism_trace.formats import kineto
+from prism_trace.formats import kineto, kineto_batch
 
 _STAGES = (
     "load",
@@ -40,6 +41,17 @@ _STAGES = (
     "ranks_frame",
 )
 _STATEMENTS = ("sql", "rows", "frame", "load_files")
+# The batch reader's own stages (``--batch``); its statements run through ``_Reader``'s.
+_BATCH_STAGES = (
+    "load",
+    "build_tracks",
+    "keep_side_records",
+    "build_events",
+    "assign_iterations",
+    "batch_memory",
+    "batch_flows",
+    "batch_pids",
+)
 
 
 def _timed(table: dict[str, float], key: Callable[..., str], fn: Callable[..., Any]) -> Any:
@@ -59,8 +71,12 @@ def _instrumented() -> Iterator[tuple[dict[str, float], dict[str, float]]]:
     stages: dict[str, float] = collections.defaultdict(float)
     statements: dict[str, float] = collections.defaultdict(float)
     saved = {n: getattr(kineto._Reader, n) for n in (*_STAGES, *_STATEMENTS)}
+    batch = kineto_batch._BatchReader
+    saved_batch = {n: batch.__dict__.get(n) for n in _BATCH_STAGES}
     for n in _STAGES:
         setattr(kineto._Reader, n, _timed(stages, lambda *_a, n=n: n, saved[n]))
+    for n in _BATCH_STAGES:
+        setattr(batch, n, _timed(stages, lambda *_a, n=n: n, getattr(batch, n)))
     for n in _STATEMENTS:
         setattr(
             kineto._Reader,
@@ -76,22 +92,34 @@ def _instrumented() -> Iterator[tuple[dict[str, float], dict[str, float]]]:
     finally:
         for n, fn in saved.items():
             setattr(kineto._Reader, n, fn)
+        for n, own in saved_batch.items():
+            if own is None:
+                delattr(batch, n)
+            else:
+                setattr(batch, n, own)
 
 
-def profile(files: list[Path], top: int) -> str:
-    """Read ``files`` instrumented; the report as text."""
+def profile(files: list[Path], top: int, *, batch: bool = False) -> str:
+    """Read ``files`` instrumented (one by one, or in batches as ingest does); the report."""
     con = duckdb.connect()
 
     def drop(_rank: int, rel: duckdb.DuckDBPyRelation) -> None:
         rel.fetchall()
 
+    step = kineto_batch.BATCH_FILES if batch else 1
     with _instrumented() as (stages, statements):
         t0 = time.perf_counter()
-        for i, f in enumerate(files):
+        for i in range(0, len(files), step):
             cur = con.cursor()
             cur.execute(f"ATTACH ':memory:' AS work{i}")
             cur.execute(f"USE work{i}")
-            kineto.stage_kineto(f, con=cur, events_into=drop)
+            if batch:
+                part = files[i : i + step]
+                got = kineto_batch.try_read_kineto_batch(part, ranks=[None] * len(part), con=cur)
+                if got is None:
+                    raise SystemExit(f"{part[0]}: the batch fell back to the per-file reader")
+            else:
+                kineto.stage_kineto(files[i], con=cur, events_into=drop)
             cur.execute("USE memory")
             cur.execute(f"DETACH work{i}")
             cur.close()
@@ -102,7 +130,8 @@ def profile(files: list[Path], top: int) -> str:
     out.append("stages, ms a file:")
     out += [f"  {v / n * 1e3:8.1f}  {k}" for k, v in sorted(stages.items(), key=lambda kv: -kv[1])]
     rest = total - sum(stages.values())
-    out.append(f"  {rest / n * 1e3:8.1f}  (the rest: splitting the array, the events fetch)")
+    what = "splitting the arrays, the frames cut into files" if batch else "splitting the array"
+    out.append(f"  {rest / n * 1e3:8.1f}  (the rest: {what}, the events fetch)")
     ranked = sorted(statements.items(), key=lambda kv: -kv[1])
     out.append(f"statements: {len(statements)} kinds; the {top} slowest, ms a file:")
     out += [f"  {v / n * 1e3:8.1f}  {k}" for k, v in ranked[:top]]
@@ -114,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
     ap.add_argument("--top", type=int, default=12, help="statements listed")
+    ap.add_argument(
+        "--batch", action="store_true", help="the batch reader (kineto_batch), as ingest reads"
+    )
     args = ap.parse_args(argv)
-    print(profile(args.files, args.top))
+    print(profile(args.files, args.top, batch=args.batch))
     return 0
 
 

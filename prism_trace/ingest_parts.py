@@ -9,6 +9,10 @@ appends each part to the store in file order, inside its transaction, exactly as
 rows of a file it read itself, so the stored rows do not depend on where a file was read
 (``tests/prism_trace/test_ingest_workers.py``).
 
+Small Kineto files go to a worker in batches (``parse_batch``: one run of the reader's
+statements for several files, ``formats/kineto_batch.py``), about one batch a worker; a batch
+that cannot be read as one is read file by file, each file's error raised at its turn.
+
 A worker process sets up DuckDB once (``_connection``) and reuses it for every file it gets: a
 file costs an in-memory work database attached and detached, not a new connection, and the
 worker's imports (DuckDB, polars) are paid once per worker, not once per file.
@@ -111,7 +115,12 @@ def _connection(threads: int, memory_limit: int) -> duckdb.DuckDBPyConnection:
 
 
 # What a worker imports before its first file (in the fork server, when there is one).
-_PRELOAD = ("prism_trace.ingest_parts", "prism_trace.ingest", "prism_trace.formats.kineto")
+_PRELOAD = (
+    "prism_trace.ingest_parts",
+    "prism_trace.ingest",
+    "prism_trace.formats.kineto",
+    "prism_trace.formats.kineto_batch",
+)
 
 
 def _warm(threads: int, memory_limit: int) -> None:
@@ -176,6 +185,62 @@ def _parse_kineto(job: FileJob, out: Path) -> FilePart:
     return FilePart(t, out if seen else None, seen)
 
 
+def parse_batch(jobs: list[FileJob]) -> list[FilePart | Exception]:
+    """Read several small Kineto files in a worker in one batch (``kineto_batch``).
+
+    Where the batch cannot be read as one, its files are read one by one (``parse_file``) up to
+    the first that fails, whose error takes its place in the list: the driver raises it when it
+    comes to that file, as it would had the files been read one by one.
+    """
+    if len(jobs) > 1:
+        got = _parse_kineto_batch(jobs)
+        if got is not None:
+            return list(got)
+    out: list[FilePart | Exception] = []
+    for job in jobs:
+        try:
+            out.append(parse_file(job))
+        except Exception as exc:  # raised in the driver at this file's turn
+            out.append(exc)
+            break
+    return out
+
+
+def _parse_kineto_batch(jobs: list[FileJob]) -> list[FilePart] | None:
+    """The batch read on the worker's connection, in a work database of its own; each file's
+    events (as the per-file path: a part even when empty) go to its own Parquet part."""
+    from prism_trace.formats.kineto_batch import try_read_kineto_batch
+    from prism_trace.ingest_read import _quote
+
+    first = jobs[0]
+    con = _connection(first.threads, first.memory_limit)
+    cur = con.cursor()
+    alias = f"_prism_batch{first.index}"
+    try:
+        cur.execute(f"SET temp_directory = '{_quote(first.out_dir)}'")
+        cur.execute(f"ATTACH ':memory:' AS {alias}")
+        cur.execute(f"USE {alias}")
+        got = try_read_kineto_batch(
+            [j.trace.path for j in jobs],
+            ranks=[j.rank for j in jobs],
+            con=cur,
+            tmp_dir=first.out_dir,
+        )
+    finally:
+        cur.execute("USE memory")
+        cur.execute(f"DETACH DATABASE IF EXISTS {alias}")
+        cur.close()
+    if got is None:
+        return None
+    out = []
+    for job, t in zip(jobs, got, strict=True):
+        path = job.out_dir / f"events{job.index:06d}.parquet"
+        t.events.write_parquet(path)
+        t.events = t.events.clear()
+        out.append(FilePart(t, path, t.rank_ids))
+    return out
+
+
 @contextlib.contextmanager
 def parts(
     files: list[TraceFile],
@@ -208,9 +273,13 @@ def parts(
         initializer=_warm,
         initargs=(threads, memory_limit),
     )
-    futures: list[Future[FilePart]] = [pool.submit(parse_file, j) for j in jobs]
+    from prism_trace.formats.kineto_batch import plan_batches
+    from prism_trace.ingest_read import _batch_candidates
+
+    batches = [[jobs[i] for i in b] for b in plan_batches(_batch_candidates(files, rank), n)]
+    futures = [pool.submit(parse_batch, b) for b in batches]
     try:
-        yield _results(futures, files)
+        yield _results(futures, [[j.trace for j in b] for b in batches])
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -230,17 +299,24 @@ def _context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def _results(futures: list[Future[FilePart]], files: list[TraceFile]) -> Iterator[FilePart]:
-    """The parts in file order; a worker that died (killed for memory, say) named by its file."""
-    for fut, f in zip(futures, files, strict=True):
+def _results(
+    futures: list[Future[list[FilePart | Exception]]], batches: list[list[TraceFile]]
+) -> Iterator[FilePart]:
+    """The parts in file order; a worker that died (killed for memory, say) named by its file
+    (the first of its batch); a file's error raised at its turn."""
+    for fut, files in zip(futures, batches, strict=True):
         try:
-            yield fut.result()
+            got = fut.result()
         except BrokenProcessPool:
             msg = (
-                f"{f.path}: the worker process reading it (or another file) died, e.g. killed for"
-                " memory; try fewer --workers"
+                f"{files[0].path}: the worker process reading it (or another file) died, e.g."
+                " killed for memory; try fewer --workers"
             )
             raise PrismError(msg) from None
+        for part in got:
+            if isinstance(part, Exception):
+                raise part
+            yield part
 
 
 @contextlib.contextmanager

@@ -121,10 +121,13 @@ def _reading(
         ) as got:
             yield ((p.tables, p) for p in got)
         return
-    pool = ThreadPoolExecutor(max_workers=1)  # reads the next file while this one is stored
-    futures = [pool.submit(_read_file, shared, f, i) for i, f in enumerate(files)]
+    from prism_trace.formats.kineto_batch import plan_batches
+
+    small = _batch_candidates(files, shared.rank)
+    pool = ThreadPoolExecutor(max_workers=1)  # reads the next batch while one is stored
+    futures = [pool.submit(_read_files, shared, files, b) for b in plan_batches(small, 1)]
     try:
-        yield ((fut.result(), None) for fut in futures)
+        yield ((t, None) for fut in futures for t in _raised(fut.result()))
     except BaseException:
         shared.stop.set()
         for fut in futures:
@@ -132,6 +135,67 @@ def _reading(
         raise
     finally:
         pool.shutdown(wait=True)  # no thread may touch the store once this returns
+
+
+def _batch_candidates(files: list[TraceFile], rank: int | None) -> list[Path | None]:
+    """The paths of the files that may be read in a batch (``kineto_batch.plan_batches``):
+    Kineto files with no ``--rank`` that would be worked on in memory; None for the others."""
+    return [
+        f.path
+        if f.format == "kineto" and rank is None and _json_size_guess(f.path) < _WORK_ON_DISK_BYTES
+        else None
+        for f in files
+    ]
+
+
+def _raised(got: list[TraceTables | Exception]) -> Iterator[TraceTables]:
+    """``got`` in order, an error raised at its file's turn."""
+    for t in got:
+        if isinstance(t, Exception):
+            raise t
+        yield t
+
+
+def _read_files(
+    shared: _Shared, files: list[TraceFile], batch: list[int]
+) -> list[TraceTables | Exception]:
+    """Read the files ``batch`` indexes: small Kineto files in one batch (``kineto_batch``,
+    their events as frames the driver appends), else one by one (``_read_file``) up to the
+    first that fails, whose error takes its place (the driver raises it at that file's turn)."""
+    if len(batch) > 1:
+        got = _read_batch_here(shared, [files[i] for i in batch], batch[0])
+        if got is not None:
+            return list(got)
+    out: list[TraceTables | Exception] = []
+    for i in batch:
+        try:
+            out.append(_read_file(shared, files[i], i))
+        except Exception as exc:  # raised in the driver at this file's turn
+            out.append(exc)
+            break
+    return out
+
+
+def _read_batch_here(
+    shared: _Shared, files: list[TraceFile], index: int
+) -> list[TraceTables] | None:
+    """The batch read in a work database of its own beside the store (as ``_read_file``)."""
+    from prism_trace.formats.kineto_batch import try_read_kineto_batch
+
+    alias = f"{_WORK}b{index}"
+    with shared.lock:
+        (catalog,) = shared.store.con.execute("SELECT current_database()").fetchall()[0]
+        cur = shared.store.con.cursor()
+    try:
+        cur.execute(f"ATTACH ':memory:' AS {alias}")
+        cur.execute(f"USE {alias}")
+        return try_read_kineto_batch(
+            [f.path for f in files], ranks=[None] * len(files), con=cur, tmp_dir=shared.tmp
+        )
+    finally:
+        cur.execute(f'USE "{catalog.replace(chr(34), chr(34) * 2)}"')
+        cur.execute(f"DETACH DATABASE IF EXISTS {alias}")
+        cur.close()
 
 
 def _insert_part(shared: _Shared, part: FilePart, ranks: list[int]) -> None:

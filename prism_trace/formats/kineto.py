@@ -743,45 +743,52 @@ class _Reader(_CommTables):
                 WHERE t.kind = 'stream' GROUP BY t.pid ORDER BY count(*) DESC LIMIT 1)"""
         )
         pid, device_id = rows[0]
-        props = self.meta.get("deviceProperties")
-        props = props if isinstance(props, list) else []
-        entry = next((p for p in props if isinstance(p, dict) and p.get("id") == device_id), None)
-        if entry is None and len(props) == 1 and isinstance(props[0], dict):
-            entry = props[0]
-        if entry is not None:
-            device = str(entry.get("name"))
-        else:
-            device = "cpu" if device_id is None else f"device {device_id}"
-        args = {
-            k: v
-            for k, v in {
-                "device_properties": entry,
-                "trace_name": self.meta.get("traceName"),
-                "base_time_ns": self.meta.get("baseTimeNanoseconds"),
-                "nccl_version": self.info.get("nccl_version"),
-                "schema_version": self.meta.get("schemaVersion"),
-            }.items()
-            if v is not None
-        }
-        layout = _json_list(self.meta.get("prism_layout"))  # our generator's rank coordinates
-        if isinstance(layout, dict):
-            args["prism_layout"] = layout
-        host = self.meta.get("host_name") or self.meta.get("hostname")
-        return pl.DataFrame(
-            {
-                "rank": [self.rank],
-                "backend": [self.info.get("backend")],
-                "hostname": [host if isinstance(host, str) else None],
-                "pid": [pid],
-                "device": [device],
-                "args": [orjson.dumps(args).decode()],
-            },
-            schema={
-                "rank": pl.Int32,
-                "backend": pl.Utf8,
-                "hostname": pl.Utf8,
-                "pid": pl.Int64,
-                "device": pl.Utf8,
-                "args": pl.Utf8,
-            },
-        )
+        return ranks_frame_of(self.rank, self.meta, self.info, pid, device_id)
+
+
+def ranks_frame_of(
+    rank: int, meta: dict[str, Any], info: dict[str, Any], pid: int | None, device_id: int | None
+) -> pl.DataFrame:
+    """The ``ranks`` row of a file: its header's facts, its process and device ids."""
+    props = meta.get("deviceProperties")
+    props = props if isinstance(props, list) else []
+    entry = next((p for p in props if isinstance(p, dict) and p.get("id") == device_id), None)
+    if entry is None and len(props) == 1 and isinstance(props[0], dict):
+        entry = props[0]
+    if entry is not None:
+        device = str(entry.get("name"))
+    else:
+        device = "cpu" if device_id is None else f"device {device_id}"
+    args = {
+        k: v
+        for k, v in {
+            "device_properties": entry,
+            "trace_name": meta.get("traceName"),
+            "base_time_ns": meta.get("baseTimeNanoseconds"),
+            "nccl_version": info.get("nccl_version"),
+            "schema_version": meta.get("schemaVersion"),
+        }.items()
+        if v is not None
+    }
+    layout = _json_list(meta.get("prism_layout"))  # our generator's rank coordinates
+    if isinstance(layout, dict):
+        args["prism_layout"] = layout
+    host = meta.get("host_name") or meta.get("hostname")
+    return pl.DataFrame(
+        {
+            "rank": [rank],
+            "backend": [info.get("backend")],
+            "hostname": [host if isinstance(host, str) else None],
+            "pid": [pid],
+            "device": [device],
+            "args": [orjson.dumps(args).decode()],
+        },
+        schema={
+            "rank": pl.Int32,
+            "backend": pl.Utf8,
+            "hostname": pl.Utf8,
+            "pid": pl.Int64,
+            "device": pl.Utf8,
+            "args": pl.Utf8,
+        },
+    )

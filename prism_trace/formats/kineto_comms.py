@@ -43,6 +43,175 @@ def _int_list(value: Any) -> list[int] | None:
     return None
 
 
+def comm_raw_sql(ws: str, same_file: str) -> str:
+    """The statement making ``comm_raw``: every collective and p2p call with its NCCL kernel.
+
+    Args:
+        ws: SQL for the world size (group size of a call that names no group).
+        same_file: SQL added to the one join on ``correlation`` (which is unique within a file
+            only): empty for one file, ``" AND k.f = r.f"`` for a batch (``kineto_batch``).
+    """
+    rpc_dtype = _dtype_sql("e.args->>'dtype'")
+    old_dtype = _dtype_sql("a.args->'Input type'->>0")
+    c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
+    k_dtype = _dtype_sql("ka.args->>'dtype'")
+    launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
+    return rf"""CREATE TABLE comm_raw AS
+            WITH prism AS (
+                SELECT e.event_id, e.track_id, e.ts, e.dur, 0 AS source,
+                       regexp_extract(e.name, '[:;]pg=([^;]*)', 1) AS group_name,
+                       nullif(regexp_extract(e.name, '[:;]desc=([^;]*)', 1), '') AS group_desc,
+                       NULL::VARCHAR AS group_ranks, NULL::INTEGER AS group_size,
+                       {_op_kind_sql("regexp_extract(e.name, '[:;]op=([^;]*)', 1)")} AS op,
+                       TRY_CAST(regexp_extract(e.name, '[:;]seq=(-?\d+)', 1) AS BIGINT) AS seq,
+                       TRY_CAST(regexp_extract(e.name, '[:;]in_bytes=(\d+)', 1) AS BIGINT)
+                           AS in_bytes,
+                       TRY_CAST(regexp_extract(e.name, '[:;]out_bytes=(\d+)', 1) AS BIGINT)
+                           AS out_bytes,
+                       {_dtype_sql("regexp_extract(e.name, '[:;]dtype=([^;]*)', 1)")}
+                           AS dtype,
+                       TRY_CAST(regexp_extract(e.name, '[:;]peer=(-?\d+)', 1) AS INTEGER)
+                           AS peer,
+                       TRY_CAST(regexp_extract(e.name, '[:;]tag=(-?\d+)', 1) AS INTEGER) AS tag,
+                       NULL::INTEGER AS group_peer
+                FROM ev e WHERE NOT e.on_device AND starts_with(e.name, 'prism_comm:')),
+            rpc_new AS (
+                SELECT e.event_id, e.track_id, e.ts, e.dur, 1 AS source,
+                       e.args->>'Process Group Name' AS group_name,
+                       e.args->>'Process Group Description' AS group_desc,
+                       e.args->>'Process Group Ranks' AS group_ranks,
+                       TRY_CAST(e.args->>'Group size' AS INTEGER) AS group_size,
+                       {_op_kind_sql("e.args->>'Collective name'")} AS op,
+                       TRY_CAST(e.args->>'Seq' AS BIGINT) - 1 AS seq,
+                       TRY_CAST(e.args->>'In msg nelems' AS BIGINT)
+                           * ({_dtype_size_sql(rpc_dtype)}) AS in_bytes,
+                       TRY_CAST(e.args->>'Out msg nelems' AS BIGINT)
+                           * ({_dtype_size_sql(rpc_dtype)}) AS out_bytes,
+                       {rpc_dtype} AS dtype, NULL::INTEGER AS peer, NULL::INTEGER AS tag,
+                       coalesce(TRY_CAST(e.args->>'Dst Rank' AS INTEGER),
+                                TRY_CAST(e.args->>'Src Rank' AS INTEGER)) AS group_peer
+                FROM eva e
+                WHERE e.name = 'record_param_comms' AND e.args->>'Collective name' IS NOT NULL),
+            old_call AS (
+                SELECT event_id, track_id, ts, dur FROM eva
+                WHERE name = 'record_param_comms' AND args->>'Collective name' IS NULL),
+            old_mark AS (
+                SELECT event_id, track_id, ts, dur, name, args FROM eva
+                WHERE category = 'user_annotation'
+                  AND regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')),
+            rpc_old AS (
+                -- the first backend annotation after the call on its track, if inside it
+                SELECT e.event_id, e.track_id, e.ts, e.dur, 2 AS source,
+                       '0' AS group_name, NULL::VARCHAR AS group_desc,
+                       NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
+                       {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
+                       NULL::BIGINT AS seq,
+                       list_aggregate(
+                           TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')::BIGINT
+                           * ({_dtype_size_sql(old_dtype)}) AS in_bytes,
+                       NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
+                       NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                FROM old_call e ASOF JOIN old_mark a
+                  ON a.track_id = e.track_id AND a.event_id > e.event_id
+                WHERE a.ts + a.dur <= e.ts + e.dur),
+            c10d AS (
+                -- the c10d op itself (`c10d::_allgather_base_`), for a call whose
+                -- record_param_comms is absent or says nothing (no args, no annotation)
+                SELECT e.event_id, e.track_id, e.ts, e.dur, 3 AS source,
+                       '0' AS group_name, NULL::VARCHAR AS group_desc,
+                       NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
+                       {_op_kind_sql("e.name")} AS op, NULL::BIGINT AS seq,
+                       list_aggregate(
+                           TRY_CAST(e.args->'Input Dims'->(c10d_in) AS BIGINT[]), 'product'
+                       )::BIGINT * ({_dtype_size_sql(c10d_dtype)}) AS in_bytes,
+                       NULL::BIGINT AS out_bytes, {c10d_dtype} AS dtype,
+                       NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                FROM (SELECT *,
+                             -- the input tensor: (output, input, ...) for the *_base_ and
+                             -- *_tensor forms, whose output differs across ranks
+                             CASE WHEN regexp_matches(name, '(_base_?|_tensor)$')
+                                  THEN 1 ELSE 0 END AS c10d_in
+                      FROM eva) e
+                WHERE e.category = 'cpu_op' AND starts_with(e.name, 'c10d::')),
+            said AS (
+                SELECT * FROM prism UNION ALL SELECT * FROM rpc_new
+                UNION ALL SELECT * FROM rpc_old),
+            c10d_alone AS (
+                -- only where no better-described call starts inside the op
+                SELECT d.* FROM c10d d ASOF LEFT JOIN said o
+                  ON o.track_id = d.track_id AND o.ts >= d.ts
+                WHERE o.ts IS NULL OR o.ts > d.ts + d.dur),
+            cand AS (
+                SELECT * FROM said UNION ALL SELECT * FROM c10d_alone),
+            kept AS (
+                -- drop a call enclosed by an earlier one in (ts, -dur, source, event_id)
+                -- order on its track: a running max of the ends, not a range join
+                SELECT * EXCLUDE (prev_end) FROM (
+                    SELECT c.*, max(c.ts + c.dur) OVER (
+                               PARTITION BY c.track_id
+                               ORDER BY c.ts, c.dur DESC, c.source, c.event_id
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+                    FROM cand c WHERE c.op IS NOT NULL)
+                WHERE prev_end IS NULL OR prev_end < ts + dur),
+            nccl AS (
+                SELECT r.track_id, r.ts AS launch_ts, k.event_id, k.ts, k.dur
+                FROM ev r JOIN ev k ON k.correlation = r.correlation{same_file}
+                WHERE r.category IN ({launch}) AND k.category = 'kernel'
+                  AND k.name ILIKE '%nccl%'),
+            first_launch AS (
+                -- the first NCCL launch on the call's track at or after its start
+                SELECT c.event_id, n.event_id AS kernel_event_id, n.launch_ts
+                FROM kept c ASOF JOIN nccl n
+                  ON n.track_id = c.track_id AND n.launch_ts >= c.ts),
+            linked AS (
+                -- launched inside the call, else inside its enclosing op
+                SELECT f.event_id, f.kernel_event_id
+                FROM first_launch f JOIN kept c USING (event_id)
+                LEFT JOIN ev ce ON ce.event_id = c.event_id
+                LEFT JOIN ev p ON p.event_id = ce.parent_id
+                WHERE f.launch_ts <= c.ts + c.dur
+                   OR (p.category IN ('cpu_op', 'user_annotation')
+                       AND f.launch_ts <= p.ts + p.dur))
+            SELECT c.* REPLACE (
+                       -- a host record that names no group (sources 2, 3): the NCCL
+                       -- kernel's args may (newer Kineto copies them onto the kernel)
+                       CASE WHEN c.source >= 2
+                            THEN coalesce(ka.args->>'Process Group Name', c.group_name)
+                            ELSE c.group_name END AS group_name,
+                       CASE WHEN c.source >= 2
+                            THEN coalesce(ka.args->>'Process Group Description', c.group_desc)
+                            ELSE c.group_desc END AS group_desc,
+                       CASE WHEN c.source >= 2
+                            THEN coalesce(ka.args->>'Process Group Ranks', c.group_ranks)
+                            ELSE c.group_ranks END AS group_ranks,
+                       CASE WHEN c.source >= 2
+                            THEN coalesce(TRY_CAST(ka.args->>'Group size' AS INTEGER),
+                                          c.group_size)
+                            ELSE c.group_size END AS group_size,
+                       CASE WHEN c.source >= 2
+                            THEN coalesce(TRY_CAST(ka.args->>'Seq' AS BIGINT) - 1, c.seq)
+                            ELSE c.seq END AS seq,
+                       CASE WHEN c.source >= 2
+                            THEN coalesce(c.in_bytes,
+                                          TRY_CAST(ka.args->>'In msg nelems' AS BIGINT)
+                                          * ({_dtype_size_sql(k_dtype)}))
+                            ELSE c.in_bytes END AS in_bytes,
+                       CASE WHEN c.source >= 2
+                            THEN coalesce(c.out_bytes,
+                                          TRY_CAST(ka.args->>'Out msg nelems' AS BIGINT)
+                                          * ({_dtype_size_sql(k_dtype)}))
+                            ELSE c.out_bytes END AS out_bytes,
+                       CASE WHEN c.source >= 2 AND coalesce(c.dtype, '') = ''
+                            THEN {k_dtype} ELSE c.dtype END AS dtype),
+                   l.kernel_event_id, k.ts AS kernel_ts, k.dur AS kernel_dur,
+                   i.iteration::INTEGER AS iteration
+            FROM kept c
+            LEFT JOIN linked l USING (event_id)
+            LEFT JOIN ev k ON k.event_id = l.kernel_event_id
+            LEFT JOIN eva ka ON ka.event_id = l.kernel_event_id
+            LEFT JOIN ev_it i ON i.event_id = c.event_id"""
+
+
 class _CommTables:
     """The communication half of the Kineto reader (``kineto._Reader`` inherits it): groups and
     calls read from the staged ``ev``/``raw`` tables of one file."""
@@ -96,168 +265,14 @@ class _CommTables:
     def comms(self, groups: dict[str, dict[str, Any]]) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Collective and p2p calls, each linked to the NCCL kernel it launched (if any)."""
         ws = self.world_size if self.world_size is not None else "NULL"
-        rpc_dtype = _dtype_sql("e.args->>'dtype'")
-        old_dtype = _dtype_sql("a.args->'Input type'->>0")
-        c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
-        k_dtype = _dtype_sql("ka.args->>'dtype'")
-        launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
-        self.sql(
-            rf"""CREATE TABLE comm_raw AS
-                WITH prism AS (
-                    SELECT e.event_id, e.track_id, e.ts, e.dur, 0 AS source,
-                           regexp_extract(e.name, '[:;]pg=([^;]*)', 1) AS group_name,
-                           nullif(regexp_extract(e.name, '[:;]desc=([^;]*)', 1), '') AS group_desc,
-                           NULL::VARCHAR AS group_ranks, NULL::INTEGER AS group_size,
-                           {_op_kind_sql("regexp_extract(e.name, '[:;]op=([^;]*)', 1)")} AS op,
-                           TRY_CAST(regexp_extract(e.name, '[:;]seq=(-?\d+)', 1) AS BIGINT) AS seq,
-                           TRY_CAST(regexp_extract(e.name, '[:;]in_bytes=(\d+)', 1) AS BIGINT)
-                               AS in_bytes,
-                           TRY_CAST(regexp_extract(e.name, '[:;]out_bytes=(\d+)', 1) AS BIGINT)
-                               AS out_bytes,
-                           {_dtype_sql("regexp_extract(e.name, '[:;]dtype=([^;]*)', 1)")}
-                               AS dtype,
-                           TRY_CAST(regexp_extract(e.name, '[:;]peer=(-?\d+)', 1) AS INTEGER)
-                               AS peer,
-                           TRY_CAST(regexp_extract(e.name, '[:;]tag=(-?\d+)', 1) AS INTEGER) AS tag,
-                           NULL::INTEGER AS group_peer
-                    FROM ev e WHERE NOT e.on_device AND starts_with(e.name, 'prism_comm:')),
-                rpc_new AS (
-                    SELECT e.event_id, e.track_id, e.ts, e.dur, 1 AS source,
-                           e.args->>'Process Group Name' AS group_name,
-                           e.args->>'Process Group Description' AS group_desc,
-                           e.args->>'Process Group Ranks' AS group_ranks,
-                           TRY_CAST(e.args->>'Group size' AS INTEGER) AS group_size,
-                           {_op_kind_sql("e.args->>'Collective name'")} AS op,
-                           TRY_CAST(e.args->>'Seq' AS BIGINT) - 1 AS seq,
-                           TRY_CAST(e.args->>'In msg nelems' AS BIGINT)
-                               * ({_dtype_size_sql(rpc_dtype)}) AS in_bytes,
-                           TRY_CAST(e.args->>'Out msg nelems' AS BIGINT)
-                               * ({_dtype_size_sql(rpc_dtype)}) AS out_bytes,
-                           {rpc_dtype} AS dtype, NULL::INTEGER AS peer, NULL::INTEGER AS tag,
-                           coalesce(TRY_CAST(e.args->>'Dst Rank' AS INTEGER),
-                                    TRY_CAST(e.args->>'Src Rank' AS INTEGER)) AS group_peer
-                    FROM eva e
-                    WHERE e.name = 'record_param_comms' AND e.args->>'Collective name' IS NOT NULL),
-                old_call AS (
-                    SELECT event_id, track_id, ts, dur FROM eva
-                    WHERE name = 'record_param_comms' AND args->>'Collective name' IS NULL),
-                old_mark AS (
-                    SELECT event_id, track_id, ts, dur, name, args FROM eva
-                    WHERE category = 'user_annotation'
-                      AND regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')),
-                rpc_old AS (
-                    -- the first backend annotation after the call on its track, if inside it
-                    SELECT e.event_id, e.track_id, e.ts, e.dur, 2 AS source,
-                           '0' AS group_name, NULL::VARCHAR AS group_desc,
-                           NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
-                           {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
-                           NULL::BIGINT AS seq,
-                           list_aggregate(
-                               TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')::BIGINT
-                               * ({_dtype_size_sql(old_dtype)}) AS in_bytes,
-                           NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
-                           NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
-                    FROM old_call e ASOF JOIN old_mark a
-                      ON a.track_id = e.track_id AND a.event_id > e.event_id
-                    WHERE a.ts + a.dur <= e.ts + e.dur),
-                c10d AS (
-                    -- the c10d op itself (`c10d::_allgather_base_`), for a call whose
-                    -- record_param_comms is absent or says nothing (no args, no annotation)
-                    SELECT e.event_id, e.track_id, e.ts, e.dur, 3 AS source,
-                           '0' AS group_name, NULL::VARCHAR AS group_desc,
-                           NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
-                           {_op_kind_sql("e.name")} AS op, NULL::BIGINT AS seq,
-                           list_aggregate(
-                               TRY_CAST(e.args->'Input Dims'->(c10d_in) AS BIGINT[]), 'product'
-                           )::BIGINT * ({_dtype_size_sql(c10d_dtype)}) AS in_bytes,
-                           NULL::BIGINT AS out_bytes, {c10d_dtype} AS dtype,
-                           NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
-                    FROM (SELECT *,
-                                 -- the input tensor: (output, input, ...) for the *_base_ and
-                                 -- *_tensor forms, whose output differs across ranks
-                                 CASE WHEN regexp_matches(name, '(_base_?|_tensor)$')
-                                      THEN 1 ELSE 0 END AS c10d_in
-                          FROM eva) e
-                    WHERE e.category = 'cpu_op' AND starts_with(e.name, 'c10d::')),
-                said AS (
-                    SELECT * FROM prism UNION ALL SELECT * FROM rpc_new
-                    UNION ALL SELECT * FROM rpc_old),
-                c10d_alone AS (
-                    -- only where no better-described call starts inside the op
-                    SELECT d.* FROM c10d d ASOF LEFT JOIN said o
-                      ON o.track_id = d.track_id AND o.ts >= d.ts
-                    WHERE o.ts IS NULL OR o.ts > d.ts + d.dur),
-                cand AS (
-                    SELECT * FROM said UNION ALL SELECT * FROM c10d_alone),
-                kept AS (
-                    -- drop a call enclosed by an earlier one in (ts, -dur, source, event_id)
-                    -- order on its track: a running max of the ends, not a range join
-                    SELECT * EXCLUDE (prev_end) FROM (
-                        SELECT c.*, max(c.ts + c.dur) OVER (
-                                   PARTITION BY c.track_id
-                                   ORDER BY c.ts, c.dur DESC, c.source, c.event_id
-                                   ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-                        FROM cand c WHERE c.op IS NOT NULL)
-                    WHERE prev_end IS NULL OR prev_end < ts + dur),
-                nccl AS (
-                    SELECT r.track_id, r.ts AS launch_ts, k.event_id, k.ts, k.dur
-                    FROM ev r JOIN ev k ON k.correlation = r.correlation
-                    WHERE r.category IN ({launch}) AND k.category = 'kernel'
-                      AND k.name ILIKE '%nccl%'),
-                first_launch AS (
-                    -- the first NCCL launch on the call's track at or after its start
-                    SELECT c.event_id, n.event_id AS kernel_event_id, n.launch_ts
-                    FROM kept c ASOF JOIN nccl n
-                      ON n.track_id = c.track_id AND n.launch_ts >= c.ts),
-                linked AS (
-                    -- launched inside the call, else inside its enclosing op
-                    SELECT f.event_id, f.kernel_event_id
-                    FROM first_launch f JOIN kept c USING (event_id)
-                    LEFT JOIN ev ce ON ce.event_id = c.event_id
-                    LEFT JOIN ev p ON p.event_id = ce.parent_id
-                    WHERE f.launch_ts <= c.ts + c.dur
-                       OR (p.category IN ('cpu_op', 'user_annotation')
-                           AND f.launch_ts <= p.ts + p.dur))
-                SELECT c.* REPLACE (
-                           -- a host record that names no group (sources 2, 3): the NCCL
-                           -- kernel's args may (newer Kineto copies them onto the kernel)
-                           CASE WHEN c.source >= 2
-                                THEN coalesce(ka.args->>'Process Group Name', c.group_name)
-                                ELSE c.group_name END AS group_name,
-                           CASE WHEN c.source >= 2
-                                THEN coalesce(ka.args->>'Process Group Description', c.group_desc)
-                                ELSE c.group_desc END AS group_desc,
-                           CASE WHEN c.source >= 2
-                                THEN coalesce(ka.args->>'Process Group Ranks', c.group_ranks)
-                                ELSE c.group_ranks END AS group_ranks,
-                           CASE WHEN c.source >= 2
-                                THEN coalesce(TRY_CAST(ka.args->>'Group size' AS INTEGER),
-                                              c.group_size)
-                                ELSE c.group_size END AS group_size,
-                           CASE WHEN c.source >= 2
-                                THEN coalesce(TRY_CAST(ka.args->>'Seq' AS BIGINT) - 1, c.seq)
-                                ELSE c.seq END AS seq,
-                           CASE WHEN c.source >= 2
-                                THEN coalesce(c.in_bytes,
-                                              TRY_CAST(ka.args->>'In msg nelems' AS BIGINT)
-                                              * ({_dtype_size_sql(k_dtype)}))
-                                ELSE c.in_bytes END AS in_bytes,
-                           CASE WHEN c.source >= 2
-                                THEN coalesce(c.out_bytes,
-                                              TRY_CAST(ka.args->>'Out msg nelems' AS BIGINT)
-                                              * ({_dtype_size_sql(k_dtype)}))
-                                ELSE c.out_bytes END AS out_bytes,
-                           CASE WHEN c.source >= 2 AND coalesce(c.dtype, '') = ''
-                                THEN {k_dtype} ELSE c.dtype END AS dtype),
-                       l.kernel_event_id, k.ts AS kernel_ts, k.dur AS kernel_dur,
-                       i.iteration::INTEGER AS iteration
-                FROM kept c
-                LEFT JOIN linked l USING (event_id)
-                LEFT JOIN ev k ON k.event_id = l.kernel_event_id
-                LEFT JOIN eva ka ON ka.event_id = l.kernel_event_id
-                LEFT JOIN ev_it i ON i.event_id = c.event_id"""
-        )
+        self.sql(comm_raw_sql(str(ws), ""))
         raw = self.frame("SELECT * FROM comm_raw ORDER BY ts, event_id")
+        return self.comm_frames(raw, groups)
+
+    def comm_frames(
+        self, raw: pl.DataFrame, groups: dict[str, dict[str, Any]]
+    ) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The collective and p2p frames of the file's ``comm_raw`` rows (sorted by ts, id)."""
         ranks_of = {name: g["ranks"] for name, g in groups.items() if g.get("ranks") is not None}
         size_of = {name: g["size"] for name, g in groups.items() if g.get("size") is not None}
         group_ranks = pl.Series(
@@ -349,16 +364,20 @@ class _CommTables:
             )
         )
 
+    def named_groups(self) -> list[tuple[Any, ...]]:
+        """``(name, description, ranks text, size, source)`` of each group the calls name."""
+        return self.rows(
+            """SELECT group_name, any_value(group_desc), any_value(group_ranks),
+                      max(group_size), min(source)
+               FROM comm_raw WHERE group_name IS NOT NULL GROUP BY group_name ORDER BY group_name"""
+        )
+
     def comm_groups(
         self, groups: dict[str, dict[str, Any]], coll: pl.DataFrame, p2p: pl.DataFrame
     ) -> pl.DataFrame:
         """Declared groups, plus those only named by calls (with their args' ranks)."""
         out = {name: dict(g) for name, g in groups.items()}
-        named = self.rows(
-            """SELECT group_name, any_value(group_desc), any_value(group_ranks),
-                      max(group_size), min(source)
-               FROM comm_raw WHERE group_name IS NOT NULL GROUP BY group_name ORDER BY group_name"""
-        )
+        named = self.named_groups()
         backend = self.info.get("backend")
         for name, desc, ranks_text, size, source in named:
             if name in out:

@@ -162,8 +162,10 @@ def test_a_dead_worker_is_one_error_naming_a_file() -> None:
 
     fut: Future = Future()
     fut.set_exception(BrokenProcessPool("a child process terminated abruptly"))
+    # a batch of files: the first names the batch
+    batch = [TraceFile(Path("/x/rank3.json"), "kineto"), TraceFile(Path("/x/r4.json"), "kineto")]
     with pytest.raises(PrismError, match=r"^/x/rank3\.json: the worker process reading it"):
-        list(_results([fut], [TraceFile(Path("/x/rank3.json"), "kineto")]))
+        list(_results([fut], [batch]))
 
 
 def test_zero_workers_is_refused(tmp_path: Path) -> None:
