@@ -61,6 +61,7 @@ from prism_trace.formats.kineto_sql import (
     _SELECT_EXACT,
     _SELECT_FAST,
     _TWO_POW_43,
+    ARG_ROW_SQL,
 )
 from prism_trace.limits import check_rank, check_world_size
 from prism_trace.nesting import innermost_enclosing, nest_events
@@ -617,16 +618,7 @@ class _Reader(_CommTables):
                 FROM raw r JOIN track t ON t.pid = r.pid AND t.tid_text = r.tid
                 WHERE r.ph IN ('s', 'f') AND r.cat = 'fwdbwd' AND r.ts_us_ns IS NOT NULL"""
         )
-        # The args of the few events whose args later steps read (comms, stream waits): joining
-        # these to ``ev`` is cheap, where joining ``raw`` would scan every event's args each time.
-        self.sql(
-            """CREATE TABLE arg_row AS
-               SELECT rowid AS ord, args FROM raw
-               WHERE name = 'record_param_comms' OR lower(cat) = 'cuda_sync'
-                  OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')
-                  OR starts_with(name, 'c10d::')
-                  OR (lower(cat) = 'kernel' AND name ILIKE '%nccl%')"""
-        )
+        self.sql(ARG_ROW_SQL)
 
     def assign_iterations(self) -> None:
         """Steps from ``ProfilerStep#N``; host events by time, device events by their launch."""

@@ -47,6 +47,7 @@ from prism_trace.formats.kineto_sql import (
     _LAUNCH_CATEGORIES,
     _SELECT_FAST,
     _TWO_POW_43,
+    ARG_ROW_SQL,
 )
 from prism_trace.limits import check_world_size
 
@@ -414,14 +415,7 @@ class _BatchReader(_Reader):
                 FROM raw r JOIN track t ON t.f = r.f AND t.pid = r.pid AND t.tid_text = r.tid
                 WHERE r.ph IN ('s', 'f') AND r.cat = 'fwdbwd' AND r.ts_us_ns IS NOT NULL"""
         )
-        self.sql(
-            """CREATE TABLE arg_row AS
-               SELECT rowid AS ord, args FROM raw
-               WHERE name = 'record_param_comms' OR lower(cat) = 'cuda_sync'
-                  OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')
-                  OR starts_with(name, 'c10d::')
-                  OR (lower(cat) = 'kernel' AND name ILIKE '%nccl%')"""
-        )
+        self.sql(ARG_ROW_SQL)
 
     def build_events(self) -> None:
         self.sql(

@@ -181,3 +181,14 @@ def _dtype_size_sql(x: str) -> str:
     return _once(
         x, f"coalesce({_DTYPE_SIZE_MAP.strip()}[v], CASE WHEN v LIKE 'float8%' THEN 1 END)"
     )
+
+
+# The args of the few events whose args later steps read (comms, stream waits): joining these to
+# ``ev`` is cheap, where joining ``raw`` would scan every event's args each time. The per-file and
+# the batch reader both keep ``raw``'s rowid as ``ord``.
+ARG_ROW_SQL = """CREATE TABLE arg_row AS
+   SELECT rowid AS ord, args FROM raw
+   WHERE name = 'record_param_comms' OR lower(cat) = 'cuda_sync'
+      OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')
+      OR starts_with(name, 'c10d::')
+      OR (lower(cat) = 'kernel' AND name ILIKE '%nccl%')"""
