@@ -52,7 +52,6 @@ from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto_comms import _CommTables, _json_list
 from prism_trace.formats.kineto_sql import (
-    _CATEGORY_SQL,
     _LAUNCH_CATEGORIES,
     _LOAD,
     _MAX_BASE_NS,
@@ -62,6 +61,7 @@ from prism_trace.formats.kineto_sql import (
     _SELECT_FAST,
     _TWO_POW_43,
     ARG_ROW_SQL,
+    ev0_sql,
 )
 from prism_trace.limits import check_rank, check_world_size
 from prism_trace.nesting import innermost_enclosing, nest_events
@@ -411,20 +411,7 @@ class _Reader(_CommTables):
             index, name, field = bad[0]
             msg = f"{self.path}: event #{index} ({name!r}) has no `{field}` at traceEvents[{index}]"
             raise MissingFieldError(msg)
-        base = self.base_ns
-        self.sql(
-            f"""CREATE VIEW ev0 AS
-                SELECT rowid AS ord, ph, pid, tid, ts_us_ns + {base} AS ts,
-                       CASE WHEN ph IN ('i', 'I') THEN 0 ELSE greatest(coalesce(dur_ns, 0), 0) END
-                           AS dur,
-                       coalesce(name, '') AS name, {_CATEGORY_SQL} AS category,
-                       correlation, external_id, rf_id
-                FROM raw
-                WHERE ph IN ('X', 'i', 'I') AND ts_us_ns IS NOT NULL
-                  AND coalesce(cat, '') <> 'Trace'
-                  AND coalesce(pid, '') NOT IN ('Spans', 'Traces', '')
-                  AND NOT (ph IN ('i', 'I') AND name = '[memory]')"""
-        )
+        self.sql(ev0_sql(str(self.base_ns)))
 
     def check_records(self) -> None:
         """Refuse the file on its first record with a missing, mistyped or out-of-range field."""

@@ -43,11 +43,11 @@ from prism_trace.formats.kineto import (
 )
 from prism_trace.formats.kineto_comms import _CommTables, comm_raw_sql
 from prism_trace.formats.kineto_sql import (
-    _CATEGORY_SQL,
     _LAUNCH_CATEGORIES,
     _SELECT_FAST,
     _TWO_POW_43,
     ARG_ROW_SQL,
+    ev0_sql,
 )
 from prism_trace.limits import check_world_size
 
@@ -367,19 +367,7 @@ class _BatchReader(_Reader):
         if bad:
             raise _Fallback
         base = self._list(self.bases, "BIGINT")
-        self.sql(
-            f"""CREATE VIEW ev0 AS
-                SELECT rowid AS ord, f, ph, pid, tid, ts_us_ns + {base}[f + 1] AS ts,
-                       CASE WHEN ph IN ('i', 'I') THEN 0 ELSE greatest(coalesce(dur_ns, 0), 0) END
-                           AS dur,
-                       coalesce(name, '') AS name, {_CATEGORY_SQL} AS category,
-                       correlation, external_id, rf_id
-                FROM raw
-                WHERE ph IN ('X', 'i', 'I') AND ts_us_ns IS NOT NULL
-                  AND coalesce(cat, '') <> 'Trace'
-                  AND coalesce(pid, '') NOT IN ('Spans', 'Traces', '')
-                  AND NOT (ph IN ('i', 'I') AND name = '[memory]')"""
-        )
+        self.sql(ev0_sql(f"{base}[f + 1]", keys="f, "))
 
     def build_tracks(self) -> None:
         device = ", ".join(f"'{c}'" for c in _DEVICE_CATEGORIES)

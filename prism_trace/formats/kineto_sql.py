@@ -192,3 +192,21 @@ ARG_ROW_SQL = """CREATE TABLE arg_row AS
       OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')
       OR starts_with(name, 'c10d::')
       OR (lower(cat) = 'kernel' AND name ILIKE '%nccl%')"""
+
+
+def ev0_sql(base_ns: str, *, keys: str = "") -> str:
+    """The view of ``raw``'s timed events (``ev0``) that tracks and events are built from.
+
+    ``base_ns`` is the SQL of the nanoseconds added to each ``ts`` (the trace's base time; the
+    batch reader indexes a list of them by file), ``keys`` the extra leading columns (``"f, "``).
+    """
+    return f"""CREATE VIEW ev0 AS
+        SELECT rowid AS ord, {keys}ph, pid, tid, ts_us_ns + {base_ns} AS ts,
+               CASE WHEN ph IN ('i', 'I') THEN 0 ELSE greatest(coalesce(dur_ns, 0), 0) END AS dur,
+               coalesce(name, '') AS name, {_CATEGORY_SQL} AS category,
+               correlation, external_id, rf_id
+        FROM raw
+        WHERE ph IN ('X', 'i', 'I') AND ts_us_ns IS NOT NULL
+          AND coalesce(cat, '') <> 'Trace'
+          AND coalesce(pid, '') NOT IN ('Spans', 'Traces', '')
+          AND NOT (ph IN ('i', 'I') AND name = '[memory]')"""
