@@ -113,6 +113,21 @@ _OBJECT_BYTES_MAX = 1 << 30
 # with (``_Reader.free``); ~15 statements, ~10 ms a file, that a small trace does without.
 _FREE_BYTES = 32 << 20
 
+# The columns of a ``[memory]`` record (alias ``m``): its device, address, bytes and the
+# allocator's totals; the per-file and the batch reader both select them.
+_DEVICE_LIST = "[" + ", ".join(f"'{t}'" for t in _DEVICE_TYPES) + "]"
+_MEMORY_COLUMNS = f"""CASE WHEN TRY_CAST(m.args->>'Device Type' AS INTEGER) IS NOT NULL
+                            THEN coalesce(
+                                list_extract({_DEVICE_LIST},
+                                             TRY_CAST(m.args->>'Device Type' AS INTEGER) + 1),
+                                m.args->>'Device Type')
+                            ELSE lower(m.args->>'Device Type') END AS device_type,
+                       TRY_CAST(m.args->>'Device Id' AS INTEGER) AS device_id,
+                       TRY_CAST(m.args->>'Addr' AS BIGINT) AS addr,
+                       coalesce(TRY_CAST(m.args->>'Bytes' AS BIGINT), 0) AS bytes,
+                       TRY_CAST(m.args->>'Total Allocated' AS BIGINT) AS total_allocated,
+                       TRY_CAST(m.args->>'Total Reserved' AS BIGINT) AS total_reserved,"""
+
 
 def rank_from_file_name(path: Path) -> int | None:
     """The rank a file name states: ``worker3_step_12...``, ``rank3_trace.json``, ``x.3.json``.
@@ -638,21 +653,10 @@ class _Reader(_CommTables):
     # -- other frames --------------------------------------------------------------------------
 
     def memory(self) -> pl.DataFrame:
-        types = "[" + ", ".join(f"'{t}'" for t in _DEVICE_TYPES) + "]"
         return self.frame(
             f"""WITH m AS (SELECT * FROM mem_record)
                 SELECT {self.rank} AS rank, m.ts,
-                       CASE WHEN TRY_CAST(m.args->>'Device Type' AS INTEGER) IS NOT NULL
-                            THEN coalesce(
-                                list_extract({types},
-                                             TRY_CAST(m.args->>'Device Type' AS INTEGER) + 1),
-                                m.args->>'Device Type')
-                            ELSE lower(m.args->>'Device Type') END AS device_type,
-                       TRY_CAST(m.args->>'Device Id' AS INTEGER) AS device_id,
-                       TRY_CAST(m.args->>'Addr' AS BIGINT) AS addr,
-                       coalesce(TRY_CAST(m.args->>'Bytes' AS BIGINT), 0) AS bytes,
-                       TRY_CAST(m.args->>'Total Allocated' AS BIGINT) AS total_allocated,
-                       TRY_CAST(m.args->>'Total Reserved' AS BIGINT) AS total_reserved,
+                       {_MEMORY_COLUMNS}
                        CASE WHEN m.ts < s.ts + greatest(s.dur, 1) THEN s.iteration END AS iteration
                 FROM m ASOF LEFT JOIN step s ON m.ts >= s.ts
                 ORDER BY m.ts"""

@@ -33,8 +33,8 @@ from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto import (
     _DEVICE_CATEGORIES,
-    _DEVICE_TYPES,
     _FREE_BYTES,
+    _MEMORY_COLUMNS,
     _OBJECT_BYTES,
     _base_ns,
     _Reader,
@@ -454,20 +454,9 @@ class _BatchReader(_Reader):
 
     def batch_memory(self) -> pl.DataFrame:
         """``_Reader.memory`` with the file key (steps of the record's own file)."""
-        types = "[" + ", ".join(f"'{t}'" for t in _DEVICE_TYPES) + "]"
         return self.frame(
             f"""SELECT m.f, m.ts,
-                       CASE WHEN TRY_CAST(m.args->>'Device Type' AS INTEGER) IS NOT NULL
-                            THEN coalesce(
-                                list_extract({types},
-                                             TRY_CAST(m.args->>'Device Type' AS INTEGER) + 1),
-                                m.args->>'Device Type')
-                            ELSE lower(m.args->>'Device Type') END AS device_type,
-                       TRY_CAST(m.args->>'Device Id' AS INTEGER) AS device_id,
-                       TRY_CAST(m.args->>'Addr' AS BIGINT) AS addr,
-                       coalesce(TRY_CAST(m.args->>'Bytes' AS BIGINT), 0) AS bytes,
-                       TRY_CAST(m.args->>'Total Allocated' AS BIGINT) AS total_allocated,
-                       TRY_CAST(m.args->>'Total Reserved' AS BIGINT) AS total_reserved,
+                       {_MEMORY_COLUMNS}
                        CASE WHEN m.ts < s.ts + greatest(s.dur, 1) THEN s.iteration END AS iteration
                 FROM mem_record m ASOF LEFT JOIN step s ON m.f = s.f AND m.ts >= s.ts
                 ORDER BY m.f, m.ts"""
