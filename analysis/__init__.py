@@ -26,7 +26,7 @@ from prism_trace.analysis.stragglers import (
     skew,
     straggler_ops,
 )
-from prism_trace.analysis.views import load_views
+from prism_trace.analysis.views import load_views, names_in
 
 from prism_trace.errors import PrismError
 from prism_trace.store import Store
@@ -52,6 +52,7 @@ __all__ = [
     "idle",
     "kernels",
     "load_views",
+    "names_in",
     "overlap",
     "rank_step_waits",
     "run_diff",

@@ -7,12 +7,19 @@ column with ``-- @column <name> <doc>``; helpers start with ``_``. Objects are c
 ``TEMP`` views on the given connection: the analyses never write to the store, read-only stores
 work, and the definitions always match the installed code. Each comment block becomes
 ``COMMENT ON``, so ``duckdb_views()`` and ``duckdb_columns()`` show the docs.
+
+Creating a view binds its query, and a view over views re-binds the chain below it: loading all
+of them costs about 1 s on a store and several seconds over a Parquet export, where every bind
+lists files. So a caller names what it reads and only those objects and the ones they refer to are
+created (``names``; ``names_in`` finds them in a query's text).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -25,7 +32,15 @@ from prism_trace.store import Store
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
-__all__ = ["SQL_DIR", "SqlObject", "load_views", "modules", "render_markdown", "run_view"]
+__all__ = [
+    "SQL_DIR",
+    "SqlObject",
+    "load_views",
+    "modules",
+    "names_in",
+    "render_markdown",
+    "run_view",
+]
 
 # Read through importlib.resources, so the modules are found in a wheel as in a checkout.
 SQL_DIR = resources.files("prism_trace.analysis") / "sql"
@@ -33,6 +48,12 @@ SQL_DIR = resources.files("prism_trace.analysis") / "sql"
 _INCLUDE = re.compile(r"^--\s*include:\s*(.+)$")
 _CREATE = re.compile(r"^CREATE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 _COLUMN = re.compile(r"^@column\s+(\w+)\s+(.*)$")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A query that reads the catalog may look for any object, so it gets them all.
+_CATALOG = re.compile(
+    r"\b(duckdb_views|duckdb_columns|duckdb_functions|information_schema|show\s+(all\s+)?tables)\b",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -124,6 +145,12 @@ def modules() -> list[SqlObject]:
     Raises:
         PrismError: a module breaks the conventions or includes an unknown or cyclic module.
     """
+    return list(_modules())
+
+
+@cache
+def _modules() -> tuple[SqlObject, ...]:
+    """The parsed modules, once per process: they are files of the installed package."""
     files = sorted((p for p in SQL_DIR.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name)
     parsed = {p.name.removesuffix(".sql"): _parse(p) for p in files}
     order: list[str] = []
@@ -146,35 +173,80 @@ def modules() -> list[SqlObject]:
 
     for name in parsed:
         visit(name, name)
-    return [obj for name in order for obj in parsed[name][1]]
+    return tuple(obj for name in order for obj in parsed[name][1])
 
 
-def _loaded(con: duckdb.DuckDBPyConnection, objects: list[SqlObject]) -> bool:
-    views = {o.name for o in objects if o.kind == "VIEW"}
-    rows = con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()
-    return views <= {r[0] for r in rows}
+@cache
+def _refers_to() -> dict[str, frozenset[str]]:
+    """For each object, the other objects its SQL names."""
+    known = {o.name for o in _modules()}
+    return {
+        o.name: frozenset(t.lower() for t in _IDENTIFIER.findall(o.sql) if t.lower() in known)
+        - {o.name}
+        for o in _modules()
+    }
 
 
-def load_views(con: duckdb.DuckDBPyConnection, *, force: bool = False) -> list[SqlObject]:
-    """Create every module's views and macros as TEMP objects on ``con``, with their comments.
+def names_in(sql: str) -> set[str] | None:
+    """The objects a query names (``None``: it reads the catalog, so it may need any of them)."""
+    if _CATALOG.search(sql):
+        return None
+    known = {o.name for o in _modules()}
+    return {t.lower() for t in _IDENTIFIER.findall(sql) if t.lower() in known}
 
-    Idempotent: when all views already exist on the connection, nothing is re-created unless
-    ``force``. TEMP objects belong to one connection; call it again for a cursor.
+
+def _needed(names: Iterable[str] | None) -> list[SqlObject]:
+    """The objects ``names`` read, directly or through others, in load order."""
+    if names is None:
+        return list(_modules())
+    refers = _refers_to()
+    need: set[str] = set()
+    todo = [n.lower() for n in names if n.lower() in refers]
+    while todo:
+        name = todo.pop()
+        if name not in need:
+            need.add(name)
+            todo.extend(refers[name])
+    return [o for o in _modules() if o.name in need]
+
+
+def _present(con: duckdb.DuckDBPyConnection) -> set[str]:
+    """Our TEMP views and macros already on ``con``."""
+    rows = con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE temporary"
+        " UNION ALL SELECT function_name FROM duckdb_functions()"
+        " WHERE database_name = 'temp' AND function_type = 'table_macro'"
+    ).fetchall()
+    return {r[0] for r in rows}
+
+
+def load_views(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    force: bool = False,
+    names: Iterable[str] | None = None,
+) -> list[SqlObject]:
+    """Create the modules' views and macros as TEMP objects on ``con``, with their comments.
+
+    Idempotent: an object already on the connection is not re-created unless ``force``. TEMP
+    objects belong to one connection; call it again for a cursor.
 
     Args:
         con: an open DuckDB connection to a store (read-only is fine).
         force: re-create even when already loaded.
+        names: create only these objects and those they read (``None``: every object).
 
     Returns:
-        The loaded objects, in load order.
+        The objects asked for and those they read, in load order.
 
     Raises:
         PrismError: a module is malformed, fails to create, or leaves a public column undocumented.
     """
-    objects = modules()
-    if not force and _loaded(con, objects):
-        return objects
+    objects = _needed(names)
+    present = set() if force else _present(con)
     for obj in objects:
+        if obj.name in present:
+            continue
         where = SQL_DIR / f"{obj.module}.sql"
         try:
             con.execute(obj.sql)
@@ -238,7 +310,7 @@ def run_view(
         PrismError: no run of that name, or the views cannot be loaded.
     """
     run_id = store.require_run(run)
-    load_views(store.con)
+    load_views(store.con, names=[source.split("(", 1)[0].strip()])
     where = ["run_id = ?"]
     values: list[object] = [*(params or []), run_id]
     if ranks is not None:

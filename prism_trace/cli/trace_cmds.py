@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -218,7 +219,7 @@ def query_cmd(
     args: tuple[str, ...], parquet: str | None, fmt: str, output: Path | None, max_rows: int
 ) -> None:
     """Run SQL against DB (read-only), or against a Parquet export, and print or write it."""
-    from prism_trace.analysis import load_views
+    from prism_trace.analysis import load_views, names_in
     from prism_trace.query import run_query
     from prism_trace.store import open_store
 
@@ -238,7 +239,8 @@ def query_cmd(
             fmt=fmt,  # type: ignore[arg-type]
             output=output,
             max_rows=max_rows,
-            prepare=load_views,
+            # Only the views the SQL names: creating all of them binds every one.
+            prepare=functools.partial(load_views, names=names_in(args[-1])),
         )
     if text:
         click.echo(text, nl=not text.endswith("\n"))

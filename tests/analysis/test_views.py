@@ -76,3 +76,44 @@ def test_docs_reference_is_current() -> None:
         "docs/analysis.md is stale: regenerate the reference with "
         "`python -m prism_trace.analysis.views`"
     )
+
+
+def _positional_arity(sql: str) -> int:
+    """How many arguments a macro needs: those without a ``:=`` default."""
+    params = sql.split("(", 1)[1].split(")", 1)[0]
+    return sum(1 for p in params.split(",") if p.strip() and ":=" not in p)
+
+
+def test_each_object_loads_alone_with_what_it_reads(sample_store: Store) -> None:
+    """Loading one object on a fresh cursor creates exactly its closure, and it then runs: the
+    references found in the SQL text are complete (a missing one fails to bind or to run)."""
+    for obj in views.modules():
+        if not obj.public:
+            continue
+        cur = sample_store.con.cursor()
+        loaded = views.load_views(cur, names=[obj.name])
+        assert obj.name in {o.name for o in loaded}
+        if obj.kind == "VIEW":
+            cur.sql(f"SELECT * FROM {obj.name} LIMIT 1").fetchall()
+        else:
+            args = ", ".join(["0"] * _positional_arity(obj.sql))
+            cur.sql(f"SELECT * FROM {obj.name}({args}) LIMIT 1").fetchall()
+        cur.close()
+
+
+def test_a_query_loads_only_what_it_names(sample_store: Store) -> None:
+    cur = sample_store.con.cursor()
+    names = views.names_in("SELECT * FROM comm_collective_skew JOIN kernel USING (rank)")
+    assert names == {"comm_collective_skew"}
+    loaded = {o.name for o in views.load_views(cur, names=names)}
+    present = {
+        r[0] for r in cur.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()
+    }
+    assert "comm_collective_skew" in present
+    assert not any(n.startswith("pipeline_") for n in present)
+    ours = {o.name for o in views.modules()}
+    assert present & ours == loaded
+    # A query of the catalog may look for any object: all of them are loaded.
+    assert views.names_in("SELECT * FROM duckdb_views() WHERE view_name LIKE 'pipeline%'") is None
+    assert views.names_in("select 1") == set()
+    cur.close()
