@@ -4,7 +4,7 @@
 order (``_reading``). With one worker (or one file) the files are read in this process, one
 ahead of the one being stored, and a Kineto file's events stream from a work database of its own
 straight into the store's ``event`` table (``_read_file``); with more, worker processes or a dask
-cluster read them into parts (``ingest_parts``) whose events are appended here (``_insert_part``).
+cluster read them into parts (``ingest_parts``) whose events the driver appends (``_hold_part``).
 Also the rules both paths share: which reader reads a format, when a trace is worked on in a
 database file, how a clash between two files giving one rank reads.
 """
@@ -27,6 +27,7 @@ from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
 from prism_trace.store import Store
 
 if TYPE_CHECKING:
+    from prism_trace.ingest_append import Pending
     from prism_trace.ingest_parts import Engine, FilePart
 
 __all__ = ["read_trace"]
@@ -198,22 +199,17 @@ def _read_batch_here(
         cur.close()
 
 
-def _insert_part(shared: _Shared, part: FilePart, ranks: list[int]) -> None:
-    """Append the events of a worker's part for ``ranks`` to the store (hold ``lock``), in the
-    part's order; the part is deleted once stored, so scratch holds the parts not yet stored."""
+def _hold_part(shared: _Shared, pending: Pending, part: FilePart, ranks: list[int]) -> None:
+    """Hold the events of a worker's part for ``ranks`` for the store (hold ``lock``); the part
+    is deleted once stored, so scratch holds the parts not yet stored."""
     path = part.events_path
     if path is None:
         return
     mine = [r for r in part.event_ranks if r in ranks]
     shared.claim(part.tables.path, mine)
-    if mine:
-        cols = ", ".join(FRAME_SCHEMAS["events"])
-        shared.store.con.execute(
-            f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
-            f" FROM read_parquet('{_quote(path)}')"
-            f" WHERE rank IN ({', '.join(str(r) for r in mine)})"
-        )
-    path.unlink(missing_ok=True)
+    pending.add_part(
+        part.tables.path, path, mine, whole=sorted(mine) == sorted(set(part.event_ranks))
+    )
 
 
 @dataclass
