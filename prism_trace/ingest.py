@@ -13,6 +13,7 @@ transaction (``ingest_parts``).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -54,7 +55,7 @@ from prism_trace.store_write import (
 if TYPE_CHECKING:
     from prism_trace.ingest_parts import Engine
 
-__all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace"]
+__all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace", "reader_processes"]
 
 # Frames concatenated across files into the run's tables, and the table each one fills.
 _TABLE_OF_FRAME = {
@@ -287,7 +288,7 @@ def ingest(
     rank: int | None = None,
     replace: bool = False,
     progress: bool = True,
-    workers: int | None = None,
+    workers: int | Literal["auto"] | None = None,
     engine: Engine = "local",
     scheduler: str | None = None,
     scratch: Path | None = None,
@@ -314,7 +315,9 @@ def ingest(
             in this process; with more (and more than one file), in that many worker processes,
             each of which hands its files' events back as Parquet parts
             (``prism_trace.ingest_parts``). More is faster on idle cores, but each file in
-            flight holds its own work tables. The stored rows are the same either way.
+            flight holds its own work tables. ``"auto"`` (the CLI's default): up to one a core,
+            but a set too small for workers to pay is read here (``ingest_read._Plan``:
+            docs/ingest.md, "How many workers"). The stored rows are the same either way.
         engine: ``local`` (worker processes on this machine) or ``dask`` (dask.distributed,
             the ``prism-trace[cluster]`` extra; every file is read by a dask worker).
         scheduler: with ``engine="dask"``, the scheduler's address; default: a local cluster
@@ -331,8 +334,11 @@ def ingest(
         DuplicateRankError: a rank appears twice, or a file was already ingested.
         TraceFormatError: a file is bad (its subclasses say how).
     """
+    auto = workers == "auto"
+    if workers == "auto":
+        workers = os.cpu_count() or 1
     workers = workers if workers is not None else jobs if jobs is not None else _WORKERS
-    if workers < 1:
+    if not isinstance(workers, int) or workers < 1:
         msg = f"--workers must be at least 1, got {workers}"
         raise PrismError(msg)
     if engine not in ("local", "dask"):
@@ -371,8 +377,29 @@ def ingest(
             format=format,
             rank=rank,
             progress=progress,
-            plan=_Plan(workers=workers, engine=engine, scheduler=scheduler),
+            plan=_Plan(workers=workers, engine=engine, scheduler=scheduler, auto=auto),
         )
+
+
+def reader_processes(
+    paths: list[Path],
+    *,
+    format: Literal["auto", "kineto", "host_et", "chakra", "op_timeline"] = "auto",
+    workers: int | Literal["auto"] = "auto",
+) -> int:
+    """How many worker processes ``ingest`` would read ``paths`` with, were they forked from a
+    warm process (``ingest_parts.preforked``); 0 when it would read them here.
+
+    The CLI asks before it opens the store, to fork that many (a fork must come before any
+    DuckDB connection); a set ``ingest`` would refuse gives 0 (``ingest`` then says why).
+    """
+    auto = workers == "auto"
+    n = (os.cpu_count() or 1) if workers == "auto" else workers
+    try:
+        files, _ = discover(paths, format=format)
+    except PrismError:
+        return 0
+    return _Plan(workers=n, auto=auto).processes(files, forked=True) if files else 0
 
 
 @contextlib.contextmanager
