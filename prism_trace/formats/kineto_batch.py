@@ -307,8 +307,8 @@ class _BatchReader(_Reader):
             e_off = int(event_off.get(f, 0))
             lit_rank = pl.lit(rank, pl.Int32).alias("rank")
             ids = _shifted
-            # (``replace``: the empty frames made once for the batch, not ten a file; ``conform``
-            # below makes every frame anew)
+            # (``replace``: the empty frames made once for the batch, not ten a file; files may
+            # share them: nothing changes a frame in place)
             tables = dataclasses.replace(blank, path=path, world_size=self.world_sizes[f])
             tables.tracks = ids(
                 by_file["tracks"](f).select(lit_rank, pl.exclude("f")), ("track_id",), t_off
