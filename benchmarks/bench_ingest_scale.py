@@ -5,7 +5,8 @@ Two sets, every tool run in a fresh process (wall clock and peak memory of its p
 
 1. ``dlrm-32rank``: the 8 real PARAM DLRM Kineto ranks replicated to 32 (``distributedInfo.rank``
    and ``world_size`` rewritten, file ``rank<r>.pt.trace.json.gz``). Runs ``prism ingest
-   --workers 1``, ``prism ingest --workers 2`` and HTA's ``TraceAnalysis(trace_dir=...)`` parse
+   --workers 1``, ``prism ingest --workers 2``, ``prism ingest`` (the default plan, which must
+   not be slower than ``--workers 1``) and HTA's ``TraceAnalysis(trace_dir=...)`` parse
    on the same folder; checks that both prism stores hold the same rows. Then the floor: the
    Kineto reader alone in one process (no store, no pool) on one of the files (the memory every
    reading process pays: interpreter, DuckDB, polars) and on all of them (the reader's time);
@@ -83,15 +84,17 @@ def run_hta(ts: bi.TraceSet, work: Path, timeout: float) -> bi.Measurement:
 
 
 def run_prism(
-    prism: str, ts: bi.TraceSet, db: Path, workers: int, timeout: float
+    prism: str, ts: bi.TraceSet, db: Path, workers: int | None, timeout: float
 ) -> bi.Measurement:
-    """``prism ingest --workers N`` into a new store."""
+    """``prism ingest --workers N`` into a new store (None: no ``--workers``, the default plan)."""
     for p in (db, db.with_suffix(".duckdb.wal")):
         p.unlink(missing_ok=True)
     cmd = [prism, "ingest", str(ts.path), "--db", str(db), "--run", "b", "--quiet"]
-    cmd += ["--workers", str(workers)]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
     log = db.with_suffix(".log")
-    return bi.measure(f"prism --workers {workers}", cmd, log=log, timeout_s=timeout)
+    label = "prism (default)" if workers is None else f"prism --workers {workers}"
+    return bi.measure(label, cmd, log=log, timeout_s=timeout)
 
 
 def run_reader(
@@ -221,12 +224,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ts = make_dlrm(work / "dlrm32")
         runs = {}
-        for tool in ("w1", "w2", "hta"):
+        for tool in ("w1", "w2", "wd", "hta"):
             bi._warm(ts.files)
             if tool == "hta":
                 m = run_hta(ts, work, args.timeout)
             else:
-                m = run_prism(prism, ts, work / f"{tool}.duckdb", int(tool[1]), args.timeout)
+                n = None if tool == "wd" else int(tool[1])
+                m = run_prism(prism, ts, work / f"{tool}.duckdb", n, args.timeout)
+                if tool == "wd":  # the plan the default would take now (the load has moved)
+                    from prism_trace.ingest import reader_processes
+
+                    m.extra["plan"] = reader_processes([ts.path])
             print(
                 f"  {ts.name} {m.tool:<18} {m.wall_s:7.2f} s {m.peak_tree_mb:6.0f} MB",
                 file=sys.stderr,
@@ -251,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         floor = bi.run_floor(ts, work, args.timeout)
         print(f"  {ts.name} {floor.tool:<18} {floor.wall_s:7.2f} s", file=sys.stderr)
         rows.append((ts.name, floor, ts))
-        w1, w2, hta = runs["w1"], runs["w2"], runs["hta"]
+        w1, w2, wd, hta = runs["w1"], runs["w2"], runs["wd"], runs["hta"]
         one, every = runs["reader1"], runs[f"reader{len(ts.files)}"]
         same, events = same_rows(work / "w1.duckdb", work / "w2.duckdb")
         w1.extra["events"] = w2.extra["events"] = events
@@ -263,9 +271,23 @@ def main(argv: list[str] | None = None) -> int:
             )
             + f"; rows identical: {'yes' if same else 'NO'}"
         )
+        same_d, _ = same_rows(work / "w1.duckdb", work / "wd.duckdb")
+        wd.extra["events"] = events
+        lines.append(
+            _line(
+                f"{ts.name}: the default (no --workers) over --workers 1, time",
+                wd.wall_s / w1.wall_s,
+                1.0,
+                at_most=True,
+            )
+            + f" (just after it, at load {os.getloadavg()[0]:.2f}, the default plans"
+            f" {wd.extra['plan'] or 'no'} worker processes); rows identical:"
+            f" {'yes' if same_d else 'NO'}"
+        )
         lines.append(
             f"{ts.name}: CPU seconds over all processes: --workers 1 {w1.extra['cpu_s']},"
-            f" --workers 2 {w2.extra['cpu_s']}, HTA {hta.extra['cpu_s']}"
+            f" --workers 2 {w2.extra['cpu_s']}, default {wd.extra['cpu_s']},"
+            f" HTA {hta.extra['cpu_s']}"
             " (on a busy machine wall time follows the CPU share; CPU time does not)"
         )
         if one.rc == 0 and every.rc == 0:

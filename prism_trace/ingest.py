@@ -1,9 +1,10 @@
 """Ingest: discover → read → check → link → derive → write, all or nothing.
 
-The whole ingest is one DuckDB transaction on the store: each file's rows are appended as soon as
-the file is read (a Kineto file's events stream from its scratch database straight into ``event``),
-and any failure (a bad file, a rank or run-name clash, a full disk) rolls everything back, so a
-failed ingest leaves the store exactly as it was. Rows are written once: there is no staging copy.
+The whole ingest is one DuckDB transaction on the store: the files' rows are appended in file
+order as they are read, one append per table for many files (``ingest_append.Pending``; a large
+Kineto file's events stream from its scratch database straight into ``event``), and any failure
+(a bad file, a rank or run-name clash, a full disk) rolls everything back, so a failed ingest
+leaves the store exactly as it was. Rows are written once: there is no staging copy.
 With several workers the files are read in other processes (or on a dask cluster) and each file's
 events come back as a Parquet part that this process appends, in file order, inside the same
 transaction (``ingest_parts``).
@@ -12,6 +13,7 @@ transaction (``ingest_parts``).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import tempfile
 from collections.abc import Iterator
@@ -28,10 +30,11 @@ from prism_trace.collectives import check_member_counts, settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
+from prism_trace.ingest_append import Pending
 from prism_trace.ingest_read import (
     _MEMORY_LIMIT,
     _clash,
-    _insert_part,
+    _hold_part,
     _Plan,
     _reading,
     _Shared,
@@ -52,7 +55,7 @@ from prism_trace.store_write import (
 if TYPE_CHECKING:
     from prism_trace.ingest_parts import Engine
 
-__all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace"]
+__all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace", "reader_processes"]
 
 # Frames concatenated across files into the run's tables, and the table each one fills.
 _TABLE_OF_FRAME = {
@@ -285,7 +288,7 @@ def ingest(
     rank: int | None = None,
     replace: bool = False,
     progress: bool = True,
-    workers: int | None = None,
+    workers: int | Literal["auto"] | None = None,
     engine: Engine = "local",
     scheduler: str | None = None,
     scratch: Path | None = None,
@@ -312,7 +315,9 @@ def ingest(
             in this process; with more (and more than one file), in that many worker processes,
             each of which hands its files' events back as Parquet parts
             (``prism_trace.ingest_parts``). More is faster on idle cores, but each file in
-            flight holds its own work tables. The stored rows are the same either way.
+            flight holds its own work tables. ``"auto"`` (the CLI's default): up to one a core,
+            but a set too small for workers to pay is read here (``ingest_read._Plan``:
+            docs/ingest.md, "How many workers"). The stored rows are the same either way.
         engine: ``local`` (worker processes on this machine) or ``dask`` (dask.distributed,
             the ``prism-trace[cluster]`` extra; every file is read by a dask worker).
         scheduler: with ``engine="dask"``, the scheduler's address; default: a local cluster
@@ -329,8 +334,11 @@ def ingest(
         DuplicateRankError: a rank appears twice, or a file was already ingested.
         TraceFormatError: a file is bad (its subclasses say how).
     """
+    auto = workers == "auto"
+    if workers == "auto":
+        workers = os.cpu_count() or 1
     workers = workers if workers is not None else jobs if jobs is not None else _WORKERS
-    if workers < 1:
+    if not isinstance(workers, int) or workers < 1:
         msg = f"--workers must be at least 1, got {workers}"
         raise PrismError(msg)
     if engine not in ("local", "dask"):
@@ -369,8 +377,29 @@ def ingest(
             format=format,
             rank=rank,
             progress=progress,
-            plan=_Plan(workers=workers, engine=engine, scheduler=scheduler),
+            plan=_Plan(workers=workers, engine=engine, scheduler=scheduler, auto=auto),
         )
+
+
+def reader_processes(
+    paths: list[Path],
+    *,
+    format: Literal["auto", "kineto", "host_et", "chakra", "op_timeline"] = "auto",
+    workers: int | Literal["auto"] = "auto",
+) -> int:
+    """How many worker processes ``ingest`` would read ``paths`` with, were they forked from a
+    warm process (``ingest_parts.preforked``); 0 when it would read them here.
+
+    The CLI asks before it opens the store, to fork that many (a fork must come before any
+    DuckDB connection); a set ``ingest`` would refuse gives 0 (``ingest`` then says why).
+    """
+    auto = workers == "auto"
+    n = (os.cpu_count() or 1) if workers == "auto" else workers
+    try:
+        files, _ = discover(paths, format=format)
+    except PrismError:
+        return 0
+    return _Plan(workers=n, auto=auto).processes(files, forked=True) if files else 0
 
 
 @contextlib.contextmanager
@@ -451,6 +480,7 @@ def _ingest_files(
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     total = sum(f.path.stat().st_size for f in files)
     bar = tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest")
+    pending = Pending(run_id)
     with contextlib.closing(bar), _reading(shared, files, plan) as results:
         for f, fp, (t, part) in zip(files, prints, results, strict=True):
             _check_bounds(t)
@@ -468,15 +498,16 @@ def _ingest_files(
                 if t.format == "host_et":
                     # Timeline frames come from the rank's timeline source when it has one.
                     mine = [r for r in t.rank_ids if r not in book.timeline]
+                    pending.flush(con)  # the rank's Kineto events must be in the store
                     for r in t.rank_ids:
                         ops = t.et_ops.filter(pl.col("rank") == r)
                         n_linked = 0
                         if book.timeline.get(r, ("",))[0] == "kineto":
                             ops, n_linked = _link_rank(con, run_id, r, ops)
                         et_counts[r] = (ops.height, n_linked)
-                        append(con, "et_op", run_id=run_id, df=ops)
+                        pending.add("et_op", f.path, ops)
                 else:
-                    append(con, "et_op", run_id=run_id, df=t.et_ops)
+                    pending.add("et_op", f.path, t.et_ops)
                 keep = pl.col("rank").is_in(mine)
                 iterations = t.iterations.filter(keep)
                 colls = _number(t.collectives.filter(keep), ["rank", "group_name"])
@@ -486,18 +517,17 @@ def _ingest_files(
                 )
                 events = t.events.filter(keep)
                 shared.claim(t.path, events["rank"].unique().to_list())
-                append(con, "track", run_id=run_id, df=t.tracks.filter(keep))
-                append(con, "event", run_id=run_id, df=events)
+                pending.add("track", f.path, t.tracks.filter(keep))
+                pending.add("event", f.path, events)
                 if part is not None:
-                    _insert_part(shared, part, mine)
-                append(con, "flow", run_id=run_id, df=t.flows.filter(keep))
-                append(con, "iteration", run_id=run_id, df=iterations)
-                append(
-                    con,
-                    "memory",
-                    run_id=run_id,
-                    df=assign_iteration(t.memory.filter(keep), "ts", iterations),
+                    _hold_part(shared, pending, part, mine)
+                pending.add("flow", f.path, t.flows.filter(keep))
+                pending.add("iteration", f.path, iterations)
+                pending.add(
+                    "memory", f.path, assign_iteration(t.memory.filter(keep), "ts", iterations)
                 )
+                if pending.full():
+                    pending.flush(con)
             coll_frames.append(assign_iteration(colls, "host_ts", iterations))
             p2p_frames.append(assign_iteration(p2p, "host_ts", iterations))
             size = f.path.stat().st_size
@@ -505,6 +535,8 @@ def _ingest_files(
             sources.append([one, str(f.path.resolve()), t.format, size, fp, now])
             bar.update(size)
             del t, events, part
+        with shared.lock:
+            pending.flush(con)
 
     ranks = sorted(set(book.timeline) | set(book.host_et))
     world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)

@@ -11,7 +11,9 @@ rows of a file it read itself, so the stored rows do not depend on where a file 
 
 Small Kineto files go to a worker in batches (``parse_batch``: one run of the reader's
 statements for several files, ``formats/kineto_batch.py``), about one batch a worker; a batch
-that cannot be read as one is read file by file, each file's error raised at its turn.
+that cannot be read as one is read file by file, each file's error raised at its turn. A
+batch's events come back in its frames, not as parts: they are small, and the pipe is cheaper
+than Parquet written and read back.
 
 A worker process sets up DuckDB once (``_connection``) and reuses it for every file it gets: a
 file costs an in-memory work database attached and detached, not a new connection, and the
@@ -22,7 +24,9 @@ Two engines run ``parse_file``:
 - ``local``: a ``ProcessPoolExecutor`` of ``workers`` processes forked from a fork server that
   imported the readers once (``spawn`` where there is no fork server): the driver's DuckDB
   threads must not be forked. As with any ``multiprocessing`` code, a script that calls
-  ``ingest(..., workers=N)`` must do so under ``if __name__ == "__main__":``.
+  ``ingest(..., workers=N)`` must do so under ``if __name__ == "__main__":``. The CLI instead
+  forks its workers from itself before it opens the store (``preforked``), which saves each
+  ingest the fork server's start (a fresh interpreter importing DuckDB, polars, the readers).
 - ``dask``: ``dask.distributed`` (the ``prism-trace[cluster]`` extra), on a scheduler given by
   address or on a ``LocalCluster`` of ``workers`` processes. The trace paths and the scratch
   directory must then be visible to every worker under the same names (a shared file system).
@@ -30,11 +34,13 @@ Two engines run ``parse_file``:
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib
 import multiprocessing
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -48,7 +54,15 @@ from prism_trace.discover import TraceFile
 from prism_trace.errors import PrismError
 from prism_trace.formats.base import TraceTables
 
-__all__ = ["Engine", "FileJob", "FilePart", "parse_file", "parts"]
+__all__ = [
+    "Engine",
+    "FileJob",
+    "FilePart",
+    "parse_file",
+    "parts",
+    "preforked",
+    "preforked_workers",
+]
 
 Engine = Literal["local", "dask"]
 
@@ -79,9 +93,10 @@ class FilePart:
     """What a worker hands back for one file.
 
     Attributes:
-        tables: the file's frames, conformed, with ``events`` empty.
+        tables: the file's frames, conformed; ``events`` empty when they are in a part.
         events_path: the Parquet file holding its events (``FRAME_SCHEMAS["events"]`` columns,
-            in the order the driver stores them); None when the file has none.
+            in the order the driver stores them); None when the file has none, or when they are
+            in ``tables`` (a file of a batch).
         event_ranks: the ranks its events belong to.
     """
 
@@ -208,7 +223,7 @@ def parse_batch(jobs: list[FileJob]) -> list[FilePart | Exception]:
 
 def _parse_kineto_batch(jobs: list[FileJob]) -> list[FilePart] | None:
     """The batch read on the worker's connection, in a work database of its own; each file's
-    events (as the per-file path: a part even when empty) go to its own Parquet part."""
+    events come back in its frames (no Parquet part)."""
     from prism_trace.formats.kineto_batch import try_read_kineto_batch
     from prism_trace.ingest_read import _quote
 
@@ -232,13 +247,10 @@ def _parse_kineto_batch(jobs: list[FileJob]) -> list[FilePart] | None:
         cur.close()
     if got is None:
         return None
-    out = []
-    for job, t in zip(jobs, got, strict=True):
-        path = job.out_dir / f"events{job.index:06d}.parquet"
-        t.events.write_parquet(path)
-        t.events = t.events.clear()
-        out.append(FilePart(t, path, t.rank_ids))
-    return out
+    # The events stay in the frames: a batch is small files (``kineto_batch.BATCH_TOTAL_BYTES``
+    # of JSON at most), whose frames the pipe carries faster than a Parquet part written here
+    # and read back by the driver (zstd both ways).
+    return [FilePart(t, None, t.rank_ids) for t in got]
 
 
 @contextlib.contextmanager
@@ -266,21 +278,117 @@ def parts(
         with _dask_parts(jobs, workers=n, scheduler=scheduler) as it:
             yield it
         return
-    ctx = _context()
-    pool = ProcessPoolExecutor(
-        max_workers=n,
-        mp_context=ctx,
-        initializer=_warm,
-        initargs=(threads, memory_limit),
-    )
     from prism_trace.formats.kineto_batch import plan_batches
     from prism_trace.ingest_read import _batch_candidates
 
     batches = [[jobs[i] for i in b] for b in plan_batches(_batch_candidates(files, rank), n)]
+    forked = _PREFORKED
+    if forked is not None and forked[1] >= n:
+        futures = [forked[0].submit(parse_batch, b) for b in batches]
+        try:
+            yield _results(futures, [[j.trace for j in b] for b in batches])
+        finally:
+            for fut in futures:  # the pool is ``preforked``'s: only this ingest's files stop
+                fut.cancel()
+            concurrent.futures.wait(futures)
+        return
+    pool = ProcessPoolExecutor(
+        max_workers=n,
+        mp_context=_context(),
+        initializer=_warm,
+        initargs=(threads, memory_limit),
+    )
     futures = [pool.submit(parse_batch, b) for b in batches]
     try:
         yield _results(futures, [[j.trace for j in b] for b in batches])
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+# Worker processes forked by ``preforked``, and how many; None outside it.
+_PREFORKED: tuple[ProcessPoolExecutor, int] | None = None
+
+
+def preforked_workers() -> int:
+    """How many worker processes ``preforked`` holds now (0 outside it)."""
+    return 0 if _PREFORKED is None else _PREFORKED[1]
+
+
+# Threads a process may run and still be forked safely: idle helpers of the allocator and of
+# polars that exist from import on (the fork server's workers are forked with them too).
+_FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd", "polars-ooc-clea"})
+
+
+def _safe_to_fork() -> bool:
+    """Whether this process is as a fork server's is when it forks: modules imported, nothing
+    started. No other Python thread, no DuckDB connection object alive (open or closed: a
+    closed one cannot be told apart without using it), and no OS thread but the import-time
+    helpers (``_FORK_SAFE_THREADS``) and at most one a core named as the main thread (the main
+    thread and BLAS's pool; a DuckDB database or polars' thread pool adds more, or others).
+    False where threads cannot be listed (no ``/proc``): the fork server is used there.
+    """
+    import gc
+    import threading
+
+    if threading.active_count() > 1:
+        return False
+    try:
+        main_name = Path("/proc/self/comm").read_text().strip()
+        names = [
+            Path(f"/proc/self/task/{t}/comm").read_text().strip()
+            for t in os.listdir("/proc/self/task")
+        ]
+    except OSError:
+        return False
+    others = [n for n in names if n not in _FORK_SAFE_THREADS]
+    if any(n != main_name for n in others) or len(others) > (os.cpu_count() or 1):
+        return False
+    return not any(isinstance(o, duckdb.DuckDBPyConnection) for o in gc.get_objects())
+
+
+def _noop() -> None:
+    """A task that makes the pool fork its processes."""
+
+
+@contextlib.contextmanager
+def preforked(workers: int) -> Iterator[None]:
+    """Fork ``workers`` worker processes now, for the ingests of this process to read with.
+
+    A forked worker starts as a copy of this process: the readers, DuckDB and polars already
+    imported, in milliseconds, where a fork server's worker first imports them in a fresh
+    interpreter (~0.6 s on 2 cores, before it reads a file; the 32 DLRM ranks read in ~1.3 s).
+    But a fork also copies any DuckDB database this process has open without the threads that
+    run it, and DuckDB's state is not fork-safe (duckdb/duckdb-python#292), so this must be
+    called before this process opens any DuckDB connection: the CLI calls it before it opens
+    the store. The workers then hold what the fork server's workers hold: imported modules,
+    no database, no polars thread pool; each opens its own connection (``_connection``). Does
+    nothing (``parts`` then starts a pool of its own, from the fork server) for fewer than 2
+    workers, where there is no ``fork``, inside another ``preforked``, or where this process
+    has started more than its imports did (``_safe_to_fork``: a DuckDB connection, polars'
+    thread pool, a thread; as a test runner invoking the CLI in its own process has).
+    """
+    global _PREFORKED  # one pool per process, for the ingests run inside the block
+    if (
+        workers < 2
+        or _PREFORKED is not None
+        or "fork" not in multiprocessing.get_all_start_methods()
+        or not _safe_to_fork()
+    ):
+        yield
+        return
+    for module in _PRELOAD:
+        importlib.import_module(module)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"))
+    with warnings.catch_warnings():
+        # Python >= 3.12 warns on any fork of a process with threads; ours are the allocator's
+        # and polars' idle helper threads, which the fork server's workers are forked with too.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pool.submit(_noop).result()  # a fork pool forks all its processes on the first task
+    _PREFORKED = (pool, workers)
+    try:
+        yield
+    finally:
+        _PREFORKED = None
         pool.shutdown(wait=True, cancel_futures=True)
 
 

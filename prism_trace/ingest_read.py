@@ -4,7 +4,7 @@
 order (``_reading``). With one worker (or one file) the files are read in this process, one
 ahead of the one being stored, and a Kineto file's events stream from a work database of its own
 straight into the store's ``event`` table (``_read_file``); with more, worker processes or a dask
-cluster read them into parts (``ingest_parts``) whose events are appended here (``_insert_part``).
+cluster read them into parts (``ingest_parts``) whose events the driver appends (``_hold_part``).
 Also the rules both paths share: which reader reads a format, when a trace is worked on in a
 database file, how a clash between two files giving one rank reads.
 """
@@ -12,6 +12,7 @@ database file, how a clash between two files giving one rank reads.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
 from prism_trace.store import Store
 
 if TYPE_CHECKING:
+    from prism_trace.ingest_append import Pending
     from prism_trace.ingest_parts import Engine, FilePart
 
 __all__ = ["read_trace"]
@@ -87,18 +89,67 @@ _EVENT_BATCH_ROWS = 1 << 16
 _MEMORY_LIMIT = 512 << 20
 
 
+# With ``--workers`` left to prism (``auto``), files are read by worker processes only when the
+# set holds at least this many JSON bytes (guessed) and two files: below it the workers' start, a
+# DuckDB setup and a planning of the reader's statements per worker, and the events' round trip
+# through Parquet cost more than the second core saves, and reading here is faster
+# (benchmarks/bench_ingest_scale.py; docs/ingest.md, "How many workers"). Workers forked from a
+# warm process (``ingest_parts.preforked``: the CLI) start in milliseconds; from a fork server
+# they first import DuckDB, polars and the readers (~0.6 s), so the set must be larger to pay.
+_PARALLEL_MIN_BYTES_FORKED = 16 << 20
+_PARALLEL_MIN_BYTES_SERVER = 64 << 20
+
+
 @dataclass(frozen=True)
 class _Plan:
-    """Where files are read: here (one worker) or by worker processes / a dask cluster."""
+    """Where files are read: here, or by worker processes / a dask cluster.
+
+    ``workers`` is the most files read at the same time; ``auto`` (the CLI's default) lets the
+    plan read a small set here instead (``processes``).
+    """
 
     workers: int
     engine: Engine = "local"
     scheduler: str | None = None
+    auto: bool = False
 
-    def in_process(self, n_files: int) -> bool:
-        """Read here: one worker and the local engine, or a single file there (nothing to
-        share out, and the events stream straight into the store instead of via a part)."""
-        return self.engine == "local" and (self.workers == 1 or n_files == 1)
+    def processes(self, files: list[TraceFile], *, forked: bool | None = None) -> int:
+        """How many worker processes read ``files``; 0: they are read here.
+
+        Here: one worker, or a single file (nothing to share out, and the events stream
+        straight into the store instead of via a part), or, with ``auto``, a set too small for
+        workers to pay (``_PARALLEL_MIN_BYTES_*``; ``forked``: whether the workers would be
+        forked from a warm process, default: whether they are now) or fewer than two idle cores
+        (``_idle_cores``). Else ``workers`` processes (with ``auto``: at most one an idle
+        core), at most one a file. A dask cluster reads every file, whatever the set.
+        """
+        if self.engine != "local":
+            return self.workers
+        if self.workers == 1 or len(files) == 1:
+            return 0
+        if self.auto:
+            if forked is None:
+                from prism_trace.ingest_parts import preforked_workers
+
+                forked = preforked_workers() > 1
+            least = _PARALLEL_MIN_BYTES_FORKED if forked else _PARALLEL_MIN_BYTES_SERVER
+            if sum(_json_size_guess(f.path) for f in files) < least:
+                return 0
+            n = min(self.workers, len(files), _idle_cores())
+            return n if n > 1 else 0
+        return min(self.workers, len(files))
+
+
+def _idle_cores() -> int:
+    """Cores not busy with other work, from the 1-minute load average (rounded): a worker
+    gains only on an idle core (``_Plan.processes``). All of them where there is no load
+    average."""
+    cores = os.cpu_count() or 1
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return cores
+    return max(1, round(cores - load))
 
 
 @contextlib.contextmanager
@@ -107,14 +158,15 @@ def _reading(
 ) -> Iterator[Iterator[tuple[TraceTables, FilePart | None]]]:
     """Each file's frames, in file order, with the part holding its events when a worker read
     it (None when it was read here: its events are in the store or in ``events`` then)."""
-    if not plan.in_process(len(files)):
+    n = plan.processes(files)
+    if n:
         from prism_trace.ingest_parts import parts
 
         with parts(
             files,
             rank=shared.rank,
             out_dir=shared.tmp,
-            workers=plan.workers,
+            workers=n,
             memory_limit=_MEMORY_LIMIT,
             engine=plan.engine,
             scheduler=plan.scheduler,
@@ -198,22 +250,17 @@ def _read_batch_here(
         cur.close()
 
 
-def _insert_part(shared: _Shared, part: FilePart, ranks: list[int]) -> None:
-    """Append the events of a worker's part for ``ranks`` to the store (hold ``lock``), in the
-    part's order; the part is deleted once stored, so scratch holds the parts not yet stored."""
+def _hold_part(shared: _Shared, pending: Pending, part: FilePart, ranks: list[int]) -> None:
+    """Hold the events of a worker's part for ``ranks`` for the store (hold ``lock``); the part
+    is deleted once stored, so scratch holds the parts not yet stored."""
     path = part.events_path
     if path is None:
         return
     mine = [r for r in part.event_ranks if r in ranks]
     shared.claim(part.tables.path, mine)
-    if mine:
-        cols = ", ".join(FRAME_SCHEMAS["events"])
-        shared.store.con.execute(
-            f"INSERT INTO event (run_id, {cols}) SELECT {shared.run_id}, {cols}"
-            f" FROM read_parquet('{_quote(path)}')"
-            f" WHERE rank IN ({', '.join(str(r) for r in mine)})"
-        )
-    path.unlink(missing_ok=True)
+    pending.add_part(
+        part.tables.path, path, mine, whole=sorted(mine) == sorted(set(part.event_ranks))
+    )
 
 
 @dataclass

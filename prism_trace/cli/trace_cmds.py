@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,8 +43,10 @@ from prism_trace.errors import PrismError
     "--workers",
     type=click.IntRange(min=1),
     default=None,
-    help="Files read at the same time, each in a worker process (default: the number of cores;"
-    " 1 reads them in this process). More memory per file in flight.",
+    help="Files read at the same time, each in a worker process; 1 reads them in this process."
+    " Default: one per idle core, but a set of less than 16 MB of JSON, or a machine with fewer"
+    " than 2 idle cores, is read in this process, where workers cost more than they save."
+    " More memory per file in flight.",
 )
 @click.option("--jobs", type=click.IntRange(min=1), default=None, hidden=True)
 @click.option(
@@ -89,13 +90,17 @@ def ingest_cmd(
     order: str | None,
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
-    from prism_trace.ingest import ingest
+    from prism_trace.ingest import ingest, reader_processes
+    from prism_trace.ingest_parts import preforked
     from prism_trace.layout import declare_layout_of_new_run
     from prism_trace.store import open_store
 
     declared = declared_layout(layout_spec, order)
     name = run_name or paths[0].resolve().name.split(".")[0]
-    with open_store(db) as store:
+    given = workers or jobs  # --jobs: the former name
+    n = reader_processes(list(paths), format=fmt, workers=given or "auto")  # type: ignore[arg-type]
+    # The workers are forked before the store is opened: a fork must not copy a DuckDB database.
+    with preforked(n if engine == "local" else 0), open_store(db) as store:
         report = ingest(
             store,
             list(paths),
@@ -104,7 +109,7 @@ def ingest_cmd(
             rank=rank,
             replace=replace,
             progress=not quiet and sys.stderr.isatty(),
-            workers=workers or jobs or os.cpu_count() or 1,  # --jobs: the former name
+            workers=given or "auto",
             engine=engine,  # type: ignore[arg-type]
             scheduler=scheduler,
             scratch=scratch,

@@ -105,6 +105,10 @@ ET_IO_COLUMNS = (
 lists of a 1.0.1 host execution trace node."""
 
 
+# ``FRAME_SCHEMAS`` as polars schemas, to tell a frame that is already conformed.
+_SCHEMAS = {name: pl.Schema(want) for name, want in FRAME_SCHEMAS.items()}
+
+
 def empty_frame(name: str) -> pl.DataFrame:
     """An empty frame with the contract's columns for ``name``."""
     return pl.DataFrame(schema=FRAME_SCHEMAS[name])
@@ -140,6 +144,8 @@ class TraceTables:
         """
         for name, want in FRAME_SCHEMAS.items():
             df: pl.DataFrame = getattr(self, name)
+            if df.schema == _SCHEMAS[name]:  # already conformed: a select per frame costs ~0.3 ms
+                continue
             extra = set(df.columns) - set(want)
             if extra:
                 msg = f"{self.path}: reader produced unknown columns {sorted(extra)} in `{name}`"

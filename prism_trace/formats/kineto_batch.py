@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,14 @@ def _read_batch(
     if not paths or not all(batchable(p) for p in paths):
         raise _Fallback
     with contextlib.ExitStack() as stack:
-        tefs = [stack.enter_context(split_trace_events(p, tmp_dir=tmp_dir)) for p in paths]
+        # One directory for the batch's arrays, not one a file (``split_trace_events``).
+        work = Path(
+            stack.enter_context(tempfile.TemporaryDirectory(prefix="prism-batch-", dir=tmp_dir))
+        )
+        tefs = [
+            stack.enter_context(split_trace_events(p, work_dir=(work, f"f{i}")))
+            for i, p in enumerate(paths)
+        ]
         if any(t.json_bytes >= BATCH_MAX_BYTES for t in tefs):
             raise _Fallback
         return _BatchReader(paths, ranks, tefs, con).read_all()
@@ -299,8 +307,8 @@ class _BatchReader(_Reader):
             e_off = int(event_off.get(f, 0))
             lit_rank = pl.lit(rank, pl.Int32).alias("rank")
             ids = _shifted
-            # (``replace``: the empty frames made once for the batch, not ten a file; ``conform``
-            # below makes every frame anew)
+            # (``replace``: the empty frames made once for the batch, not ten a file; files may
+            # share them: nothing changes a frame in place)
             tables = dataclasses.replace(blank, path=path, world_size=self.world_sizes[f])
             tables.tracks = ids(
                 by_file["tracks"](f).select(lit_rank, pl.exclude("f")), ("track_id",), t_off

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,120 @@ def test_a_dead_worker_is_one_error_naming_a_file() -> None:
 def test_zero_workers_is_refused(tmp_path: Path) -> None:
     with open_store(tmp_path / "s.duckdb") as store, pytest.raises(PrismError, match="--workers"):
         ingest(store, [SAMPLE], run="s", progress=False, workers=0)
+
+
+# The `prism` command forks its workers from itself before it opens the store
+# (``ingest_parts.preforked``); a test runner's process is never forked (``_safe_to_fork``), so
+# these run the command in a fresh process.
+_SPY = """
+import sys
+from prism_trace import ingest_parts
+from prism_trace.cli import main
+
+seen = []
+parts = ingest_parts.parts
+
+
+def spy(*args, **kwargs):
+    seen.append(ingest_parts.preforked_workers())
+    return parts(*args, **kwargs)
+
+
+ingest_parts.parts = spy
+try:
+    main.main(args=sys.argv[1:], standalone_mode=False)
+finally:
+    print("preforked", seen)
+"""
+
+
+def _prism(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _SPY, "ingest", *args, "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_the_cli_forks_its_workers_and_stores_the_same_rows(
+    one_worker: dict[str, list[tuple]], job: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "f.duckdb"
+    res = _prism(str(job), "--db", str(db), "--run", "s", "--workers", "2")
+    assert res.returncode == 0, res.stderr
+    assert "preforked [2]" in res.stdout, "the workers were forked from the prism process"
+    with open_store(db) as store:
+        assert _dump(store) == one_worker
+
+
+def test_a_bad_file_read_by_a_forked_worker_is_one_line_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "job"
+    src.mkdir()
+    for f in sorted(SAMPLE.glob("rank*.kineto.json.gz"))[:3]:
+        shutil.copy(f, src / f.name)
+    (src / "rank9.kineto.json").write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", ')
+    db = tmp_path / "s.duckdb"
+    with open_store(db) as store:
+        ingest(store, [SAMPLE / "rank7.kineto.json.gz"], run="seed", progress=False)
+        before = _dump(store)
+    cmd = [sys.executable, "-m", "prism_trace.cli", "ingest", str(src), "--db", str(db)]
+    res = subprocess.run(
+        [*cmd, "--run", "s", "--workers", "2", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert res.returncode != 0
+    lines = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, res.stdout + res.stderr
+    assert "rank9.kineto.json" in lines[0]
+    with open_store(db) as store:
+        assert _dump(store) == before
+
+
+def test_the_default_reads_a_small_set_here(tmp_path: Path, job: Path) -> None:
+    """Without --workers, a set under the plan's size is read in the prism process (no
+    workers: they would cost more than they save); --workers 2 still uses two."""
+    from prism_trace.ingest import reader_processes
+
+    assert reader_processes([job]) == 0
+    assert reader_processes([job], workers=2) == 2
+    assert reader_processes([job], workers=1) == 0
+    assert reader_processes([SAMPLE / "rank0.kineto.json.gz"], workers=4) == 0
+
+
+def test_a_test_runner_process_is_not_forked() -> None:
+    """This process runs DuckDB and polars threads: ``preforked`` leaves the fork server to
+    start the workers."""
+    import duckdb
+
+    from prism_trace.ingest_parts import _safe_to_fork, preforked, preforked_workers
+
+    with duckdb.connect() as con:
+        con.execute("SELECT 1").fetchall()
+        assert not _safe_to_fork()
+        with preforked(2):
+            assert preforked_workers() == 0
+
+
+def test_the_default_uses_workers_only_on_idle_cores(
+    job: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the size, the default takes one worker an idle core: none on a busy machine."""
+    from prism_trace import ingest_read
+    from prism_trace.ingest import reader_processes
+
+    monkeypatch.setattr(ingest_read, "_PARALLEL_MIN_BYTES_FORKED", 0)
+    monkeypatch.setattr(ingest_read.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(ingest_read.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert reader_processes([job], workers="auto") == 4
+    monkeypatch.setattr(ingest_read.os, "getloadavg", lambda: (2.4, 0.0, 0.0))
+    assert reader_processes([job], workers="auto") == 2
+    monkeypatch.setattr(ingest_read.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    assert reader_processes([job], workers="auto") == 0
+    assert reader_processes([job], workers=3) == 3, "an explicit --workers is kept"

@@ -217,9 +217,8 @@ def test_ingest_stores_the_same_rows_batched_or_not(
                 ).fetchall()
             return out
 
-    batched = dump(tmp_path / "b.duckdb")
+    seen: list[int] = []
     if workers == 1:  # the reads here go through the batch (the workers' are in other processes)
-        seen: list[int] = []
         real = kineto_batch.try_read_kineto_batch
 
         def spy(paths: list[Path], **kw: Any) -> list[TraceTables] | None:
@@ -228,8 +227,10 @@ def test_ingest_stores_the_same_rows_batched_or_not(
             return got
 
         monkeypatch.setattr(kineto_batch, "try_read_kineto_batch", spy)
-        dump(tmp_path / "spy.duckdb")
+    batched = dump(tmp_path / "b.duckdb")
+    if workers == 1:
         assert sum(seen) == 6, seen
+        monkeypatch.setattr(kineto_batch, "try_read_kineto_batch", real)
     monkeypatch.setattr(kineto_batch, "BATCH_FILES", 1)  # every file a batch of its own
     alone = dump(tmp_path / "a.duckdb")
     assert all(batched[t] for t in ("event", "collective", "flow"))
