@@ -99,9 +99,9 @@ def check_dataset(out: Path) -> None:
     for (pg, seq), per_rank in coll.items():
         assert set(per_rank) == set(by_name[pg]["ranks"]), f"({pg}, {seq}) missing ranks"
         assert len(set(per_rank.values())) == 1, f"({pg}, {seq}) differs: {per_rank}"
-    for key, pair in p2p.items():
-        assert sorted(op for op, *_ in pair) == ["recv", "send"], f"{key} unpaired: {pair}"
-        assert pair[0][1:] == pair[1][1:], f"{key} sizes differ: {pair}"
+    for p2p_key, pair in p2p.items():
+        assert sorted(str(op) for op, *_ in pair) == ["recv", "send"], f"{p2p_key}: {pair}"
+        assert pair[0][1:] == pair[1][1:], f"{p2p_key} sizes differ: {pair}"
 
     # Every axis with more than one rank talks.
     seen_descs = {c["desc"] for calls in comms.values() for c in calls}
