@@ -313,7 +313,12 @@ def browser_check(browser: Any, html: Path, shot: Path) -> dict[str, Any]:
     ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
     try:
         page = ctx.new_page()
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+
+        def on_console(m: Any) -> None:
+            if m.type == "error":
+                errors.append(m.text)
+
+        page.on("console", on_console)
         page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         t = time.perf_counter()
