@@ -320,7 +320,12 @@ def browser_check(browser: Any, html: Path, shot: Path) -> dict[str, Any]:
 
         page.on("console", on_console)
         page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+
+        def on_dialog(d: Any) -> None:
+            dialogs.append(d.message)
+            d.dismiss()
+
+        page.on("dialog", on_dialog)
         t = time.perf_counter()
         page.goto(html.resolve().as_uri(), wait_until="load", timeout=120_000)
         page.wait_for_function(
