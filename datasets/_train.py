@@ -18,7 +18,6 @@ from prism_trace.datasets._model import ModelConfig, Stage, TensorParallel
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from prism_trace.scratch import ram_scratch_dir
-from prism_trace.torch_profiler import profiling
 
 __all__ = ["ALL_RANKS", "JobConfig", "run_rank"]
 
@@ -253,7 +252,7 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
             "prism_layout", json.dumps({"tp": cfg.tp, "dp": cfg.dp, "pp": cfg.pp, **coords})
         )
         steps = []
-        with profiling(prof):  # exiting also finalizes (gzips) the execution trace
+        with prof:  # exiting also finalizes (gzips) the execution trace
             for step in range(1 + cfg.steps):
                 start_unix_ns = time.time_ns()
                 t0 = time.perf_counter_ns()

@@ -24,8 +24,9 @@ def profiling(prof: AbstractContextManager[T]) -> Iterator[T]:
     torch 2.x's ``profile.prepare_trace`` asks ``hasattr(torch, "_inductor")`` to read one
     CUDA-graphs flag of the compiler. ``torch`` loads ``_inductor`` lazily on first access to that
     attribute, so the question imports the compiler and ``torch._dynamo``: 1.3-1.5 s of CPU in
-    every process that profiles (each rank of ``prism_trace.datasets.generate``, each replay
-    process). While the profiler starts, ``_inductor`` is not offered lazily, so the answer is
+    each replay process. (A training process loads them anyway: torch's optimizers import
+    ``torch._dynamo`` on their first parameter group, which is why the dataset generator does
+    not use this.) While the profiler starts, ``_inductor`` is not offered lazily, so the answer is
     whether the compiler is already loaded, which is what the flag needs: a process that never
     imported the compiler has compiled nothing with CUDA graphs. Only the start is covered; the
     profiled block and the exit see torch as it was.
