@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 # Slow: records jobs with torch processes; `scripts/test -m "not slow"` leaves it out.
@@ -25,8 +26,9 @@ ANNOTATION = re.compile(
 
 
 def _load(path: Path) -> Any:
-    with gzip.open(path, "rt") as f:
-        return json.load(f)
+    """A gzipped JSON file, parsed by orjson (a dependency of the package): the stdlib parser
+    took 3.4 s of the 3.9 s that checking the sample's 16 files costs."""
+    return orjson.loads(gzip.decompress(path.read_bytes()))
 
 
 def _parse(name: str) -> dict[str, Any]:
