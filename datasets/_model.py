@@ -28,6 +28,19 @@ class ModelConfig:
     seq: int = 32
     ffn_mult: int = 4
 
+    def check(self, *, tp: int, pp: int) -> None:
+        """Raise ``ValueError`` when the model cannot be split ``tp`` ways and over ``pp`` stages.
+
+        Called by ``generate`` before it starts any rank (a wrong layout is then refused in
+        milliseconds, not after the ranks import torch) and by ``Stage`` itself.
+        """
+        if self.heads % tp or self.vocab % tp:
+            msg = f"`heads` ({self.heads}) and `vocab` ({self.vocab}) must be multiples of tp={tp}"
+            raise ValueError(msg)
+        if self.layers < pp:
+            msg = f"`layers` ({self.layers}) must be at least pp={pp}"
+            raise ValueError(msg)
+
 
 @dataclass(frozen=True)
 class TensorParallel:
@@ -179,14 +192,7 @@ class Stage(nn.Module):
     def __init__(self, cfg: ModelConfig, *, stage: int, stages: int, tp: TensorParallel) -> None:
         """Build the blocks of `stage` out of `stages`, sharded for `tp`."""
         super().__init__()
-        if cfg.heads % tp.size or cfg.vocab % tp.size:
-            msg = (
-                f"`heads` ({cfg.heads}) and `vocab` ({cfg.vocab}) must be multiples of tp={tp.size}"
-            )
-            raise ValueError(msg)
-        if cfg.layers < stages:
-            msg = f"`layers` ({cfg.layers}) must be at least pp={stages}"
-            raise ValueError(msg)
+        cfg.check(tp=tp.size, pp=stages)
         self.first, self.last = stage == 0, stage == stages - 1
         self.tp = tp
         if self.first:

@@ -47,8 +47,14 @@ def generate(out: Path, config: JobConfig, *, join_timeout_s: float = 300.0) -> 
         The path of the written ``run.json``.
 
     Raises:
+        ValueError: The model cannot be split as ``config`` says (checked before any rank starts).
         RuntimeError: A rank failed, or the job did not finish in time.
     """
+    try:
+        config.model.check(tp=config.tp, pp=config.pp)
+    except ValueError as exc:
+        msg = f"{out}: {exc}"
+        raise ValueError(msg) from None
     out.mkdir(parents=True, exist_ok=True)
     world = config.layout.world
     ctx = mp.start_processes(
@@ -154,6 +160,10 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         straggler_s=s_secs,
         straggler_spin=a.straggler_spin,
     )
+    try:
+        config.model.check(tp=config.tp, pp=config.pp)
+    except ValueError as exc:
+        p.error(str(exc))
     if s_rank >= config.layout.world:
         p.error(f"--straggler rank {s_rank} is outside the world of {config.layout.world} ranks")
     return a.out, config

@@ -21,6 +21,8 @@ from prism_trace.replay.kernels import (
 from prism_trace.replay.peers import PeerSchedule
 from prism_trace.replay.real_comm import RealComm
 
+from prism_trace.torch_profiler import profiling
+
 if TYPE_CHECKING:
     pass
 
@@ -346,7 +348,7 @@ def _call_overhead(
     """Per unit, the replay's cost of calling its op outside the op's profiled span, measured in
     ``passes`` calibration passes under the recording's instrumentation."""
     prof = _profiler(options, trace_dir, memory_only=False, name="calibration")
-    with prof:
+    with profiling(prof):
         cal = [driver.run(fn, externals, mark=PASS_MARK) for _ in range(passes)]
         if driver.sync is not None:
             driver.sync()

@@ -46,6 +46,7 @@ from prism_trace.replay.real_comm import RealComm, agree, specs_for_rank
 
 from prism_trace.errors import PrismError
 from prism_trace.scratch import ram_scratch_dir
+from prism_trace.torch_profiler import profiling
 
 if TYPE_CHECKING:
     pass
@@ -134,7 +135,7 @@ def _replay_rank(
             offset = time.time_ns() - time.perf_counter_ns()
             if options.instrument == "profiler":
                 prof = _profiler(options, trace_dir, memory_only=False)
-                with prof:
+                with profiling(prof):
                     for _ in range(options.iterations):
                         passes.append(driver.run(fn, externals))
                 mem = _memory_events(prof, trace_dir, options.device)
@@ -148,7 +149,7 @@ def _replay_rank(
                 mem = None
                 if options.memory and options.device == "cpu":
                     prof = _profiler(options, trace_dir, memory_only=True)
-                    with prof:
+                    with profiling(prof):
                         mem_pass = driver.run(fn, externals)
                     mem = _memory_events(prof, trace_dir, options.device)
         finally:

@@ -9,13 +9,10 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import struct
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 import pytest
 from prism_trace.analysis._report_data import lane_quotas, rank_ranges
@@ -203,61 +200,47 @@ def test_unknown_run(store: Store, tmp_path: Path) -> None:
 # --- the browser -------------------------------------------------------------------------------
 
 
-def read_png(path: Path) -> tuple[int, int, int, bytes]:
-    """A minimal PNG decoder (8-bit RGB/RGBA, not interlaced): width, height, channels, pixels."""
-    raw = path.read_bytes()
-    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, bytearray()
-    width = height = channels = 0
-    while pos < len(raw):
-        (n,) = struct.unpack(">I", raw[pos : pos + 4])
-        kind, chunk = raw[pos + 4 : pos + 8], raw[pos + 8 : pos + 8 + n]
-        pos += 12 + n
-        if kind == b"IHDR":
-            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", chunk)
-            assert (depth, interlace) == (8, 0), (depth, interlace)
-            assert color in (2, 6), color
-            channels = 3 if color == 2 else 4
-        elif kind == b"IDAT":
-            idat += chunk
-    data = zlib.decompress(bytes(idat))
-    stride = width * channels
-    out = bytearray(height * stride)
-    prev = bytearray(stride)
-    for y in range(height):
-        f = data[y * (stride + 1)]
-        line = bytearray(data[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
-        if f == 1:  # Sub: each byte adds the one a pixel to its left, a running sum per channel
-            sums = np.frombuffer(bytes(line), np.uint8).reshape(-1, channels).cumsum(0, np.uint8)
-            line = bytearray(sums.tobytes())
-        elif f == 2:  # Up: each byte adds the one above it
-            up = np.frombuffer(bytes(line), np.uint8) + np.frombuffer(bytes(prev), np.uint8)
-            line = bytearray(up.tobytes())
-        elif f == 3:
-            for i in range(stride):
-                left = line[i - channels] if i >= channels else 0
-                line[i] = (line[i] + ((left + prev[i]) >> 1)) & 0xFF
-        elif f == 4:
-            for i in range(stride):
-                a = line[i - channels] if i >= channels else 0
-                b = prev[i]
-                c = prev[i - channels] if i >= channels else 0
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-                line[i] = (line[i] + pred) & 0xFF
-        out[y * stride : (y + 1) * stride] = line
-        prev = line
-    return width, height, channels, bytes(out)
+_PIXEL_STATS = """
+async (pngs) => {
+  // Each PNG (base64) decoded by the browser's image decoder, no colour conversion: distinct
+  // colours of every other pixel, and the share of those pixels that are not near-white.
+  const out = [];
+  for (const b64 of pngs) {
+    const bytes = Uint8Array.from(atob(b64), c => c.charCodeAt(0));
+    const bmp = await createImageBitmap(new Blob([bytes], {type: 'image/png'}),
+                                        {colorSpaceConversion: 'none', premultiplyAlpha: 'none'});
+    const canvas = new OffscreenCanvas(bmp.width, bmp.height);
+    const g = canvas.getContext('2d', {willReadFrequently: true});
+    g.drawImage(bmp, 0, 0);
+    const px = g.getImageData(0, 0, bmp.width, bmp.height).data;  // RGBA
+    const seen = new Set();
+    let ink = 0;
+    for (let i = 0; i < px.length; i += 8) {
+      const r = px[i], gr = px[i + 1], b = px[i + 2];
+      seen.add((r << 16) | (gr << 8) | b);
+      if (Math.min(r, gr, b) < 235) ink++;
+    }
+    out.push([seen.size, ink / (bmp.width * bmp.height / 2)]);
+  }
+  return out;
+}
+"""
 
 
-def png_stats(path: Path) -> tuple[int, float]:
-    """Distinct colours, and the share of pixels that are not near-white."""
-    width, height, ch, px = read_png(path)
-    rgb = np.frombuffer(px, np.uint8).reshape(-1, ch)[::2, :3]  # every other pixel is plenty
-    packed = (rgb[:, 0].astype(np.uint32) << 16) | (rgb[:, 1].astype(np.uint32) << 8) | rgb[:, 2]
-    ink = int((rgb.min(axis=1) < 235).sum())
-    return int(np.unique(packed).size), ink / (width * height / 2)
+def png_stats(browser: Any, paths: list[Path]) -> list[tuple[int, float]]:
+    """Distinct colours, and the share of pixels that are not near-white, of each PNG.
+
+    The browser decodes them (a blank page of its own, native code): a decoder in Python spent
+    seconds per report on the rows Chromium's encoder filters with Paeth or Average.
+    """
+    import base64
+
+    page = browser.new_page()
+    try:
+        pngs = [base64.b64encode(p.read_bytes()).decode() for p in paths]
+        return [(int(n), float(ink)) for n, ink in page.evaluate(_PIXEL_STATS, pngs)]
+    finally:
+        page.close()
 
 
 _CHECK_PLOTS = """
@@ -306,66 +289,79 @@ _CHART_DATA = """
 """
 
 
-def section_ink(path: Path) -> float:
-    """Share of non-white pixels in a section's screenshot (its chart, title and caption)."""
-    return png_stats(path)[1]
-
-
-def browser_check(html: Path, shot: Path, tmp: Path) -> dict[str, Any]:
-    """Open ``html`` in headless Chromium; return errors, per-plot facts, timing and the PNG."""
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    """One headless Chromium for the module's browser tests (each opens its own context)."""
     sync_api = pytest.importorskip(
         "playwright.sync_api", reason="playwright not installed (pip install playwright)"
     )
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
         pytest.skip(f"chromium not found at {CHROMIUM} (run .ci/install-browser)")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def browser_check(browser: Any, html: Path, shot: Path) -> dict[str, Any]:
+    """Open ``html`` in a fresh context of ``browser``; return errors, per-plot facts, timing and
+    the PNGs (each section's too when ``PRISM_SCREENSHOTS`` asks to keep them)."""
     errors: list[str] = []
     dialogs: list[str] = []
-    with sync_api.sync_playwright() as pw:
-        ctx = pw.chromium.launch_persistent_context(
-            str(tmp / "profile"),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000},
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = ctx.new_page()
+
+        def on_console(m: Any) -> None:
+            if m.type == "error":
+                errors.append(m.text)
+
+        page.on("console", on_console)
+        page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+
+        def on_dialog(d: Any) -> None:
+            dialogs.append(d.message)
+            d.dismiss()
+
+        page.on("dialog", on_dialog)
+        t = time.perf_counter()
+        page.goto(html.resolve().as_uri(), wait_until="load", timeout=120_000)
+        page.wait_for_function(
+            "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+            ".every(gd => gd._fullLayout && gd.querySelector('svg.main-svg'))",
+            timeout=120_000,
         )
-        try:
-            page = ctx.new_page()
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            t = time.perf_counter()
-            page.goto(html.resolve().as_uri(), wait_until="load", timeout=120_000)
-            page.wait_for_function(
-                "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-                ".every(gd => gd._fullLayout && gd.querySelector('svg.main-svg'))",
-                timeout=120_000,
-            )
-            render_s = time.perf_counter() - t
-            plots = page.evaluate(_CHECK_PLOTS)
-            # Hover the middle of the timeline: a hover label must appear, without errors.
-            tl = page.locator("#timeline .js-plotly-plot .nsewdrag").first
-            box = tl.bounding_box()
-            hover = 0
-            if box:
-                for fx in (0.1, 0.3, 0.5, 0.7):
-                    page.mouse.move(box["x"] + box["width"] * fx, box["y"] + 12)
-                    page.wait_for_timeout(150)
-                    hover = max(hover, page.locator("#timeline .hoverlayer .hovertext").count())
-            page.mouse.move(1, 1)
-            charts = page.evaluate(_CHART_DATA)
+        render_s = time.perf_counter() - t
+        plots = page.evaluate(_CHECK_PLOTS)
+        # Hover the middle of the timeline: a hover label must appear, without errors.
+        tl = page.locator("#timeline .js-plotly-plot .nsewdrag").first
+        box = tl.bounding_box()
+        hover = 0
+        if box:
+            for fx in (0.1, 0.3, 0.5, 0.7):  # until one point shows a label
+                page.mouse.move(box["x"] + box["width"] * fx, box["y"] + 12)
+                page.wait_for_timeout(150)
+                hover = max(hover, page.locator("#timeline .hoverlayer .hovertext").count())
+                if hover:
+                    break
+        page.mouse.move(1, 1)
+        charts = page.evaluate(_CHART_DATA)
+        if os.environ.get("PRISM_SCREENSHOTS"):  # for a person to look at; nothing reads them
             for sec in {p["section"] for p in plots}:
                 page.locator(f"section#{sec}").screenshot(
                     path=str(shot.with_name(f"{shot.stem}_{sec}.png"))
                 )
-            # each chart's plot area alone (no titles, ticks or legend): its ink is data
-            for i, chart in enumerate(charts):
-                area = page.locator(".js-plotly-plot").nth(i).locator(".nsewdrag").first
-                chart["area_png"] = str(shot.with_name(f"{shot.stem}_plot{i}.png"))
-                area.screenshot(path=chart["area_png"])
-            page.locator("#timeline").scroll_into_view_if_needed()
-            page.screenshot(path=str(shot))
-        finally:
-            ctx.close()
+        # each chart's plot area alone (no titles, ticks or legend): its ink is data
+        for i, chart in enumerate(charts):
+            area = page.locator(".js-plotly-plot").nth(i).locator(".nsewdrag").first
+            chart["area_png"] = str(shot.with_name(f"{shot.stem}_plot{i}.png"))
+            area.screenshot(path=chart["area_png"])
+        page.locator("#timeline").scroll_into_view_if_needed()
+        page.screenshot(path=str(shot))
+    finally:
+        ctx.close()
     return {
         "errors": errors,
         "dialogs": dialogs,
@@ -376,9 +372,9 @@ def browser_check(html: Path, shot: Path, tmp: Path) -> dict[str, Any]:
     }
 
 
-def assert_renders(html: Path, tmp: Path, *, sections: set[str]) -> dict[str, Any]:
+def assert_renders(browser: Any, html: Path, tmp: Path, *, sections: set[str]) -> dict[str, Any]:
     shot = tmp / f"{html.stem}.png"
-    res = browser_check(html, shot, tmp)
+    res = browser_check(browser, html, shot)
     assert res["errors"] == []
     assert res["dialogs"] == []
     assert {p["section"] for p in res["plots"]} == sections
@@ -389,7 +385,7 @@ def assert_renders(html: Path, tmp: Path, *, sections: set[str]) -> dict[str, An
         assert p["marks"] > 0, p
     assert res["hover"] > 0
     # every chart draws data: finite values with a spread, a heatmap that is not one flat block
-    # on a -0.5..0.5 scale, and ink in its own section's screenshot
+    # on a -0.5..0.5 scale, and ink in its own plot area's screenshot
     for c in res["charts"]:
         assert c["finite"] > 0, c
         assert c["spread"] > 0, c
@@ -398,15 +394,16 @@ def assert_renders(html: Path, tmp: Path, *, sections: set[str]) -> dict[str, An
             assert h["max"] > h["min"], c  # not a flat block
             assert h["zmin"] == 0, c
             assert h["zmax"] >= 1, c
-    for c in res["charts"]:
-        ink = section_ink(Path(c["area_png"]))
-        assert ink > 0.02, (c["section"], ink)  # the thinnest (memory lines) measure ~4 %
+    *areas, (colors, ink) = png_stats(
+        browser, [*(Path(c["area_png"]) for c in res["charts"]), shot]
+    )
+    for c, (_, area_ink) in zip(res["charts"], areas, strict=True):
+        assert area_ink > 0.02, (c["section"], area_ink)  # the thinnest (memory lines) ~4 %
     keep = os.environ.get("PRISM_SCREENSHOTS")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
         for png in shot.parent.glob(f"{shot.stem}*.png"):
             shutil.copy(png, Path(keep) / png.name)
-    colors, ink = png_stats(shot)
     assert colors >= 20, colors
     assert ink > 0.03, ink
     res["shot"], res["colors"], res["ink"] = shot, colors, ink
@@ -414,21 +411,25 @@ def assert_renders(html: Path, tmp: Path, *, sections: set[str]) -> dict[str, An
 
 
 @pytest.mark.slow
-def test_browser_sample(store: Store, tmp_path: Path) -> None:
+def test_browser_sample(browser: Any, store: Store, tmp_path: Path) -> None:
     out = tmp_path / "sample.html"
     write_report(store, run="sample", out=out)
     assert_renders(
-        out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"}
+        browser,
+        out,
+        tmp_path,
+        sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"},
     )
 
 
 @pytest.mark.slow
-def test_browser_emulated_8192(store: Store, tmp_path: Path) -> None:
+def test_browser_emulated_8192(browser: Any, store: Store, tmp_path: Path) -> None:
     out = tmp_path / "big_emu.html"
     rep = write_report(store, run="big_emu", out=out)
     assert rep.bytes < 20 * 2**20
     # an emulated run carries its units' re-timed memory events (replay.memory)
     res = assert_renders(
+        browser,
         out,
         tmp_path,
         sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"},
@@ -438,7 +439,7 @@ def test_browser_emulated_8192(store: Store, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-def test_browser_dlrm(tmp_path: Path, dlrm_hta_template: Path) -> None:
+def test_browser_dlrm(browser: Any, tmp_path: Path, dlrm_hta_template: Path) -> None:
     shutil.copyfile(dlrm_hta_template, tmp_path / "d.duckdb")  # dlrm (and hta), ingested once
     with open_store(tmp_path / "d.duckdb") as s:
         out = tmp_path / "dlrm.html"
@@ -450,13 +451,16 @@ def test_browser_dlrm(tmp_path: Path, dlrm_hta_template: Path) -> None:
     assert "derived from the host execution trace" in " ".join(rep.notes)
     assert "No allocator events" not in out.read_text()
     assert_renders(
-        out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"}
+        browser,
+        out,
+        tmp_path,
+        sections={"timeline", "temporal", "ops", "waits", "iterations", "memory"},
     )
 
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-def test_browser_op_timeline(shared_datasets: Path, tmp_path: Path) -> None:
+def test_browser_op_timeline(browser: Any, shared_datasets: Path, tmp_path: Path) -> None:
     """ST (a Megatron-style op timeline): compute and communication drawn, seconds on the axis,
     the temporal breakdown not 0 % compute, top ops listed."""
     with open_store(tmp_path / "st.duckdb") as s:
@@ -468,7 +472,7 @@ def test_browser_op_timeline(shared_datasets: Path, tmp_path: Path) -> None:
     assert "Timeline (s from the first event)" in text
     assert "timeline mode" in text
     res = assert_renders(
-        out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations"}
+        browser, out, tmp_path, sections={"timeline", "temporal", "ops", "waits", "iterations"}
     )
     assert rep.figures == ["timeline", "temporal", "ops", "waits", "iterations"]
     temporal = next(c for c in res["charts"] if c["section"] == "temporal")

@@ -13,6 +13,7 @@ import pytest
 
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
+from tests.conftest import copy_of_template
 
 # Slow: ingests every shared real trace; `scripts/test -m "not slow"` leaves it out.
 pytestmark = [pytest.mark.shared_data, pytest.mark.slow]
@@ -21,15 +22,20 @@ ASTRA = "chakra-et/astrasim_et_examples"
 
 
 @pytest.fixture(scope="module")
-def store(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
-    """One store holding every shared set as its own run."""
-    db = tmp_path_factory.mktemp("real") / "real.duckdb"
+def store(
+    shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory, real_template: Path
+) -> Store:
+    """One store holding every shared set as its own run.
+
+    dlrm, st and the 64-rank ResNet come from ``real_template`` (the same ``ingest`` of the same
+    folders, done once per test run for the modules that share it); every other set is
+    ingested here."""
+    db = copy_of_template(real_template, tmp_path_factory, "real")
     s = open_store(db)
+    s.con.execute("UPDATE run SET name = 'resnet64' WHERE name = 'resnet'")
+    assert sorted(r for (r,) in q(s, "SELECT name FROM run")) == ["dlrm", "resnet64", "st"]
     sets = {
-        "dlrm": ["param-dlrm-8rank"],
-        "st": ["megatron-straggler-st-8rank"],
         "hta": ["hta-nccl-rank0"],
-        "resnet64": [f"{ASTRA}/resnet50_dp_64npus_text_converted"],
         "ring": [f"{ASTRA}/custom_ring_allreduce_8npus_1MB"],
         "conv101": ["chakra-et/chakra_tests/chakra.0.et_schema1.0.1_HEAD.gz"],
         "conv110": ["chakra-et/chakra_tests/chakra.0.et_schema1.1.0_commit-e366cf2.gz"],
