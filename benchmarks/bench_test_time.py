@@ -12,22 +12,29 @@ Usage::
 
     python benchmarks/bench_test_time.py --label "not slow, -n 2" -- -m "not slow" -n 2
     python benchmarks/bench_test_time.py --label full -- -n 2
+    python benchmarks/bench_test_time.py --label full --save-file-seconds -- -n auto --dist loadfile
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import re
 import resource
 import shlex
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
 
 from _common import HERE, REPO, host_kind
+
+FILE_SECONDS = REPO / "tests" / "file_seconds.json"
 
 HEADER = (
     "# Test-suite time\n\n"
@@ -42,6 +49,18 @@ HEADER = (
 )
 
 
+def _file_seconds(junit: Path) -> dict[str, float]:
+    """Seconds per test file (setup, call and teardown of its tests), costliest first."""
+    per: dict[str, float] = {}
+    for case in ET.parse(junit).iter("testcase"):
+        parts = (case.get("classname") or "").split(".")
+        # A test class's name is the last part; the module path is the lower-case parts.
+        module = [p for p in parts if not p[:1].isupper()]
+        file = "/".join(module) + ".py"
+        per[file] = per.get(file, 0.0) + float(case.get("time") or 0.0)
+    return {f: round(t, 1) for f, t in sorted(per.items(), key=lambda kv: -kv[1])}
+
+
 def _mmss(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:04.1f} s"
 
@@ -53,11 +72,20 @@ def main() -> None:
     ap.add_argument("--durations", type=int, default=25)
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
+    ap.add_argument(
+        "--save-file-seconds",
+        action="store_true",
+        help=f"write each test file's summed seconds to {FILE_SECONDS.relative_to(REPO)} (the"
+        " order in which tests/conftest.py hands files to the workers: the costliest first)",
+    )
     ap.add_argument("pytest_args", nargs="*", help="after --: arguments passed to pytest")
     args = ap.parse_args()
 
     cmd = [sys.executable, "-m", "pytest", *args.pytest_args, "-q", "-p", "no:cacheprovider"]
     cmd.append(f"--durations={args.durations}")
+    junit = Path(tempfile.mkdtemp()) / "junit.xml"
+    if args.save_file_seconds:
+        cmd.append(f"--junitxml={junit}")
     loads: list[float] = []
     done = threading.Event()
 
@@ -88,6 +116,9 @@ def main() -> None:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", file=sys.stderr)
     load = f"{min(loads):.2f} / {sum(loads) / len(loads):.2f} / {max(loads):.2f}"
     print(f"{args.label}: {summary}; wall {_mmss(wall)}; CPU {_mmss(cpu)}; load {load}")
+    if args.save_file_seconds and junit.exists():
+        FILE_SECONDS.write_text(json.dumps(_file_seconds(junit), indent=1) + "\n")
+        print(f"file seconds written to {FILE_SECONDS.relative_to(REPO)}")
     if args.no_note:
         return
     note = HERE / "results" / f"test-time_{host_kind(args.host_kind)}_{dt.date.today()}.md"

@@ -6,6 +6,7 @@ builds a template under a file lock in the run's shared temporary folder and the
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -197,15 +198,33 @@ def real_store(tmp_path_factory: pytest.TempPathFactory, real_template: Path) ->
     return _copy_of(real_template, tmp_path_factory, "real")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files whose every test is slow run first; the rest keep their order.
+def _file_seconds() -> dict[str, float]:
+    """Each test file's seconds in the last recorded full run (empty when unreadable)."""
+    try:
+        data = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
-    Under ``--dist loadfile`` a file runs on one worker, in the order files were collected; a
-    heavy file collected last (test_readme.py) would leave the other worker idle at the end.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files run costliest first; a file's tests keep their order.
+
+    Under ``--dist loadfile`` a file runs on one worker and each worker takes the next file as it
+    finishes one, so handing out the longest files first leaves the least idle time at the end.
+    The cost is each file's seconds in the last full run (``file_seconds.json``, written by
+    ``benchmarks/bench_test_time.py --save-file-seconds``); a file it lacks counts as all-slow
+    files do not: files whose every test is slow, then the others, in collection order.
     """
     every_slow: dict[str, bool] = {}
     for item in items:
         file = item.nodeid.split("::")[0]
         slow = item.get_closest_marker("slow") is not None
         every_slow[file] = every_slow.get(file, True) and slow
-    items.sort(key=lambda item: not every_slow[item.nodeid.split("::")[0]])
+    seconds = _file_seconds()
+
+    def cost(item: pytest.Item) -> tuple[float, bool]:
+        file = item.nodeid.split("::")[0]
+        return (-seconds.get(file, 0.0), not every_slow[file])
+
+    items.sort(key=cost)

@@ -227,42 +227,54 @@ def test_generated_straggler_pair(tmp_path: Path) -> None:
     the straggler recording takes the mean ``prism::straggle`` over the 2 ranks, so it predicts
     the uniform job, and it removes the half of the straggler's excess that the mean does not
     keep. The tolerances hold on a quiet 2-core host (2 ranks, one core each; it passed twice at
-    load 4 and 10); with other load the recordings of one job lie 9-90 % apart and it can fail
-    (``benchmarks/bench_stragglers.py --source generated`` measures with repeats)."""
+    load 4 and 10); with other load the recordings of one job lie 9-90 % apart, so a failed
+    comparison is recorded once more before it counts (``benchmarks/bench_stragglers.py --source
+    generated`` measures with repeats)."""
     pytest.importorskip("torch")
     from prism_trace.datasets._train import ALL_RANKS
     from prism_trace.datasets.generate import JobConfig, generate
 
-    store = open_store(tmp_path / "g.duckdb")
-    cfg = JobConfig(dp=2, tp=1, pp=1, microbatches=2, steps=2)
-    runs = {"clean": (1, 0.0), "slow": (1, 0.4), "uniform": (ALL_RANKS, 0.2)}
-    for name, (who, secs) in runs.items():
-        generate(tmp_path / name, replace(cfg, straggler_rank=who, straggler_s=secs))
-        ingest(store, [tmp_path / name], run=name, progress=False)
-    naps = dict(
-        store.con.execute(
-            "SELECT e.rank, avg(e.dur) FROM event e JOIN run r USING (run_id)"
-            " WHERE r.name = 'slow' AND e.name = 'prism::straggle' GROUP BY e.rank"
-        ).fetchall()
-    )
-    assert naps[1] >= 0.19e9  # 0.4 s over 2 micro-batches, inside the profiled op
-    assert naps[0] < 5e6
+    def measure(root: Path) -> Store:
+        """Record the three jobs under ``root`` and check the prediction against them."""
+        root.mkdir()
+        store = open_store(root / "g.duckdb")
+        cfg = JobConfig(dp=2, tp=1, pp=1, microbatches=2, steps=2)
+        runs = {"clean": (1, 0.0), "slow": (1, 0.4), "uniform": (ALL_RANKS, 0.2)}
+        for name, (who, secs) in runs.items():
+            generate(root / name, replace(cfg, straggler_rank=who, straggler_s=secs))
+            ingest(store, [root / name], run=name, progress=False)
+        naps = dict(
+            store.con.execute(
+                "SELECT e.rank, avg(e.dur) FROM event e JOIN run r USING (run_id)"
+                " WHERE r.name = 'slow' AND e.name = 'prism::straggle' GROUP BY e.rank"
+            ).fetchall()
+        )
+        assert naps[1] >= 0.19e9  # 0.4 s over 2 micro-batches, inside the profiled op
+        assert naps[0] < 5e6
 
-    def recorded(run: str) -> float:
-        ((t,),) = store.con.execute(
-            "SELECT avg(dur) FROM iteration JOIN run USING (run_id) WHERE run.name = ?", [run]
-        ).fetchall()
-        return float(t) / 1e9
+        def recorded(run: str) -> float:
+            ((t,),) = store.con.execute(
+                "SELECT avg(dur) FROM iteration JOIN run USING (run_id) WHERE run.name = ?", [run]
+            ).fetchall()
+            return float(t) / 1e9
 
-    clean, slow, uniform = recorded("clean"), recorded("slow"), recorded("uniform")
-    assert slow > clean + 0.2
-    cfg_ns = EmulationConfig(what_if=WhatIfConfig(no_stragglers=True))
-    _, iters = emulate_in_memory(store, run="slow", config=cfg_ns)
-    predicted = float(iters["dur"].mean()) / 1e9  # type: ignore[arg-type]
-    # the mean keeps S / N = 0.2 s of the 0.4 s excess: half of it is removed (0.5 +- noise)
-    removed = (slow - predicted) / (slow - clean)
-    assert 0.3 <= removed <= 0.8, (clean, slow, predicted)
-    assert predicted == pytest.approx(uniform, rel=0.25), (clean, slow, uniform, predicted)
+        clean, slow, uniform = recorded("clean"), recorded("slow"), recorded("uniform")
+        assert slow > clean + 0.2
+        cfg_ns = EmulationConfig(what_if=WhatIfConfig(no_stragglers=True))
+        _, iters = emulate_in_memory(store, run="slow", config=cfg_ns)
+        predicted = float(iters["dur"].mean()) / 1e9  # type: ignore[arg-type]
+        # the mean keeps S / N = 0.2 s of the 0.4 s excess: half of it is removed (0.5 +- noise)
+        removed = (slow - predicted) / (slow - clean)
+        assert 0.3 <= removed <= 0.8, (clean, slow, predicted)
+        assert predicted == pytest.approx(uniform, rel=0.25), (clean, slow, uniform, predicted)
+        return store
+
+    # Timing on a shared host: a failed comparison is measured once more (three new
+    # recordings) before it counts; a wrong prediction fails both times.
+    try:
+        store = measure(tmp_path / "first")
+    except AssertionError:
+        store = measure(tmp_path / "again")
     # The analyses name the injected straggler: first in the skew ranking and on the critical
     # path (issue-20's check on a recording with a known straggler).
     from prism_trace.analysis.critical_path import critical_path_shares
