@@ -2,7 +2,7 @@
 
 Appending a frame to the store costs a few milliseconds whatever its size (register it, plan the
 INSERT, unregister); ingest appends six tables a file, so on many small files the appends were a
-fixed cost per file (0.45 s of 32 DLRM ranks, ``benchmarks/bench_ingest_scale.py``). ``Pending``
+fixed cost per file. ``Pending``
 keeps the rows of the files read so far, in file order, and appends them per table when they
 reach ``FLUSH_ROWS`` rows or when the caller asks (before a host ET is linked to events that must
 be in the store, and at the end). Events a worker left in a Parquet part are appended by one
@@ -27,16 +27,13 @@ import polars as pl
 from prism_trace import schema
 from prism_trace.errors import TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
+from prism_trace.ingest_read import _quote
 from prism_trace.store_write import append
 
 __all__ = ["FLUSH_ROWS", "Pending"]
 
 FLUSH_ROWS = 1 << 18
 """Rows held before they are appended (the frames of a Kineto batch are in memory anyway)."""
-
-
-def _quote(path: Path) -> str:
-    return str(path).replace("'", "''")
 
 
 def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
