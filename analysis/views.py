@@ -51,7 +51,8 @@ _COLUMN = re.compile(r"^@column\s+(\w+)\s+(.*)$")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A query that reads the catalog may look for any object, so it gets them all.
 _CATALOG = re.compile(
-    r"\b(duckdb_views|duckdb_columns|duckdb_functions|information_schema|show\s+(all\s+)?tables)\b",
+    r"\b(duckdb_views|duckdb_columns|duckdb_functions|information_schema|show\s+(all\s+)?tables"
+    r"|show_tables(_expanded)?)\b",
     re.IGNORECASE,
 )
 

@@ -124,6 +124,8 @@ def test_a_query_loads_only_what_it_names(sample_store: Store) -> None:
     assert present & ours == loaded
     # A query of the catalog may look for any object: all of them are loaded.
     assert views.names_in("SELECT * FROM duckdb_views() WHERE view_name LIKE 'pipeline%'") is None
+    assert views.names_in("PRAGMA show_tables") is None
+    assert views.names_in("SHOW ALL TABLES") is None
     assert views.names_in("select 1") == set()
     cur.close()
     # The deepest closure (13 objects) loads alone on a fresh cursor and binds.

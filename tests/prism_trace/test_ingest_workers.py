@@ -73,12 +73,18 @@ def test_two_workers_store_the_same_rows_as_one(
     assert list(scratch.iterdir()) == [], "parts and work files are removed"
 
 
-def test_a_bad_file_read_by_a_worker_changes_nothing(tmp_path: Path) -> None:
+def _job_with_a_cut_file(tmp_path: Path) -> Path:
+    """Three of the sample's Kineto ranks and a trace cut off mid-event (rank 9)."""
     src = tmp_path / "job"
     src.mkdir()
     for f in sorted(SAMPLE.glob("rank*.kineto.json.gz"))[:3]:
         shutil.copy(f, src / f.name)
     (src / "rank9.kineto.json").write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", ')
+    return src
+
+
+def test_a_bad_file_read_by_a_worker_changes_nothing(tmp_path: Path) -> None:
+    src = _job_with_a_cut_file(tmp_path)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     with open_store(tmp_path / "s.duckdb") as store:
@@ -224,11 +230,7 @@ def test_the_cli_forks_its_workers_and_stores_the_same_rows(
 def test_a_bad_file_read_by_a_forked_worker_is_one_line_and_changes_nothing(
     tmp_path: Path,
 ) -> None:
-    src = tmp_path / "job"
-    src.mkdir()
-    for f in sorted(SAMPLE.glob("rank*.kineto.json.gz"))[:3]:
-        shutil.copy(f, src / f.name)
-    (src / "rank9.kineto.json").write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", ')
+    src = _job_with_a_cut_file(tmp_path)
     db = tmp_path / "s.duckdb"
     with open_store(db) as store:
         ingest(store, [SAMPLE / "rank7.kineto.json.gz"], run="seed", progress=False)
