@@ -107,3 +107,21 @@ def test_core_imports_with_torch_hidden() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "ok"
+
+
+def test_the_cli_loads_without_the_analysis_layer() -> None:
+    """Every command pays the CLI's imports: `prism ingest` must not import polars, numpy or the
+    analyses only to let click list `prism analyze`'s words (``cli/_words.py``), which must
+    still be the analysis layer's own."""
+    from prism_trace.analysis import WORDS
+
+    from prism_trace.cli._words import ANALYZE_WORDS
+
+    assert ANALYZE_WORDS == WORDS
+    code = (
+        "import sys, prism_trace.cli; "
+        "print(sorted(m for m in ('polars', 'numpy', 'prism_trace.analysis', 'torch')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

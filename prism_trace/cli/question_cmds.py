@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
-from prism_trace.analysis import WORDS
 from prism_trace.cli._group import RANKS, _one_line_errors, main
 from prism_trace.cli._options import db_argument, json_option, max_rows_option, run_option
+from prism_trace.cli._words import ANALYZE_WORDS
 
 _EMPTY_WHY = {
     "idle": " (idle time is per device stream: the selected ranks have no kernels)",
@@ -45,7 +45,7 @@ def _json_rows(df: Any) -> list[dict[str, Any]]:
 @click.argument(
     "what",
     # The analysis layer's words, plus `slowdown`, which the replay layer computes.
-    type=click.Choice([*WORDS, "slowdown"]),
+    type=click.Choice([*ANALYZE_WORDS, "slowdown"]),
 )
 @run_option("Run to analyse (any kind).")
 @click.option(
