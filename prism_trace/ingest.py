@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,13 +32,14 @@ from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
 from prism_trace.ingest_append import Pending
 from prism_trace.ingest_read import (
-    _MEMORY_LIMIT,
     _clash,
     _hold_part,
     _Plan,
     _reading,
     _Shared,
+    _size_bytes,
     _stored,
+    ingest_memory_limit,
     read_trace,
 )
 from prism_trace.limits import check_rank, check_world_size
@@ -348,6 +348,7 @@ def ingest(
     if engine == "dask" and scheduler is not None and scratch is None:
         msg = "--scheduler needs --scratch: a directory every dask worker sees at the same path"
         raise PrismError(msg)
+    memory_limit = ingest_memory_limit()  # a bad PRISM_INGEST_MEMORY_LIMIT stops it here
     old_id = claim_run_name(store, run, replace=replace)
     files, skipped = discover(paths, format=format)
     if not files:
@@ -361,7 +362,7 @@ def ingest(
     prints = _check_fingerprints(store, files, old_id)
     with (
         tempfile.TemporaryDirectory(prefix="prism-ingest-", dir=scratch) as tmp,
-        _ingest_settings(store),
+        _ingest_settings(store, memory_limit),
         store.transaction() as con,
     ):
         if old_id is not None:
@@ -404,13 +405,14 @@ def reader_processes(
 
 
 @contextlib.contextmanager
-def _ingest_settings(store: Store) -> Iterator[None]:
+def _ingest_settings(store: Store, memory_limit: int) -> Iterator[None]:
     """DuckDB settings for the ingest, put back afterwards (they are the whole database's).
 
-    - ``memory_limit`` ``_MEMORY_LIMIT`` when it is DuckDB's default (80% of RAM), which lets one
-      large trace's sorts and joins grow to several times the file; under the limit they spill to
-      the store's temporary directory, and a large trace's work database (a file) is evicted. A
-      limit the caller set is kept. DuckDB shows the limit rounded, so it is put back by RESET.
+    - ``memory_limit`` set to ``memory_limit`` (``ingest_memory_limit``) when it is DuckDB's
+      default (80% of RAM), which lets one large trace's sorts and joins grow to several times
+      the file; under the limit they spill to the store's temporary directory, and a large
+      trace's work database (a file) is evicted. A limit the caller set is kept. DuckDB shows
+      the limit rounded, so it is put back by RESET.
     - ``preserve_insertion_order`` on: the Kineto reader numbers the records of a trace by the
       order a CREATE TABLE AS keeps (``formats.kineto``).
     """
@@ -418,10 +420,10 @@ def _ingest_settings(store: Store) -> Iterator[None]:
     limit_sql = "SELECT current_setting('memory_limit')"
     (limit,) = con.execute(limit_sql).fetchall()[0]
     default = _default_memory_limit()
-    lower = limit == default and _size_bytes(default) > _MEMORY_LIMIT
+    lower = limit == default and _size_bytes(default) > memory_limit
     (keep_order,) = con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0]
     if lower:
-        con.execute(f"SET memory_limit = '{_MEMORY_LIMIT}B'")
+        con.execute(f"SET memory_limit = '{memory_limit}B'")
     con.execute("SET preserve_insertion_order = true")
     try:
         yield
@@ -438,18 +440,6 @@ def _default_memory_limit() -> str:
     with duckdb.connect() as fresh:
         (default,) = fresh.execute("SELECT current_setting('memory_limit')").fetchall()[0]
     return str(default)
-
-
-_SIZE_RE = re.compile(r"^\s*([\d.]+)\s*(?:([KMGT]?)(i?)B|bytes?)\s*$", re.IGNORECASE)
-
-
-def _size_bytes(text: str) -> float:
-    """Bytes of a DuckDB size setting (``18.8 GiB``, ``512MB``); infinite when not one."""
-    m = _SIZE_RE.match(text)
-    if m is None:
-        return float("inf")
-    power = "KMGT".find(m.group(2).upper()) + 1 if m.group(2) else 0
-    return float(m.group(1)) * (1024 if m.group(3) else 1000) ** power
 
 
 def _ingest_files(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -85,8 +86,69 @@ _WORK_ON_DISK_BYTES = 256 << 20
 _EVENT_BATCH_ROWS = 1 << 16
 
 
-# DuckDB's memory limit while ingesting (bytes), unless the store's connection has a lower one.
-_MEMORY_LIMIT = 512 << 20
+def _memory_limit_for(ram_bytes: int | None) -> int:
+    """DuckDB's memory limit while ingesting, for a machine of ``ram_bytes`` (None: unknown).
+
+    A sixteenth of the machine's memory, at least 512 MiB and at most 2 GiB: bounded whatever
+    the size of the trace (DuckDB spills past it), yet not so low that a large trace's sorts
+    and joins spill when the machine has room. On 24 GB of RAM the limit is ~1.5 GB; a 1 GB
+    Kineto file took 24.6 s under 512 MiB, 22.6 s under 1 GiB and 22.3 s under 2 GiB (peak
+    0.92, 1.26 and 1.51 GB; ``benchmarks/bench_ingest_scale.py --memory-limits
+    512MiB,1GiB,2GiB``). The workers of ``--workers N`` share it (``worker_limit``).
+    """
+    if ram_bytes is None or ram_bytes <= 0:
+        return _MEMORY_LIMIT_MIN
+    return max(_MEMORY_LIMIT_MIN, min(_MEMORY_LIMIT_MAX, ram_bytes // 16))
+
+
+def _ram_bytes() -> int | None:
+    """The machine's physical memory, or None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+_MEMORY_LIMIT_MIN = 512 << 20
+_MEMORY_LIMIT_MAX = 2 << 30
+_MEMORY_LIMIT_ENV = "PRISM_INGEST_MEMORY_LIMIT"
+
+
+def ingest_memory_limit() -> int:
+    """DuckDB's memory limit while ingesting (bytes), unless the store's connection has a lower
+    one: ``PRISM_INGEST_MEMORY_LIMIT`` (a size such as ``2GB``, at least 64 MB) where set, else
+    ``_memory_limit_for`` this machine.
+
+    Raises:
+        PrismError: the variable is set to something that is not such a size.
+    """
+    text = os.environ.get(_MEMORY_LIMIT_ENV)
+    if not text:
+        return _memory_limit_for(_ram_bytes())
+    size = _size_bytes(text)
+    if not 64e6 <= size < float("inf"):
+        msg = f"{_MEMORY_LIMIT_ENV}={text[:40]!r}: expected a size of at least 64MB, such as 2GB"
+        raise PrismError(msg)
+    return int(size)
+
+
+def worker_limit(workers: int) -> int:
+    """Each worker process's share of ``ingest_memory_limit`` (at least 512 MiB, or the limit
+    set, if lower): N workers hold about what one reader here does, not N times it."""
+    limit = ingest_memory_limit()
+    return max(min(limit, _MEMORY_LIMIT_MIN), limit // max(1, workers))
+
+
+_SIZE_RE = re.compile(r"^\s*([\d.]+)\s*(?:([KMGT]?)(i?)B|bytes?)\s*$", re.IGNORECASE)
+
+
+def _size_bytes(text: str) -> float:
+    """Bytes of a DuckDB size setting (``18.8 GiB``, ``512MB``); infinite when not one."""
+    m = _SIZE_RE.match(text)
+    if m is None:
+        return float("inf")
+    power = "KMGT".find(m.group(2).upper()) + 1 if m.group(2) else 0
+    return float(m.group(1)) * (1024 if m.group(3) else 1000) ** power
 
 
 # With ``--workers`` left to prism (``auto``), files are read by worker processes only when the
@@ -167,7 +229,7 @@ def _reading(
             rank=shared.rank,
             out_dir=shared.tmp,
             workers=n,
-            memory_limit=_MEMORY_LIMIT,
+            memory_limit=worker_limit(n),
             engine=plan.engine,
             scheduler=plan.scheduler,
         ) as got:

@@ -16,7 +16,7 @@ import pytest
 
 import prism_trace.ingest as ingest_mod
 import prism_trace.ingest_read as ingest_read
-from prism_trace.errors import DuplicateRankError, TraceFormatError
+from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
 from prism_trace.ingest import ingest
 from prism_trace.store import Store, open_store
 
@@ -156,7 +156,7 @@ def test_settings_are_put_back(tmp_path: Path) -> None:
             ingest(store, sample, run="a", progress=False, replace=True)
             assert store.con.execute(settings).fetchall() == before
     (limit, keep_order), (kept_limit, _) = seen
-    assert ingest_mod._size_bytes(limit) <= ingest_mod._MEMORY_LIMIT
+    assert ingest_mod._size_bytes(limit) <= ingest_mod.ingest_memory_limit()
     assert keep_order is True
     assert kept_limit == before[0][0]
 
@@ -166,3 +166,28 @@ def test_size_settings_parse() -> None:
     assert ingest_mod._size_bytes("3GB") == 3e9
     assert ingest_mod._size_bytes("100 bytes") == 100
     assert ingest_mod._size_bytes("no limit") == float("inf")
+
+
+def test_memory_limit_follows_the_machine_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sixteenth of RAM, clamped to [512 MiB, 2 GiB]; workers share it; the variable wins."""
+    assert ingest_read._memory_limit_for(None) == 512 << 20
+    assert ingest_read._memory_limit_for(4 << 30) == 512 << 20
+    assert ingest_read._memory_limit_for(24 << 30) == 1536 << 20
+    assert ingest_read._memory_limit_for(1 << 40) == 2 << 30
+    monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", "3GB")
+    assert ingest_read.ingest_memory_limit() == 3e9
+    assert ingest_read.worker_limit(2) == 1.5e9
+    assert ingest_read.worker_limit(16) == 512 << 20  # a worker's floor
+    monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", "100MB")
+    assert ingest_read.worker_limit(4) == 100e6  # a limit set below the floor is kept
+
+
+@pytest.mark.parametrize("value", ["lots", "-1GB", "1MB", "12"])
+def test_a_bad_memory_limit_is_one_line_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", value)
+    with open_store(tmp_path / "s.duckdb") as store:
+        with pytest.raises(PrismError, match=r"PRISM_INGEST_MEMORY_LIMIT=.*expected a size"):
+            ingest(store, [SAMPLE / "rank0.kineto.json.gz"], run="a", progress=False)
+        assert store.con.execute("SELECT count(*) FROM run").fetchall() == [(0,)]
