@@ -11,9 +11,16 @@ Two sets, every tool run in a fresh process (wall clock and peak memory of its p
    Kineto reader alone in one process (no store, no pool) on one of the files (the memory every
    reading process pays: interpreter, DuckDB, polars) and on all of them (the reader's time);
    and DuckDB's ``read_json`` alone on every file (``bench_ingest.py``'s floor), the least any
-   reader built on it pays.
+   reader built on it pays. Then the floors of any DuckDB store of the set: each file's events
+   appended to one store table (``bench_ingest.py``'s floor+store: its peak is the least memory
+   such an ingest holds) and every file's events read by one statement into a new database
+   file (its time is the least such an ingest takes); and the stack's own floor, a process
+   that imports DuckDB and polars and moves a frame between them.
 2. ``big``: one ``--big-gb`` GB Kineto file from ``make_big_trace.py``; ``prism ingest`` (its
-   default workers: one file is read in the prism process) throughput and peak memory.
+   default workers: one file is read in the prism process) throughput and peak memory; then
+   two floors: the Kineto reader's load statement alone into a database file (every record
+   stored with its fields' types checked, nothing modelled) and DuckDB's unchecked
+   ``read_json`` appended to a store.
 
 Targets (issue 22), all ratios taken within this one run: prism >= 5x faster than HTA at <= 1/4
 of its peak memory on the 32 ranks (the project's goal is 10x); ``--workers 2`` >= 1.6x faster
@@ -84,16 +91,26 @@ def run_hta(ts: bi.TraceSet, work: Path, timeout: float) -> bi.Measurement:
 
 
 def run_prism(
-    prism: str, ts: bi.TraceSet, db: Path, workers: int | None, timeout: float
+    prism: str,
+    ts: bi.TraceSet,
+    db: Path,
+    workers: int | None,
+    timeout: float,
+    *,
+    memory_limit: str | None = None,
 ) -> bi.Measurement:
-    """``prism ingest --workers N`` into a new store (None: no ``--workers``, the default plan)."""
+    """``prism ingest --workers N`` into a new store (None: no ``--workers``, the default plan);
+    with ``memory_limit``, under ``PRISM_INGEST_MEMORY_LIMIT`` set to it."""
     for p in (db, db.with_suffix(".duckdb.wal")):
         p.unlink(missing_ok=True)
     cmd = [prism, "ingest", str(ts.path), "--db", str(db), "--run", "b", "--quiet"]
     if workers is not None:
         cmd += ["--workers", str(workers)]
-    log = db.with_suffix(".log")
     label = "prism (default)" if workers is None else f"prism --workers {workers}"
+    if memory_limit is not None:
+        cmd = ["env", f"PRISM_INGEST_MEMORY_LIMIT={memory_limit}", *cmd]
+        label += f", memory limit {memory_limit}"
+    log = db.with_suffix(".log")
     return bi.measure(label, cmd, log=log, timeout_s=timeout)
 
 
@@ -173,6 +190,115 @@ def _batch_child(out: str, files: list[str]) -> None:
     Path(out).write_text(json.dumps({"events": events, **rss}))
 
 
+def run_child(kind: str, label: str, args: list[str], work: Path, timeout: float) -> bi.Measurement:
+    """One of this file's child bodies (``--_<kind>-child``) in a fresh process."""
+    out = work / f"{kind}.json"
+    cmd = [sys.executable, __file__, f"--_{kind}-child", str(out), *args]
+    m = bi.measure(label, cmd, log=work / f"{kind}.log", timeout_s=timeout)
+    if m.rc == 0 and out.exists():
+        m.extra.update(json.loads(out.read_text()))
+    return m
+
+
+def _stack_child(out: str) -> None:
+    """Body of the stack floor: import DuckDB and polars and move a small result from one to
+    the other, as every prism process that reads a trace does; nothing else. Its peak is the
+    least any process of an ingest built on these two libraries holds."""
+    import duckdb
+    import polars as pl
+
+    with duckdb.connect() as con:
+        df = pl.DataFrame(con.sql("SELECT range AS x FROM range(10)").pl())
+    Path(out).write_text(json.dumps({"events": f"{df.height} rows"}))
+
+
+def _load_child(out: str, path: str, db: str) -> None:
+    """Body of the checked-load floor: the Kineto reader's load statement alone on one file
+    (records read with their fields' JSON types checked, ``ts``/``dur`` made ns, the ids taken
+    out of ``args``) into a new database file, checkpointed, under the ingest's memory limit;
+    no tracks, events, nesting or run tables. What any ingest that refuses mistyped fields
+    pays to check and store the records of the file before it models one event."""
+    import duckdb
+
+    from prism_trace.formats._json_array import split_trace_events
+    from prism_trace.formats.kineto import _Reader, _resolve_rank
+    from prism_trace.ingest_read import ingest_memory_limit
+
+    Path(db).unlink(missing_ok=True)
+    with duckdb.connect(db, config={"memory_limit": f"{ingest_memory_limit()}B"}) as con:
+        with split_trace_events(Path(path)) as tef:
+            _Reader(Path(path), _resolve_rank(Path(path), tef.meta, None), tef, con).load()
+        con.execute("CHECKPOINT")
+        (n,) = con.execute("SELECT count(*) FROM raw").fetchall()[0]
+    Path(out).write_text(json.dumps({"events": f"{n} records"}))
+
+
+def _check_pass_child(out: str, path: str) -> None:
+    """Body of the other way to check the fields' types: a pass of its own over the file's
+    records (``read_json_objects`` and ``json_type`` of the 8 fields the load checks), which
+    would run beside an unchecked typed read. ``scan_s``: the pass alone, without the split."""
+    import duckdb
+
+    from prism_trace.formats._json_array import split_trace_events
+    from prism_trace.ingest_read import ingest_memory_limit
+
+    with (
+        duckdb.connect(config={"memory_limit": f"{ingest_memory_limit()}B"}) as con,
+        split_trace_events(Path(path)) as tef,
+    ):
+        t0 = time.perf_counter()
+        (n,) = con.execute(
+            "SELECT count(*) FROM read_json_objects(?, format = 'array') WHERE json_type(json,"
+            " ['$.ph', '$.ts', '$.dur', '$.name', '$.pid', '$.tid', '$.cat', '$.args'])"
+            " IS NOT NULL",
+            [[str(p) for p in tef.parts]],
+        ).fetchall()[0]
+        scan = time.perf_counter() - t0
+    Path(out).write_text(json.dumps({"events": f"{n} records", "scan_s": round(scan, 2)}))
+
+
+def _stored_lean_child(out: str, db: str, files: list[str]) -> None:
+    """Body of the leanest store floor: ``bench_ingest.py``'s floor+store (each file's events
+    appended to one table of a new database file, one transaction, nothing checked or
+    modelled) with DuckDB held to one thread and 64 MB, the least it reads a file's 32 MB
+    buffer with (32 MB fails). Its peak is the least memory a DuckDB store of the set holds."""
+    import duckdb
+
+    from prism_trace.formats._json_array import split_trace_events
+
+    Path(db).unlink(missing_ok=True)
+    with duckdb.connect(db, config={"memory_limit": "64MB", "threads": 1}) as con:
+        con.execute(f"CREATE TABLE t AS {bi._FLOOR_READ} LIMIT 0", [[files[0]]])
+        con.execute("BEGIN")
+        for f in files:
+            with split_trace_events(Path(f)) as tef:
+                con.execute(f"INSERT INTO t {bi._FLOOR_READ}", [[str(p) for p in tef.parts]])
+        con.execute("COMMIT")
+        (n,) = con.execute("SELECT count(*) FROM t").fetchall()[0]
+    Path(out).write_text(json.dumps({"events": f"{n} records"}))
+
+
+def _stored_batch_child(out: str, db: str, files: list[str]) -> None:
+    """Body of the batched store floor: every file's events array (split as prism splits it)
+    read by one ``read_json`` into one table of a new database file; nothing typed beyond
+    DuckDB's own casts, checked or modelled. The least a DuckDB store of the set costs: one
+    statement planned once, both cores parsing."""
+    import contextlib
+
+    import duckdb
+
+    from prism_trace.formats._json_array import split_trace_events
+
+    Path(db).unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack, duckdb.connect(db) as con:
+        parts = [
+            str(p) for f in files for p in stack.enter_context(split_trace_events(Path(f))).parts
+        ]
+        con.execute(f"CREATE TABLE t AS {bi._FLOOR_READ}", [parts])
+        (n,) = con.execute("SELECT count(*) FROM t").fetchall()[0]
+    Path(out).write_text(json.dumps({"events": f"{n} records"}))
+
+
 def same_rows(a: Path, b: Path) -> tuple[bool, int]:
     """Whether two stores hold the same rows in every per-run table; and their event count."""
     import duckdb
@@ -208,9 +334,30 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--_batch-child"]:
         _batch_child(argv[1], argv[2:])
         return 0
+    if argv[:1] == ["--_stack-child"]:
+        _stack_child(argv[1])
+        return 0
+    if argv[:1] == ["--_load-child"]:
+        _load_child(argv[1], argv[2], argv[3])
+        return 0
+    if argv[:1] == ["--_check-pass-child"]:
+        _check_pass_child(argv[1], argv[2])
+        return 0
+    if argv[:1] == ["--_stored-lean-child"]:
+        _stored_lean_child(argv[1], argv[2], argv[3:])
+        return 0
+    if argv[:1] == ["--_stored-batch-child"]:
+        _stored_batch_child(argv[1], argv[2], argv[3:])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--big-gb", type=float, default=1.0, help="size of the large file (0: skip)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per run, seconds")
+    ap.add_argument(
+        "--memory-limits",
+        default="",
+        help="also ingest the big file under each of these PRISM_INGEST_MEMORY_LIMIT values"
+        " (comma-separated, e.g. 512MiB,1GiB,2GiB)",
+    )
     ap.add_argument("--no-note", action="store_true", help="do not write benchmarks/results/")
     ap.add_argument("--keep", action="store_true", help="keep the work dir")
     args = ap.parse_args(argv)
@@ -259,6 +406,33 @@ def main(argv: list[str] | None = None) -> int:
         floor = bi.run_floor(ts, work, args.timeout)
         print(f"  {ts.name} {floor.tool:<18} {floor.wall_s:7.2f} s", file=sys.stderr)
         rows.append((ts.name, floor, ts))
+        bi._warm(ts.files)
+        stored = bi.run_floor(ts, work, args.timeout, store=True)
+        print(f"  {ts.name} {stored.tool:<18} {stored.wall_s:7.2f} s", file=sys.stderr)
+        rows.append((ts.name, stored, ts))
+        bi._warm(ts.files)
+        batch_db = str(work / "stored-batch.duckdb")
+        stored_batch = run_child(
+            "stored-batch",
+            "floor+store, one statement",
+            [batch_db, *map(str, ts.files)],
+            work,
+            args.timeout,
+        )
+        print(f"  {ts.name} {stored_batch.tool:<18} {stored_batch.wall_s:7.2f} s", file=sys.stderr)
+        rows.append((ts.name, stored_batch, ts))
+        bi._warm(ts.files)
+        lean = run_child(
+            "stored-lean",
+            "floor+store, 1 thread, 64 MB",
+            [str(work / "stored-lean.duckdb"), *map(str, ts.files)],
+            work,
+            args.timeout,
+        )
+        print(f"  {ts.name} {lean.tool:<18} {lean.peak_tree_mb:6.0f} MB", file=sys.stderr)
+        rows.append((ts.name, lean, ts))
+        stack = run_child("stack", "stack: DuckDB + polars", [], work, args.timeout)
+        print(f"  {stack.tool:<18} {stack.peak_tree_mb:6.0f} MB", file=sys.stderr)
         w1, w2, wd, hta = runs["w1"], runs["w2"], runs["wd"], runs["hta"]
         one, every = runs["reader1"], runs[f"reader{len(ts.files)}"]
         same, events = same_rows(work / "w1.duckdb", work / "w2.duckdb")
@@ -314,6 +488,31 @@ def main(argv: list[str] | None = None) -> int:
                 f" {hta.wall_s / TARGET_HTA:.2f} s"
                 f" (HTA / floor = {hta.wall_s / floor.wall_s:.2f})"
             )
+        if stored_batch.rc == 0 and hta.rc == 0:
+            lines.append(
+                f"{ts.name}: floor of any DuckDB store: every file's events read by one"
+                f" `read_json` into a table of a new database file (nothing checked or modelled,"
+                f" fresh process) takes {stored_batch.wall_s:.2f} s, against HTA /"
+                f" {TARGET_HTA:g} = {hta.wall_s / TARGET_HTA:.2f} s (HTA / this floor ="
+                f" {hta.wall_s / stored_batch.wall_s:.2f})"
+            )
+        if stored.rc == 0 and lean.rc == 0 and stack.rc == 0 and hta.rc == 0:
+            target = TARGET_MEM * hta.peak_tree_mb
+            least = min(stored.peak_tree_mb, lean.peak_tree_mb, stack.peak_tree_mb)
+            lines.append(
+                f"{ts.name}: memory floors: DuckDB's `read_json` of each file appended to one"
+                f" store table (nothing checked or modelled, one process) peaks at"
+                f" {stored.peak_tree_mb:.0f} MB in {stored.wall_s:.2f} s, and at"
+                f" {lean.peak_tree_mb:.0f} MB held to one thread and 64 MB; a process that"
+                f" imports DuckDB and polars and moves a frame between them peaks at"
+                f" {stack.peak_tree_mb:.0f} MB; the target, 1/4 of HTA's {hta.peak_tree_mb:.0f}"
+                f" MB, is {target:.0f} MB"
+                + (
+                    " [below every floor: no ingest on these libraries reaches it here]"
+                    if target < least
+                    else " [at or above a floor: not excluded by it]"
+                )
+            )
         for m in (w2, w1):
             if hta.rc == 0 and m.rc == 0:
                 speed = hta.wall_s / m.wall_s
@@ -339,7 +538,49 @@ def main(argv: list[str] | None = None) -> int:
             m = run_prism(prism, bts, work / "big.duckdb", os.cpu_count() or 1, args.timeout)
             print(f"  big {m.wall_s:7.2f} s {m.peak_tree_mb:6.0f} MB", file=sys.stderr)
             rows.append(("big", m, bts))
+            for limit in [x for x in args.memory_limits.split(",") if x]:
+                bi._warm(bts.files)
+                ml = run_prism(
+                    prism, bts, work / "big.duckdb", None, args.timeout, memory_limit=limit
+                )
+                print(
+                    f"  big {ml.tool} {ml.wall_s:7.2f} s {ml.peak_tree_mb:6.0f} MB", file=sys.stderr
+                )
+                rows.append(("big", ml, bts))
+            bi._warm(bts.files)
+            load = run_child(
+                "load",
+                "checked load + store",
+                [str(big[0]), str(work / "load.duckdb")],
+                work,
+                args.timeout,
+            )
+            print(f"  big load {load.wall_s:7.2f} s", file=sys.stderr)
+            rows.append(("big", load, bts))
+            bi._warm(bts.files)
+            check = run_child(
+                "check-pass", "type-check pass alone", [str(big[0])], work, args.timeout
+            )
+            rows.append(("big", check, bts))
+            bi._warm(bts.files)
+            bstored = bi.run_floor(bts, work, args.timeout, store=True)
+            print(f"  big floor+store {bstored.wall_s:7.2f} s", file=sys.stderr)
+            rows.append(("big", bstored, bts))
             (work / "big" / big[0].name).unlink()
+            if load.rc == 0 and bstored.rc == 0 and check.rc == 0:
+                budget = bts.json_mb / TARGET_MBPS
+                lines.append(
+                    f"big ({bts.json_mb:.0f} MB JSON): floors: the reader's load statement alone"
+                    f" into a database file (fields type-checked, records stored, no events"
+                    f" model) {load.wall_s:.2f} s ="
+                    f" {bts.json_mb / load.wall_s:.0f} MB/s; DuckDB's `read_json` appended to a"
+                    f" store (nothing checked) {bstored.wall_s:.2f} s ="
+                    f" {bts.json_mb / bstored.wall_s:.0f} MB/s; {TARGET_MBPS:g} MB/s leaves"
+                    f" {budget:.2f} s for the whole file; a checking pass of its own instead"
+                    f" (`read_json_objects` and `json_type` of the 8 fields) alone takes"
+                    f" {check.extra.get('scan_s')} s (its process, with the split,"
+                    f" {check.wall_s:.2f} s)"
+                )
             if m.rc == 0:
                 lines.append(
                     _line(
