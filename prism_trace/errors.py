@@ -11,6 +11,7 @@ __all__ = [
     "DuplicateRankError",
     "DuplicateRunError",
     "MissingFieldError",
+    "OutOfMemoryError",
     "PrismError",
     "RankUnknownError",
     "SchemaVersionError",
@@ -63,3 +64,16 @@ class SchemaVersionError(PrismError):
 
 class StoreLockedError(PrismError):
     """Another process holds the DuckDB file open for writing."""
+
+
+class OutOfMemoryError(PrismError):
+    """DuckDB ran out of memory while ingesting a file: the machine's fault, not the file's."""
+
+    @classmethod
+    def of(cls, path: object, doing: str, first_line: str) -> OutOfMemoryError:
+        """The one line for ``path``, saying what to change. (A classmethod, not ``__init__``:
+        a worker's error crosses to the driver pickled, which calls ``cls(message)``.)"""
+        return cls(
+            f"{path}: DuckDB ran out of memory {doing} ({first_line}); raise"
+            " PRISM_INGEST_MEMORY_LIMIT (e.g. 4GB), ingest with fewer --workers, or free memory"
+        )

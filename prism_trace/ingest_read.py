@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from prism_trace.discover import TraceFile
-from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
+from prism_trace.errors import (
+    DuplicateRankError,
+    OutOfMemoryError,
+    PrismError,
+    TraceFormatError,
+)
 from prism_trace.formats.base import FRAME_SCHEMAS, FormatName, TraceTables
 from prism_trace.store import Store
 
@@ -65,6 +70,8 @@ def _stored(path: Path) -> Iterator[None]:
         yield
     except duckdb.Error as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, duckdb.OutOfMemoryException):  # not the file's fault
+            raise OutOfMemoryError.of(path, "storing its rows", first) from exc
         msg = f"{path}: its rows cannot be stored: {first}"
         raise TraceFormatError(msg) from exc
 

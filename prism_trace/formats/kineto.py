@@ -47,7 +47,13 @@ import numpy as np
 import orjson
 import polars as pl
 
-from prism_trace.errors import MissingFieldError, PrismError, RankUnknownError, TraceFormatError
+from prism_trace.errors import (
+    MissingFieldError,
+    OutOfMemoryError,
+    PrismError,
+    RankUnknownError,
+    TraceFormatError,
+)
 from prism_trace.formats._json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto_comms import _CommTables, _json_list
@@ -283,8 +289,12 @@ class _Reader(_CommTables):
         # work database after the file anyway).
         self.free = tef.json_bytes >= _FREE_BYTES
 
-    def _fail(self, exc: duckdb.Error) -> TraceFormatError:
+    def _fail(self, exc: duckdb.Error) -> PrismError:
+        """One line for a failed statement: the trace's fault, unless DuckDB ran out of memory
+        (then the file is not blamed, and the line says what to change)."""
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            return OutOfMemoryError.of(self.path, "reading the trace", first)
         return TraceFormatError(f"{self.path}: cannot parse the trace events: {first}")
 
     def sql(self, query: str, params: list[Any] | None = None) -> None:
@@ -390,7 +400,7 @@ class _Reader(_CommTables):
         try:
             self.load_files(select, parts)
         except duckdb.Error as exc:
-            if len(parts) == 1:
+            if len(parts) == 1 or isinstance(exc, duckdb.OutOfMemoryException):
                 raise self._fail(exc) from exc
             try:
                 self.load_files(select, [str(self.tef.events_path)])

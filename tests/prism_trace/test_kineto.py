@@ -26,6 +26,7 @@ from prism_trace.formats._json_array import sniff_kineto, split_trace_events
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.formats.kineto import rank_from_file_name, read_kineto
 
+SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 DLRM = "param-dlrm-8rank/kineto"
 HTA = "hta-nccl-rank0/nccl_data.json.gz"
 RESNET = "param-resnet-et/resnet_kineto.json.gz"
@@ -659,3 +660,20 @@ def test_freeing_work_tables_changes_no_row(
         a, b = getattr(small, name), getattr(freed, name)
         assert a.height > 0 or name in ("et_ops", "p2p", "memory"), name
         assert a.equals(b), name
+
+
+def test_out_of_memory_is_not_blamed_on_the_trace(tmp_path: Path) -> None:
+    """DuckDB running out of memory is one line that says so and what to change; it is no
+    TraceFormatError (the file is fine) and the whole array is not read again as one part."""
+    import duckdb
+
+    from prism_trace.errors import OutOfMemoryError
+    from prism_trace.formats.kineto import stage_kineto
+
+    with (
+        duckdb.connect(config={"memory_limit": "8MB", "threads": 1}) as con,
+        pytest.raises(OutOfMemoryError, match=r"ran out of memory.*PRISM_INGEST_MEMORY_LIMIT") as e,
+    ):
+        stage_kineto(SAMPLE / "rank0.kineto.json.gz", con=con, events_into=lambda *_: None)
+    assert not isinstance(e.value, TraceFormatError)
+    assert len(str(e.value).splitlines()) == 1
