@@ -171,12 +171,12 @@ def _parse_kineto(job: FileJob, out: Path) -> FilePart:
     from prism_trace.formats.kineto import stage_kineto
 
     # The same rule as the driver's own path: a large trace is worked on in a database file.
-    from prism_trace.ingest_read import _WORK_ON_DISK_BYTES, _json_size_guess, _quote
+    from prism_trace.ingest_read import _json_size_guess, _quote, _works_on_disk
 
     con = _connection(job.threads, job.memory_limit)
     cur = con.cursor()
     work = job.out_dir / f"work{job.index:06d}.duckdb"
-    on_disk = _json_size_guess(job.trace.path) >= _WORK_ON_DISK_BYTES
+    on_disk = _works_on_disk(_json_size_guess(job.trace.path), job.memory_limit)
     alias = f"_prism_part{job.index}"
     seen: list[int] = []
 

@@ -87,7 +87,7 @@ def _clash(path: Path, rank: int, other: Path) -> DuplicateRankError:
 # The database a Kineto reader works in, a fresh one per file (in memory, or a file for a large
 # trace), dropped after the file.
 _WORK = "_prism_work"
-# A Kineto trace of at least this many JSON bytes is worked on in a database file, not in memory.
+# A Kineto trace under this many JSON bytes is always worked on in memory (``_works_on_disk``).
 _WORK_ON_DISK_BYTES = 256 << 20
 # Rows per Arrow batch when a file's events stream from its work database into the store.
 _EVENT_BATCH_ROWS = 1 << 16
@@ -373,7 +373,9 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
     from prism_trace.formats.kineto import stage_kineto
 
     store = shared.store
-    on_disk = _json_size_guess(trace.path) >= _WORK_ON_DISK_BYTES
+    with shared.lock:
+        (limit,) = store.con.execute("SELECT current_setting('memory_limit')").fetchall()[0]
+    on_disk = _works_on_disk(_json_size_guess(trace.path), _size_bytes(limit))
     work = shared.tmp / f"work{index}.duckdb"
     alias = f"{_WORK}{index}"
     batches = f"_event_batches{index}"
@@ -413,6 +415,16 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
         cur.close()
         for p in (work, work.with_name(work.name + ".wal")):
             p.unlink(missing_ok=True)
+
+
+def _works_on_disk(json_bytes: int, memory_limit: float) -> bool:
+    """Whether a Kineto trace of ``json_bytes`` (guessed) is worked on in a database file, not
+    in memory: when it is larger than the memory limit it is read under (and than
+    ``_WORK_ON_DISK_BYTES``). In memory is faster (nothing compressed and written), and DuckDB
+    spills an in-memory database past its limit too; a file keeps a trace several times the
+    limit compressed on disk, where the spill would be as large as the tables.
+    """
+    return json_bytes >= max(_WORK_ON_DISK_BYTES, memory_limit)
 
 
 def _json_size_guess(path: Path) -> int:

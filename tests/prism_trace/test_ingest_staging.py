@@ -60,7 +60,7 @@ def test_work_on_disk_stores_the_same_rows(
         seen.append(True)
         return real(path)
 
-    monkeypatch.setattr(ingest_read, "_WORK_ON_DISK_BYTES", 0)
+    monkeypatch.setattr(ingest_read, "_works_on_disk", lambda *_: True)
     monkeypatch.setattr(ingest_read, "_json_size_guess", guess)
     on_disk = _ingest(tmp_path / "d.duckdb")
     assert seen, "the Kineto files were not read through the staged path"
@@ -180,6 +180,12 @@ def test_memory_limit_follows_the_machine_within_bounds(monkeypatch: pytest.Monk
     assert ingest_read.worker_limit(16) == 512 << 20  # a worker's floor
     monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", "100MB")
     assert ingest_read.worker_limit(4) == 100e6  # a limit set below the floor is kept
+
+
+def test_a_trace_larger_than_the_memory_limit_is_worked_on_disk() -> None:
+    assert not ingest_read._works_on_disk(1 << 30, 1.5 * (1 << 30))  # fits: in memory
+    assert ingest_read._works_on_disk(2 << 30, 1.5 * (1 << 30))
+    assert not ingest_read._works_on_disk(200 << 20, 0)  # small traces: always in memory
 
 
 @pytest.mark.parametrize("value", ["lots", "-1GB", "1MB", "12"])
