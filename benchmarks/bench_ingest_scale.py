@@ -200,6 +200,18 @@ def run_child(kind: str, label: str, args: list[str], work: Path, timeout: float
     return m
 
 
+def _ingest_forced_child(where: str, argv: list[str]) -> None:
+    """Body of an ingest with the work database forced to a file (``disk``) or to memory
+    (``memory``) whatever the trace's size (``ingest_read._works_on_disk``): the two sides of
+    that rule, at the same memory limit. ``argv``: the ``prism`` arguments."""
+    import prism_trace.cli
+    import prism_trace.ingest_read as ir
+
+    on_disk = where == "disk"
+    ir._works_on_disk = lambda *_: on_disk  # type: ignore[assignment]
+    prism_trace.cli.main(argv)
+
+
 def _stack_child(out: str) -> None:
     """Body of the stack floor: import DuckDB and polars and move a small result from one to
     the other, as every prism process that reads a trace does; nothing else. Its peak is the
@@ -334,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--_batch-child"]:
         _batch_child(argv[1], argv[2:])
         return 0
+    if argv[:1] == ["--_ingest-forced-child"]:
+        _ingest_forced_child(argv[1], argv[2:])
+        return 0
     if argv[:1] == ["--_stack-child"]:
         _stack_child(argv[1])
         return 0
@@ -357,6 +372,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="also ingest the big file under each of these PRISM_INGEST_MEMORY_LIMIT values"
         " (comma-separated, e.g. 512MiB,1GiB,2GiB)",
+    )
+    ap.add_argument(
+        "--work-db-pairs",
+        type=int,
+        default=0,
+        help="also ingest the big file this many times with its work database on disk, then in"
+        " memory, alternating (the rule in ingest_read._works_on_disk, both sides)",
     )
     ap.add_argument("--no-note", action="store_true", help="do not write benchmarks/results/")
     ap.add_argument("--keep", action="store_true", help="keep the work dir")
@@ -547,6 +569,18 @@ def main(argv: list[str] | None = None) -> int:
                     f"  big {ml.tool} {ml.wall_s:7.2f} s {ml.peak_tree_mb:6.0f} MB", file=sys.stderr
                 )
                 rows.append(("big", ml, bts))
+            for _pair in range(args.work_db_pairs):
+                for where in ("disk", "memory"):
+                    bi._warm(bts.files)
+                    db = work / "big.duckdb"
+                    for f in (db, db.with_suffix(".duckdb.wal")):
+                        f.unlink(missing_ok=True)
+                    cmd = [sys.executable, __file__, "--_ingest-forced-child", where, "ingest"]
+                    cmd += [str(bts.path), "--db", str(db), "--run", "b", "--quiet"]
+                    label = f"prism, work database {'on disk' if where == 'disk' else 'in memory'}"
+                    mw = bi.measure(label, cmd, log=work / "forced.log", timeout_s=args.timeout)
+                    print(f"  big {label} {mw.wall_s:7.2f} s", file=sys.stderr)
+                    rows.append(("big", mw, bts))
             bi._warm(bts.files)
             load = run_child(
                 "load",

@@ -99,8 +99,8 @@ def _memory_limit_for(ram_bytes: int | None) -> int:
     A sixteenth of the machine's memory, at least 512 MiB and at most 2 GiB: bounded whatever
     the size of the trace (DuckDB spills past it), yet not so low that a large trace's sorts
     and joins spill when the machine has room. On 24 GB of RAM the limit is ~1.5 GB; a 1 GB
-    Kineto file took 24.6 s under 512 MiB, 22.6 s under 1 GiB and 22.3 s under 2 GiB (peak
-    0.92, 1.26 and 1.51 GB; ``benchmarks/bench_ingest_scale.py --memory-limits
+    Kineto file took 25.7 s under 512 MiB, 22.2 s under 1 GiB and 20.2 s under 2 GiB (peak
+    0.93, 1.30 and 2.19 GB; ``benchmarks/bench_ingest_scale.py --memory-limits
     512MiB,1GiB,2GiB``). The workers of ``--workers N`` share it (``worker_limit``).
     """
     if ram_bytes is None or ram_bytes <= 0:
@@ -364,9 +364,10 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
     The Kineto reader runs on a cursor of its own, in a database of its own dropped after the
     file: the store's transaction must not touch that database (a transaction keeps every
     database it read alive until it ends), so the events cross over as a stream of Arrow batches
-    that the store's connection appends. For a large trace the work database is a file: its
-    tables are compressed there and DuckDB can evict them, which bounds the peak
-    (benchmarks/bench_ingest.py, big file); for a smaller one memory is faster (no disk write).
+    that the store's connection appends. The work database is in memory, which is faster (no
+    compressed write), unless the trace is larger than the memory limit (``_works_on_disk``):
+    then it is a file, its tables compressed there and evicted by DuckDB, which bounds the
+    peak and keeps the spill of a trace many times the limit small.
     """
     if trace.format != "kineto":
         return read_trace(trace, rank=shared.rank)
@@ -422,7 +423,9 @@ def _works_on_disk(json_bytes: int, memory_limit: float) -> bool:
     in memory: when it is larger than the memory limit it is read under (and than
     ``_WORK_ON_DISK_BYTES``). In memory is faster (nothing compressed and written), and DuckDB
     spills an in-memory database past its limit too; a file keeps a trace several times the
-    limit compressed on disk, where the spill would be as large as the tables.
+    limit compressed on disk, where the spill would be as large as the tables. A 1 GB file under
+    a 1.5 GB limit: 20.6 and 20.8 s in memory, 23.2 and 22.8 s on disk, alternating, peaks
+    1.75 GB both ways (``bench_ingest_scale.py --work-db-pairs 2``).
     """
     return json_bytes >= max(_WORK_ON_DISK_BYTES, memory_limit)
 
