@@ -202,13 +202,13 @@ def run_child(kind: str, label: str, args: list[str], work: Path, timeout: float
 
 def _ingest_forced_child(where: str, argv: list[str]) -> None:
     """Body of an ingest with the work database forced to a file (``disk``) or to memory
-    (``memory``) whatever the trace's size (``ingest_read._works_on_disk``): the two sides of
+    (``memory``) whatever the trace's size (``ingest_memory.works_on_disk``): the two sides of
     that rule, at the same memory limit. ``argv``: the ``prism`` arguments."""
     import prism_trace.cli
-    import prism_trace.ingest_read as ir
+    import prism_trace.ingest_memory as im
 
     on_disk = where == "disk"
-    ir._works_on_disk = lambda *_: on_disk  # type: ignore[assignment]
+    im.works_on_disk = lambda *_: on_disk  # type: ignore[assignment]
     prism_trace.cli.main(argv)
 
 
@@ -234,7 +234,7 @@ def _load_child(out: str, path: str, db: str) -> None:
 
     from prism_trace.formats._json_array import split_trace_events
     from prism_trace.formats.kineto import _Reader, _resolve_rank
-    from prism_trace.ingest_read import ingest_memory_limit
+    from prism_trace.ingest_memory import ingest_memory_limit
 
     Path(db).unlink(missing_ok=True)
     with duckdb.connect(db, config={"memory_limit": f"{ingest_memory_limit()}B"}) as con:
@@ -252,7 +252,7 @@ def _check_pass_child(out: str, path: str) -> None:
     import duckdb
 
     from prism_trace.formats._json_array import split_trace_events
-    from prism_trace.ingest_read import ingest_memory_limit
+    from prism_trace.ingest_memory import ingest_memory_limit
 
     with (
         duckdb.connect(config={"memory_limit": f"{ingest_memory_limit()}B"}) as con,
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="also ingest the big file this many times with its work database on disk, then in"
-        " memory, alternating (the rule in ingest_read._works_on_disk, both sides)",
+        " memory, alternating (the rule in ingest_memory.works_on_disk, both sides)",
     )
     ap.add_argument("--no-note", action="store_true", help="do not write benchmarks/results/")
     ap.add_argument("--keep", action="store_true", help="keep the work dir")

@@ -26,6 +26,7 @@ import duckdb
 import polars as pl
 from tqdm import tqdm
 
+from prism_trace import ingest_memory
 from prism_trace.collectives import check_member_counts, settle_order_matching
 from prism_trace.discover import TraceFile, discover, fingerprint
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
@@ -37,9 +38,7 @@ from prism_trace.ingest_read import (
     _Plan,
     _reading,
     _Shared,
-    _size_bytes,
     _stored,
-    ingest_memory_limit,
     read_trace,
 )
 from prism_trace.limits import check_rank, check_world_size
@@ -334,6 +333,9 @@ def ingest(
         DuplicateRunError: the run exists and ``replace`` is false.
         DuplicateRankError: a rank appears twice, or a file was already ingested.
         TraceFormatError: a file is bad (its subclasses say how).
+        OutOfMemoryError: DuckDB ran out of its memory limit (``ingest_memory``).
+        PrismError: ``PRISM_INGEST_MEMORY_LIMIT`` is not a size of at least 256 MB, or another
+            argument is invalid.
     """
     auto = workers == "auto"
     if workers == "auto":
@@ -348,7 +350,7 @@ def ingest(
     if engine == "dask" and scheduler is not None and scratch is None:
         msg = "--scheduler needs --scratch: a directory every dask worker sees at the same path"
         raise PrismError(msg)
-    memory_limit = ingest_memory_limit()  # a bad PRISM_INGEST_MEMORY_LIMIT stops it here
+    memory_limit = ingest_memory.ingest_memory_limit()  # a bad variable stops it here
     old_id = claim_run_name(store, run, replace=replace)
     files, skipped = discover(paths, format=format)
     if not files:
@@ -362,7 +364,7 @@ def ingest(
     prints = _check_fingerprints(store, files, old_id)
     with (
         tempfile.TemporaryDirectory(prefix="prism-ingest-", dir=scratch) as tmp,
-        _ingest_settings(store, memory_limit),
+        _ingest_settings(store, memory_limit) as limit_in_force,
         store.transaction() as con,
     ):
         if old_id is not None:
@@ -380,6 +382,7 @@ def ingest(
             rank=rank,
             progress=progress,
             plan=_Plan(workers=workers, engine=engine, scheduler=scheduler, auto=auto),
+            memory_limit=limit_in_force,
         )
 
 
@@ -405,30 +408,30 @@ def reader_processes(
 
 
 @contextlib.contextmanager
-def _ingest_settings(store: Store, memory_limit: int) -> Iterator[None]:
-    """DuckDB settings for the ingest, put back afterwards (they are the whole database's).
+def _ingest_settings(store: Store, memory_limit: int) -> Iterator[float]:
+    """DuckDB settings for the ingest, put back afterwards (they are the whole database's);
+    yields the memory limit in force, in bytes.
 
-    - ``memory_limit`` set to ``memory_limit`` (``ingest_memory_limit``) when it is DuckDB's
-      default (80% of RAM), which lets one large trace's sorts and joins grow to several times
-      the file; under the limit they spill to the store's temporary directory, and a large
-      trace's work database (a file) is evicted. A limit the caller set is kept. DuckDB shows
-      the limit rounded, so it is put back by RESET.
+    - ``memory_limit`` set to ``memory_limit`` (``ingest_memory.ingest_memory_limit``) when the
+      store's is DuckDB's default (80% of RAM, which lets one large trace's sorts and joins grow
+      to several times the file); under it they spill to the store's temporary directory. A
+      limit the caller set on the store is kept, and is the one in force. DuckDB shows the limit
+      rounded, so ours is put back by RESET.
     - ``preserve_insertion_order`` on: the Kineto reader numbers the records of a trace by the
       order a CREATE TABLE AS keeps (``formats.kineto``).
     """
     con = store.con
     limit_sql = "SELECT current_setting('memory_limit')"
     (limit,) = con.execute(limit_sql).fetchall()[0]
-    default = _default_memory_limit()
-    lower = limit == default and _size_bytes(default) > memory_limit
+    ours = limit == _default_memory_limit()
     (keep_order,) = con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0]
-    if lower:
+    if ours:
         con.execute(f"SET memory_limit = '{memory_limit}B'")
     con.execute("SET preserve_insertion_order = true")
     try:
-        yield
+        yield memory_limit if ours else ingest_memory.size_bytes(str(limit))
     finally:
-        if lower:
+        if ours:
             con.execute("RESET memory_limit")
         con.execute(f"SET preserve_insertion_order = {'true' if keep_order else 'false'}")
 
@@ -456,6 +459,7 @@ def _ingest_files(
     rank: int | None,
     progress: bool,
     plan: _Plan,
+    memory_limit: float,
 ) -> IngestReport:
     """Append every file's rows to the store under ``run_id`` (inside the caller's transaction).
 
@@ -463,7 +467,7 @@ def _ingest_files(
     groups, which mints the group ids they are stored with.
     """
     con = store.con
-    shared = _Shared(store=store, run_id=run_id, tmp=tmp, rank=rank)
+    shared = _Shared(store=store, run_id=run_id, tmp=tmp, rank=rank, memory_limit=memory_limit)
     book = _RankBook()
     rank_frames: list[pl.DataFrame] = []
     group_frames: list[pl.DataFrame] = []

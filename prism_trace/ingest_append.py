@@ -25,7 +25,7 @@ import duckdb
 import polars as pl
 
 from prism_trace import schema
-from prism_trace.errors import TraceFormatError
+from prism_trace.errors import OutOfMemoryError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.ingest_read import _quote
 from prism_trace.store_write import append
@@ -88,6 +88,10 @@ class Pending:
             df = _concat([d for _, d in items])
             try:
                 append(con, table, run_id=self.run_id, df=df)
+            except duckdb.OutOfMemoryException as exc:  # not a file's fault: nothing to find
+                raise OutOfMemoryError.of(
+                    items[0][0], "storing its rows", _first_line(exc)
+                ) from exc
             except duckdb.Error as exc:
                 raise self._refused(table, items, exc) from exc
         self._flush_parts(con, parts)
@@ -113,6 +117,10 @@ class Pending:
                     f"INSERT INTO event (run_id, {cols}) SELECT {self.run_id}, {cols}"
                     f" FROM ({select})"
                 )
+            except duckdb.OutOfMemoryException as exc:  # not a file's fault: nothing to find
+                raise OutOfMemoryError.of(
+                    group[0][0], "storing its rows", _first_line(exc)
+                ) from exc
             except duckdb.Error as exc:
                 table, items = "event", [(p[0], pl.read_parquet(p[1])) for p in group]
                 raise self._refused(table, items, exc) from exc

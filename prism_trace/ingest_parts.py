@@ -105,8 +105,10 @@ class FilePart:
     event_ranks: list[int]
 
 
-# The worker's one DuckDB connection, made on its first file (``_connection``).
+# The worker's one DuckDB connection, made on its first file (``_connection``), and the memory
+# limit it was made with (a long-lived dask worker keeps its first job's).
 _CON: duckdb.DuckDBPyConnection | None = None
+_CON_LIMIT: float = 0.0
 _CON_LOCK = threading.Lock()
 
 
@@ -116,9 +118,10 @@ def _connection(threads: int, memory_limit: int) -> duckdb.DuckDBPyConnection:
     ``preserve_insertion_order`` stays on (DuckDB's default): the Kineto reader numbers records
     by the order a CREATE TABLE AS keeps, and the events part must keep ``event_id`` order.
     """
-    global _CON  # one connection per worker process, by design
+    global _CON, _CON_LIMIT  # one connection per worker process, by design
     with _CON_LOCK:
         if _CON is None:
+            _CON_LIMIT = float(memory_limit)
             _CON = duckdb.connect(
                 config={
                     "threads": max(1, threads),
@@ -171,12 +174,13 @@ def _parse_kineto(job: FileJob, out: Path) -> FilePart:
     from prism_trace.formats.kineto import stage_kineto
 
     # The same rule as the driver's own path: a large trace is worked on in a database file.
-    from prism_trace.ingest_read import _json_size_guess, _quote, _works_on_disk
+    from prism_trace.ingest_memory import works_on_disk
+    from prism_trace.ingest_read import _json_size_guess, _quote
 
     con = _connection(job.threads, job.memory_limit)
     cur = con.cursor()
     work = job.out_dir / f"work{job.index:06d}.duckdb"
-    on_disk = _works_on_disk(_json_size_guess(job.trace.path), job.memory_limit)
+    on_disk = works_on_disk(_json_size_guess(job.trace.path), _CON_LIMIT)
     alias = f"_prism_part{job.index}"
     seen: list[int] = []
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import duckdb
 
+from prism_trace import ingest_memory
 from prism_trace.discover import TraceFile
 from prism_trace.errors import (
     DuplicateRankError,
@@ -87,75 +87,8 @@ def _clash(path: Path, rank: int, other: Path) -> DuplicateRankError:
 # The database a Kineto reader works in, a fresh one per file (in memory, or a file for a large
 # trace), dropped after the file.
 _WORK = "_prism_work"
-# A Kineto trace under this many JSON bytes is always worked on in memory (``_works_on_disk``).
-_WORK_ON_DISK_BYTES = 256 << 20
 # Rows per Arrow batch when a file's events stream from its work database into the store.
 _EVENT_BATCH_ROWS = 1 << 16
-
-
-def _memory_limit_for(ram_bytes: int | None) -> int:
-    """DuckDB's memory limit while ingesting, for a machine of ``ram_bytes`` (None: unknown).
-
-    A sixteenth of the machine's memory, at least 512 MiB and at most 2 GiB: bounded whatever
-    the size of the trace (DuckDB spills past it), yet not so low that a large trace's sorts
-    and joins spill when the machine has room. On 24 GB of RAM the limit is ~1.5 GB; a 1 GB
-    Kineto file took 25.7 s under 512 MiB, 22.2 s under 1 GiB and 20.2 s under 2 GiB (peak
-    0.93, 1.30 and 2.19 GB; ``benchmarks/bench_ingest_scale.py --memory-limits
-    512MiB,1GiB,2GiB``). The workers of ``--workers N`` share it (``worker_limit``).
-    """
-    if ram_bytes is None or ram_bytes <= 0:
-        return _MEMORY_LIMIT_MIN
-    return max(_MEMORY_LIMIT_MIN, min(_MEMORY_LIMIT_MAX, ram_bytes // 16))
-
-
-def _ram_bytes() -> int | None:
-    """The machine's physical memory, or None where the platform does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-_MEMORY_LIMIT_MIN = 512 << 20
-_MEMORY_LIMIT_MAX = 2 << 30
-_MEMORY_LIMIT_ENV = "PRISM_INGEST_MEMORY_LIMIT"
-
-
-def ingest_memory_limit() -> int:
-    """DuckDB's memory limit while ingesting (bytes), unless the store's connection has a lower
-    one: ``PRISM_INGEST_MEMORY_LIMIT`` (a size such as ``2GB``, at least 64 MB) where set, else
-    ``_memory_limit_for`` this machine.
-
-    Raises:
-        PrismError: the variable is set to something that is not such a size.
-    """
-    text = os.environ.get(_MEMORY_LIMIT_ENV)
-    if not text:
-        return _memory_limit_for(_ram_bytes())
-    size = _size_bytes(text)
-    if not 64e6 <= size < float("inf"):
-        msg = f"{_MEMORY_LIMIT_ENV}={text[:40]!r}: expected a size of at least 64MB, such as 2GB"
-        raise PrismError(msg)
-    return int(size)
-
-
-def worker_limit(workers: int) -> int:
-    """Each worker process's share of ``ingest_memory_limit`` (at least 512 MiB, or the limit
-    set, if lower): N workers hold about what one reader here does, not N times it."""
-    limit = ingest_memory_limit()
-    return max(min(limit, _MEMORY_LIMIT_MIN), limit // max(1, workers))
-
-
-_SIZE_RE = re.compile(r"^\s*([\d.]+)\s*(?:([KMGT]?)(i?)B|bytes?)\s*$", re.IGNORECASE)
-
-
-def _size_bytes(text: str) -> float:
-    """Bytes of a DuckDB size setting (``18.8 GiB``, ``512MB``); infinite when not one."""
-    m = _SIZE_RE.match(text)
-    if m is None:
-        return float("inf")
-    power = "KMGT".find(m.group(2).upper()) + 1 if m.group(2) else 0
-    return float(m.group(1)) * (1024 if m.group(3) else 1000) ** power
 
 
 # With ``--workers`` left to prism (``auto``), files are read by worker processes only when the
@@ -236,7 +169,7 @@ def _reading(
             rank=shared.rank,
             out_dir=shared.tmp,
             workers=n,
-            memory_limit=worker_limit(n),
+            memory_limit=ingest_memory.worker_limit(shared.memory_limit, n),
             engine=plan.engine,
             scheduler=plan.scheduler,
         ) as got:
@@ -263,7 +196,9 @@ def _batch_candidates(files: list[TraceFile], rank: int | None) -> list[Path | N
     Kineto files with no ``--rank`` that would be worked on in memory; None for the others."""
     return [
         f.path
-        if f.format == "kineto" and rank is None and _json_size_guess(f.path) < _WORK_ON_DISK_BYTES
+        if f.format == "kineto"
+        and rank is None
+        and _json_size_guess(f.path) < ingest_memory.WORK_ON_DISK_BYTES
         else None
         for f in files
     ]
@@ -346,6 +281,7 @@ class _Shared:
     run_id: int
     tmp: Path
     rank: int | None
+    memory_limit: float  # bytes DuckDB may use in this ingest (``ingest._ingest_settings``)
     lock: threading.Lock = field(default_factory=threading.Lock)
     claims: dict[int, Path] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)  # set when the ingest failed
@@ -365,7 +301,7 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
     file: the store's transaction must not touch that database (a transaction keeps every
     database it read alive until it ends), so the events cross over as a stream of Arrow batches
     that the store's connection appends. The work database is in memory, which is faster (no
-    compressed write), unless the trace is larger than the memory limit (``_works_on_disk``):
+    compressed write), unless the trace is larger than the memory limit (``works_on_disk``):
     then it is a file, its tables compressed there and evicted by DuckDB, which bounds the
     peak and keeps the spill of a trace many times the limit small.
     """
@@ -374,9 +310,7 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
     from prism_trace.formats.kineto import stage_kineto
 
     store = shared.store
-    with shared.lock:
-        (limit,) = store.con.execute("SELECT current_setting('memory_limit')").fetchall()[0]
-    on_disk = _works_on_disk(_json_size_guess(trace.path), _size_bytes(limit))
+    on_disk = ingest_memory.works_on_disk(_json_size_guess(trace.path), shared.memory_limit)
     work = shared.tmp / f"work{index}.duckdb"
     alias = f"{_WORK}{index}"
     batches = f"_event_batches{index}"
@@ -416,18 +350,6 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
         cur.close()
         for p in (work, work.with_name(work.name + ".wal")):
             p.unlink(missing_ok=True)
-
-
-def _works_on_disk(json_bytes: int, memory_limit: float) -> bool:
-    """Whether a Kineto trace of ``json_bytes`` (guessed) is worked on in a database file, not
-    in memory: when it is larger than the memory limit it is read under (and than
-    ``_WORK_ON_DISK_BYTES``). In memory is faster (nothing compressed and written), and DuckDB
-    spills an in-memory database past its limit too; a file keeps a trace several times the
-    limit compressed on disk, where the spill would be as large as the tables. A 1 GB file under
-    a 1.5 GB limit: 20.6 and 20.8 s in memory, 23.2 and 22.8 s on disk, alternating, peaks
-    1.75 GB both ways (``bench_ingest_scale.py --work-db-pairs 2``).
-    """
-    return json_bytes >= max(_WORK_ON_DISK_BYTES, memory_limit)
 
 
 def _json_size_guess(path: Path) -> int:

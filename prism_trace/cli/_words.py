@@ -2,7 +2,7 @@
 
 Click needs a command's choices when the CLI starts; taking them from ``prism_trace.analysis``
 imported polars, numpy and every analysis module (~0.35 s) for every command, `prism ingest`
-included. ``tests/cli/test_cli_words.py`` checks this list against ``analysis.WORDS``.
+included. ``tests/test_layering.py`` checks this list against ``analysis.WORDS``.
 """
 
 from __future__ import annotations

@@ -91,10 +91,12 @@ def ingest_cmd(
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
     from prism_trace.ingest import ingest, reader_processes
+    from prism_trace.ingest_memory import ingest_memory_limit
     from prism_trace.ingest_parts import preforked
     from prism_trace.layout import declare_layout_of_new_run
     from prism_trace.store import open_store
 
+    ingest_memory_limit()  # a bad PRISM_INGEST_MEMORY_LIMIT stops here, before the store opens
     declared = declared_layout(layout_spec, order)
     name = run_name or paths[0].resolve().name.split(".")[0]
     given = workers or jobs  # --jobs: the former name

@@ -365,7 +365,10 @@ class _Reader(_CommTables):
         if events_into is None:
             tables.events = self.frame(events)
         else:
-            events_into(self.rank, self.con.sql(events))
+            try:
+                events_into(self.rank, self.con.sql(events))
+            except duckdb.OutOfMemoryException as exc:  # the sort of the whole trace's events
+                raise self._fail(exc) from exc
         return tables.conform()
 
     def events_sql(self) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import prism_trace.ingest as ingest_mod
+import prism_trace.ingest_memory as ingest_memory
 import prism_trace.ingest_read as ingest_read
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
 from prism_trace.ingest import ingest
@@ -60,7 +61,7 @@ def test_work_on_disk_stores_the_same_rows(
         seen.append(True)
         return real(path)
 
-    monkeypatch.setattr(ingest_read, "_works_on_disk", lambda *_: True)
+    monkeypatch.setattr(ingest_memory, "works_on_disk", lambda *_: True)
     monkeypatch.setattr(ingest_read, "_json_size_guess", guess)
     on_disk = _ingest(tmp_path / "d.duckdb")
     assert seen, "the Kineto files were not read through the staged path"
@@ -156,39 +157,64 @@ def test_settings_are_put_back(tmp_path: Path) -> None:
             ingest(store, sample, run="a", progress=False, replace=True)
             assert store.con.execute(settings).fetchall() == before
     (limit, keep_order), (kept_limit, _) = seen
-    assert ingest_mod._size_bytes(limit) <= ingest_mod.ingest_memory_limit()
+    assert ingest_memory.size_bytes(limit) <= ingest_memory.ingest_memory_limit()
     assert keep_order is True
     assert kept_limit == before[0][0]
 
 
 def test_size_settings_parse() -> None:
-    assert ingest_mod._size_bytes("512.0 MiB") == 512 << 20
-    assert ingest_mod._size_bytes("3GB") == 3e9
-    assert ingest_mod._size_bytes("100 bytes") == 100
-    assert ingest_mod._size_bytes("no limit") == float("inf")
+    assert ingest_memory.size_bytes("512.0 MiB") == 512 << 20
+    assert ingest_memory.size_bytes("3GB") == 3e9
+    assert ingest_memory.size_bytes("100 bytes") == 100
+    assert ingest_memory.size_bytes("no limit") == float("inf")
+    assert ingest_memory.size_bytes("1.2.3GB") == float("inf")
 
 
 def test_memory_limit_follows_the_machine_within_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A sixteenth of RAM, clamped to [512 MiB, 2 GiB]; workers share it; the variable wins."""
-    assert ingest_read._memory_limit_for(None) == 512 << 20
-    assert ingest_read._memory_limit_for(4 << 30) == 512 << 20
-    assert ingest_read._memory_limit_for(24 << 30) == 1536 << 20
-    assert ingest_read._memory_limit_for(1 << 40) == 2 << 30
+    """A sixteenth of RAM, clamped to [512 MiB, 2 GiB]; the variable wins; workers share it."""
+    assert ingest_memory.memory_limit_for(None) == 512 << 20
+    assert ingest_memory.memory_limit_for(4 << 30) == 512 << 20
+    assert ingest_memory.memory_limit_for(24 << 30) == 1536 << 20
+    assert ingest_memory.memory_limit_for(1 << 40) == 2 << 30
+    monkeypatch.delenv("PRISM_INGEST_MEMORY_LIMIT", raising=False)
+    monkeypatch.setattr(ingest_memory, "_ram_bytes", lambda: 32 << 30)
+    assert ingest_memory.ingest_memory_limit() == 2 << 30
     monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", "3GB")
-    assert ingest_read.ingest_memory_limit() == 3e9
-    assert ingest_read.worker_limit(2) == 1.5e9
-    assert ingest_read.worker_limit(16) == 512 << 20  # a worker's floor
-    monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", "100MB")
-    assert ingest_read.worker_limit(4) == 100e6  # a limit set below the floor is kept
+    assert ingest_memory.ingest_memory_limit() == 3e9
+    assert ingest_memory.worker_limit(3e9, 2) == 1.5e9
+    assert ingest_memory.worker_limit(3e9, 16) == 512 << 20  # a worker's floor
+    assert ingest_memory.worker_limit(300e6, 4) == 300e6  # a limit below the floor is kept
+
+
+def test_the_limit_in_force_reaches_the_readers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The work database's place follows the limit the store runs under: ours, or the lower
+    one its caller set (not the variable, not the machine)."""
+    seen: list[float] = []
+
+    def spy(json_bytes: int, limit: float) -> bool:
+        seen.append(limit)
+        return False
+
+    monkeypatch.setattr(ingest_memory, "works_on_disk", spy)
+    monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", "3GB")
+    sample = [SAMPLE / "rank0.kineto.json.gz"]
+    with open_store(tmp_path / "s.duckdb") as store:
+        ingest(store, sample, run="a", progress=False, rank=0)
+        store.con.execute("SET memory_limit = '1GB'")
+        ingest(store, sample, run="a", progress=False, rank=0, replace=True)
+    assert seen[0] == 3e9
+    assert 0.9e9 <= seen[1] <= 1e9  # DuckDB shows its setting rounded
 
 
 def test_a_trace_larger_than_the_memory_limit_is_worked_on_disk() -> None:
-    assert not ingest_read._works_on_disk(1 << 30, 1.5 * (1 << 30))  # fits: in memory
-    assert ingest_read._works_on_disk(2 << 30, 1.5 * (1 << 30))
-    assert not ingest_read._works_on_disk(200 << 20, 0)  # small traces: always in memory
+    assert not ingest_memory.works_on_disk(1 << 30, 1.5 * (1 << 30))  # fits: in memory
+    assert ingest_memory.works_on_disk(2 << 30, 1.5 * (1 << 30))
+    assert not ingest_memory.works_on_disk(200 << 20, 0)  # small traces: always in memory
 
 
-@pytest.mark.parametrize("value", ["lots", "-1GB", "1MB", "12"])
+@pytest.mark.parametrize("value", ["lots", "-1GB", "100MB", "12", "1.2.3GB"])
 def test_a_bad_memory_limit_is_one_line_and_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: str
 ) -> None:
@@ -196,4 +222,44 @@ def test_a_bad_memory_limit_is_one_line_and_changes_nothing(
     with open_store(tmp_path / "s.duckdb") as store:
         with pytest.raises(PrismError, match=r"PRISM_INGEST_MEMORY_LIMIT=.*expected a size"):
             ingest(store, [SAMPLE / "rank0.kineto.json.gz"], run="a", progress=False)
+        assert store.con.execute("SELECT count(*) FROM run").fetchall() == [(0,)]
+
+
+def test_a_bad_memory_limit_leaves_no_store_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI checks the variable before it opens (and so creates) the store."""
+    from click.testing import CliRunner
+
+    from prism_trace.cli import main
+
+    monkeypatch.setenv("PRISM_INGEST_MEMORY_LIMIT", "lots")
+    db = tmp_path / "new.duckdb"
+    res = CliRunner().invoke(
+        main, ["ingest", str(SAMPLE / "rank0.kineto.json.gz"), "--db", str(db)]
+    )
+    assert res.exit_code == 1
+    assert res.output.count("\n") == 1
+    assert "PRISM_INGEST_MEMORY_LIMIT" in res.output
+    assert not db.exists()
+
+
+def test_running_out_of_memory_while_storing_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An out-of-memory in the driver's appends is not blamed on a file's rows (no search for
+    the file that was refused) and leaves the store as it was."""
+    import duckdb
+
+    import prism_trace.ingest_append as ingest_append
+    from prism_trace.errors import OutOfMemoryError
+
+    def oom(*_a: object, **_k: object) -> None:
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate")
+
+    monkeypatch.setattr(ingest_append, "append", oom)
+    monkeypatch.setattr(ingest_append, "_first_refused", lambda *_: pytest.fail("searched"))
+    with open_store(tmp_path / "s.duckdb") as store:
+        with pytest.raises(OutOfMemoryError, match="ran out of memory storing its rows"):
+            ingest(store, [SAMPLE], run="a", progress=False)
         assert store.con.execute("SELECT count(*) FROM run").fetchall() == [(0,)]
