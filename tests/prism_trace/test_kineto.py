@@ -598,6 +598,10 @@ def _gloo_worker(rank: int, world: int, port: int, out: str) -> None:  # pragma:
                     dist.recv(t, 0, tag=step)
             prof.step()
     prof.export_chrome_trace(f"{out}/rank{rank}_trace.json")
+    # Both ranks reach the teardown together: a rank that destroys the group while its peer
+    # still finishes its last recv can abort the peer in gloo ("terminate called without an
+    # active exception", seen once under a loaded CI run).
+    dist.barrier()
     dist.destroy_process_group()
 
 
