@@ -666,35 +666,6 @@ def test_freeing_work_tables_changes_no_row(
         assert a.equals(b), name
 
 
-def test_out_of_memory_is_not_blamed_on_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DuckDB running out of memory is one line that says so and what to change; it is no
-    TraceFormatError (the file is fine), and the array, cut into parts, is not read again as
-    one part (which only gives a bad trace a second chance)."""
-    import duckdb
-
-    from prism_trace.errors import OutOfMemoryError
-    from prism_trace.formats import _json_array, kineto
-
-    monkeypatch.setattr(_json_array, "_PART_BYTES", 64 << 10)  # the sample in several parts
-    loads: list[int] = []
-    real = kineto._Reader.load_files
-
-    def counted(self: kineto._Reader, select: str, files: list[str]) -> None:
-        loads.append(len(files))
-        real(self, select, files)
-
-    monkeypatch.setattr(kineto._Reader, "load_files", counted)
-    with (
-        duckdb.connect(config={"memory_limit": "8MB", "threads": 1}) as con,
-        pytest.raises(OutOfMemoryError, match=r"ran out of memory.*PRISM_INGEST_MEMORY_LIMIT") as e,
-    ):
-        kineto.stage_kineto(SAMPLE / "rank0.kineto.json.gz", con=con, events_into=lambda *_: None)
-    assert not isinstance(e.value, TraceFormatError)
-    assert len(str(e.value).splitlines()) == 1
-    assert len(loads) == 1
-    assert loads[0] > 1
-
-
 def test_out_of_memory_fetching_the_events_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     """The events query (the sort of the whole trace's events) running out of memory is the
     same one line, whoever consumes it."""

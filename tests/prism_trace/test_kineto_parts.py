@@ -137,3 +137,22 @@ def test_nesting_long_tracks_in_slices_gives_the_same_frames(
     assert whole["flows"].filter(pl.col("kind") == "fwdbwd").height > 0
     for name in _FRAMES:
         assert cut[name].equals(whole[name]), name
+
+
+def test_out_of_memory_is_not_blamed_on_the_trace(small_parts: list[int]) -> None:
+    """DuckDB running out of memory is one line that says so and what to change; it is no
+    TraceFormatError (the file is fine), and the array, cut into parts, is not read again as
+    one part (which only gives a bad trace a second chance)."""
+    import duckdb
+
+    from prism_trace.errors import OutOfMemoryError, TraceFormatError
+
+    with (
+        duckdb.connect(config={"memory_limit": "8MB", "threads": 1}) as con,
+        pytest.raises(OutOfMemoryError, match=r"ran out of memory.*PRISM_INGEST_MEMORY_LIMIT") as e,
+    ):
+        kineto.stage_kineto(SAMPLE, con=con, events_into=lambda *_: None)
+    assert not isinstance(e.value, TraceFormatError)
+    assert len(str(e.value).splitlines()) == 1
+    assert len(small_parts) == 1
+    assert small_parts[0] > 1
