@@ -28,7 +28,14 @@ from prism_trace.errors import PrismError
 if TYPE_CHECKING:
     from prism_trace.store import Store
 
-__all__ = ["ReportLimits", "ReportSummary", "write_report"]
+__all__ = ["DRAWN_JS", "ReportLimits", "ReportSummary", "write_report"]
+
+DRAWN_JS = (
+    "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+    ".every(gd => gd._fullLayout && gd.querySelector('svg.main-svg'))"
+)
+"""A browser predicate, true once every figure of a written report has drawn: what the report's
+browser tests and ``benchmarks/bench_report.py`` wait on (one definition of "rendered")."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,6 +29,7 @@ def render_seconds(html: Path, profile: Path) -> float | None:
     """Seconds from navigation until every plotly graph of ``html`` is drawn, or None."""
     try:
         from playwright.sync_api import sync_playwright
+        from prism_trace.analysis.report import DRAWN_JS
     except ImportError:
         return None
     if not Path(CHROMIUM).exists():
@@ -43,11 +44,7 @@ def render_seconds(html: Path, profile: Path) -> float | None:
         page = ctx.new_page()
         t0 = time.perf_counter()
         page.goto(html.resolve().as_uri(), wait_until="load", timeout=120_000)
-        page.wait_for_function(
-            "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-            ".every(gd => gd._fullLayout && gd.querySelector('svg.main-svg'))",
-            timeout=120_000,
-        )
+        page.wait_for_function(DRAWN_JS, timeout=120_000)
         seconds = time.perf_counter() - t0
         ctx.close()
     return seconds

@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 from prism_trace.analysis._report_data import lane_quotas, rank_ranges
 from prism_trace.analysis._report_figures import ms_text, time_unit
-from prism_trace.analysis.report import ReportLimits, ReportSummary, write_report
+from prism_trace.analysis.report import DRAWN_JS, ReportLimits, ReportSummary, write_report
 from prism_trace.replay import emulate_run
 
 from prism_trace.errors import PrismError
@@ -328,11 +328,7 @@ def browser_check(browser: Any, html: Path, shot: Path) -> dict[str, Any]:
         page.on("dialog", on_dialog)
         t = time.perf_counter()
         page.goto(html.resolve().as_uri(), wait_until="load", timeout=120_000)
-        page.wait_for_function(
-            "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
-            ".every(gd => gd._fullLayout && gd.querySelector('svg.main-svg'))",
-            timeout=120_000,
-        )
+        page.wait_for_function(DRAWN_JS, timeout=120_000)
         render_s = time.perf_counter() - t
         plots = page.evaluate(_CHECK_PLOTS)
         # Hover the middle of the timeline: a hover label must appear, without errors.
