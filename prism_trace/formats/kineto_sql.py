@@ -37,7 +37,9 @@ FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
 # The fields every timed record must have, read as JSON so that their types are checked, not
 # cast: a ``ts`` of ``"123"``, a ``dur`` of ``true`` or a ``name`` of ``{}`` would otherwise be
 # taken. ``bad`` names the first field of a record that is missing, mistyped or out of range,
-# ``bad_value`` shows it; ``load`` refuses the file on the first such record.
+# ``bad_value`` shows it; ``load`` refuses the file on the first such record. The casts are
+# TRY_CASTs although a number is checked first: DuckDB evaluates both sides of an AND, so a plain
+# cast of a ``ts`` of ``"abc"`` or ``[1]`` stopped the whole load with a cast error instead.
 _NUMBER = "('DOUBLE', 'BIGINT', 'UBIGINT')"
 _ID = "('VARCHAR', 'BIGINT', 'UBIGINT')"
 _SELECT_FAST = f"""
@@ -50,8 +52,8 @@ SELECT ph_t AS ph, cat->>'$' AS cat, name_t AS name, pid_t AS pid, tid_t AS tid,
                 WHEN 'args' THEN left(args::VARCHAR, 80) END::VARCHAR AS bad_value
 FROM (
     SELECT *,
-           CASE WHEN ts_ok THEN ts::DOUBLE END AS ts_d,
-           CASE WHEN dur_ok THEN dur::DOUBLE END AS dur_d,
+           CASE WHEN ts_ok THEN TRY_CAST(ts AS DOUBLE) END AS ts_d,
+           CASE WHEN dur_ok THEN TRY_CAST(dur AS DOUBLE) END AS dur_d,
            CASE WHEN json_type(ph) IS DISTINCT FROM 'VARCHAR' THEN 'ph'
                 WHEN ph_t NOT IN ('X', 'i', 'I') THEN NULL
                 WHEN NOT ts_ok THEN 'ts'
@@ -66,9 +68,10 @@ FROM (
         SELECT *, ph->>'$' AS ph_t, name->>'$' AS name_t, pid->>'$' AS pid_t,
                tid->>'$' AS tid_t,
                coalesce(json_type(ts) IN {_NUMBER}
-                        AND abs(ts::DOUBLE) < {_MAX_TS_US}, false) AS ts_ok,
+                        AND abs(TRY_CAST(ts AS DOUBLE)) < {_MAX_TS_US}, false) AS ts_ok,
                coalesce(json_type(dur) IN {_NUMBER}
-                        AND dur::DOUBLE BETWEEN 0 AND {_MAX_DUR_US}, false) AS dur_ok
+                        AND TRY_CAST(dur AS DOUBLE) BETWEEN 0 AND {_MAX_DUR_US}, false)
+                   AS dur_ok
         FROM read_json(?, format = 'array', maximum_object_size = {{object_bytes}},
                        columns = {{{{ph: 'JSON', cat: 'JSON', name: 'JSON', pid: 'JSON',
                                     tid: 'JSON', ts: 'JSON', dur: 'JSON', id: 'VARCHAR',
