@@ -480,6 +480,22 @@ def main(argv: list[str] | None = None) -> int:
             f" {wd.extra['plan'] or 'no'} worker processes); rows identical:"
             f" {'yes' if same_d else 'NO'}"
         )
+        cores = os.cpu_count() or 1
+        least_cpu = min(float(w1.extra["cpu_s"]), float(w2.extra["cpu_s"]))
+        best = least_cpu / cores
+        lines.append(
+            f"{ts.name}: the most workers can gain on {cores} cores: --workers 1 used"
+            f" {w1.extra['cpu_s']} CPU s in {w1.wall_s:.2f} s"
+            f" ({float(w1.extra['cpu_s']) / w1.wall_s:.2f} cores busy: DuckDB's own threads),"
+            f" --workers 2 {w2.extra['cpu_s']} CPU s; with the lesser split evenly over every"
+            f" core, a run takes at least {best:.2f} s: a speed-up over --workers 1 of at most"
+            f" {w1.wall_s / best:.2f}"
+            + (
+                f" [below the {TARGET_WORKERS:g} target: out of reach on this machine]"
+                if w1.wall_s / best < TARGET_WORKERS
+                else f" [the {TARGET_WORKERS:g} target is within it]"
+            )
+        )
         lines.append(
             f"{ts.name}: CPU seconds over all processes: --workers 1 {w1.extra['cpu_s']},"
             f" --workers 2 {w2.extra['cpu_s']}, default {wd.extra['cpu_s']},"
