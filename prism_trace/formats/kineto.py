@@ -65,7 +65,6 @@ from prism_trace.formats.kineto_sql import (
     _MAX_TS_US,
     _SELECT_EXACT,
     _SELECT_FAST,
-    _TWO_POW_43,
     ARG_ROW_SQL,
     ev0_sql,
 )
@@ -424,10 +423,7 @@ class _Reader(_CommTables):
         """``raw``: every record of the array, in order, typed; ``ev0``: its timed events."""
         self.read_records(_SELECT_FAST)
         self.check_records()
-        (lossy,) = self.rows(
-            f"SELECT count(*) FROM raw"
-            f" WHERE abs(ts_raw) >= {_TWO_POW_43} AND ts_raw <> floor(ts_raw)"
-        )[0]
+        (lossy,) = self.rows("SELECT count(*) FROM raw WHERE ts_inexact")[0]
         if lossy:
             self.read_records(_SELECT_EXACT)
         bad = self.rows(

@@ -46,7 +46,6 @@ from prism_trace.formats.kineto_comms import _CommTables, comm_raw_sql
 from prism_trace.formats.kineto_sql import (
     _LAUNCH_CATEGORIES,
     _SELECT_FAST,
-    _TWO_POW_43,
     ARG_ROW_SQL,
     ev0_sql,
 )
@@ -367,9 +366,9 @@ class _BatchReader(_Reader):
         )
         self.con.execute(self.load_sql(select), [parts])
         (bad,) = self.rows(
-            f"""SELECT count(*) FROM raw
+            """SELECT count(*) FROM raw
                 WHERE bad IS NOT NULL
-                   OR (abs(ts_raw) >= {_TWO_POW_43} AND ts_raw <> floor(ts_raw))
+                   OR ts_inexact
                    OR (ph IN ('X', 'i', 'I') AND (ts_us_ns IS NULL OR pid IS NULL))"""
         )[0]
         if bad:

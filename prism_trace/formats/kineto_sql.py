@@ -46,7 +46,10 @@ _SELECT_FAST = f"""
 SELECT ph_t AS ph, cat->>'$' AS cat, name_t AS name, pid_t AS pid, tid_t AS tid,
        CAST(floor(ts_d) AS BIGINT) * 1000
            + CAST(round((ts_d - floor(ts_d)) * 1000) AS BIGINT) AS ts_us_ns,
-       CAST(round(dur_d * 1000) AS BIGINT) AS dur_ns, id, args, ts_d AS ts_raw, bad,
+       CAST(round(dur_d * 1000) AS BIGINT) AS dur_ns, id, args,
+       coalesce(abs(ts_d) >= {_TWO_POW_43} AND (contains(ts::VARCHAR, '.')
+                OR contains(ts::VARCHAR, 'e') OR contains(ts::VARCHAR, 'E')), false)
+           AS ts_inexact, bad,
        CASE bad WHEN 'ph' THEN ph WHEN 'ts' THEN ts WHEN 'dur' THEN dur WHEN 'name' THEN name
                 WHEN 'pid' THEN pid WHEN 'tid' THEN tid WHEN 'cat' THEN cat
                 WHEN 'args' THEN left(args::VARCHAR, 80) END::VARCHAR AS bad_value
@@ -78,17 +81,32 @@ FROM (
                                     args: 'JSON'}}}})))
 """
 
-# Exact path, for traces whose ts are epoch µs with decimals (DOUBLE would lose the ns).
-_SELECT_EXACT = r"""
+
+# Exact path, for traces whose ts are epoch µs with decimals (DOUBLE would lose the ns): the
+# digits of the record's own ``ts`` and ``dur`` as written. A JSON parse (``->``) keeps a number
+# only as a DOUBLE, so they are taken from the object's text; the object may hold other members
+# of those names (in ``args``, before or after the record's own), so of every ``"ts": number``
+# in it the one kept is the first whose value is the record's own ``ts``. Records the fast path
+# does not check (``M`` and the like) may hold any number there: out of range is NULL.
+def _exact_ns(field: str) -> str:
+    """SQL: the record's ``field`` (µs, as written) in integer ns, from the object text ``j``."""
+    number = r"\s*:\s*(-?[0-9][0-9.eE+-]*)"
+    text = (
+        f"""list_filter(regexp_extract_all(j, '"{field}"{number}', 1),"""
+        f" lambda x: TRY_CAST(x AS DOUBLE) = TRY_CAST(j->'{field}' AS DOUBLE))[1]"
+    )
+    return f"""list_transform([TRY_CAST({text} AS DECIMAL(38, 3))],
+                   lambda d: CASE WHEN abs(d) < 9e15 THEN CAST(d * 1000 AS BIGINT) END)[1]"""
+
+
+_SELECT_EXACT = f"""
 SELECT j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
        j->>'pid' AS pid, j->>'tid' AS tid,
-       CAST(TRY_CAST(regexp_extract(j, '"ts"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
-            * 1000 AS BIGINT) AS ts_us_ns,
-       CAST(TRY_CAST(regexp_extract(j, '"dur"\s*:\s*(-?[0-9][0-9.eE+-]*)', 1) AS DECIMAL(38, 3))
-            * 1000 AS BIGINT) AS dur_ns,
-       j->>'id' AS id, j->'args' AS args, NULL::DOUBLE AS ts_raw, NULL::VARCHAR AS bad,
+       {_exact_ns("ts")} AS ts_us_ns,
+       {_exact_ns("dur")} AS dur_ns,
+       j->>'id' AS id, j->'args' AS args, false AS ts_inexact, NULL::VARCHAR AS bad,
        NULL::VARCHAR AS bad_value
-FROM read_json_objects(?, format = 'array', maximum_object_size = {object_bytes}) AS t(j)
+FROM read_json_objects(?, format = 'array', maximum_object_size = {{object_bytes}}) AS t(j)
 """
 
 _CATEGORY_SQL = """

@@ -435,6 +435,24 @@ def test_epoch_microseconds_with_decimals_are_exact(tmp_path: Path) -> None:
     assert sorted(t.events["dur"].to_list()) == list(range(1, 200, 7))
 
 
+def test_exact_ts_is_the_records_own_not_one_in_its_args(tmp_path: Path) -> None:
+    """On the exact path the ts/dur text comes from the record, wherever its keys stand: a
+    generator that writes ``args`` first (with keys named ``ts`` and ``dur`` in it) must not
+    lend them to the event; an untimed record's huge ``ts`` does not stop the file."""
+    path = tmp_path / "rank0.json"
+    body = ",".join(
+        f'{{"args": {{"ts": 1.5, "dur": 1, "inner": {{"ts": 2}}}}, "ph": "X", "cat": "cpu_op",'
+        f' "name": "op{i}", "pid": 1, "tid": 1, "ts": 1694128201436271.{i:03d},'
+        f' "dur": 0.{i:03d}}}'
+        for i in range(1, 50, 7)
+    )
+    meta = '{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "ts": 1e30, "args": {}}'
+    path.write_text('{"schemaVersion": 1, "traceEvents": [' + meta + "," + body + "]}")
+    t = read_kineto(path)
+    assert sorted(t.events["ts"].to_list()) == [1694128201436271000 + i for i in range(1, 50, 7)]
+    assert sorted(t.events["dur"].to_list()) == list(range(1, 50, 7))
+
+
 def test_rank_rules(tmp_path: Path) -> None:
     evs = synthetic_events()[:3]
     info = {"rank": 2, "world_size": 4, "backend": "nccl"}
