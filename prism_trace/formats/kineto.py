@@ -121,11 +121,14 @@ _FREE_BYTES = 32 << 20
 # The columns of a ``[memory]`` record (alias ``m``): its device, address, bytes and the
 # allocator's totals; the per-file and the batch reader both select them.
 _DEVICE_LIST = "[" + ", ".join(f"'{t}'" for t in _DEVICE_TYPES) + "]"
-_MEMORY_COLUMNS = f"""CASE WHEN TRY_CAST(m.args->>'Device Type' AS INTEGER) IS NOT NULL
-                            THEN coalesce(
-                                list_extract({_DEVICE_LIST},
-                                             TRY_CAST(m.args->>'Device Type' AS INTEGER) + 1),
-                                m.args->>'Device Type')
+# A device type outside c10's enum is kept as written: ``list_extract`` counts a negative index
+# from the end, so the index is bounded first.
+_MEMORY_COLUMNS = f"""CASE WHEN TRY_CAST(m.args->>'Device Type' AS BIGINT)
+                                 BETWEEN 0 AND {len(_DEVICE_TYPES) - 1}
+                            THEN list_extract({_DEVICE_LIST},
+                                              TRY_CAST(m.args->>'Device Type' AS BIGINT) + 1)
+                            WHEN TRY_CAST(m.args->>'Device Type' AS BIGINT) IS NOT NULL
+                            THEN m.args->>'Device Type'
                             ELSE lower(m.args->>'Device Type') END AS device_type,
                        TRY_CAST(m.args->>'Device Id' AS INTEGER) AS device_id,
                        TRY_CAST(m.args->>'Addr' AS BIGINT) AS addr,
@@ -631,17 +634,29 @@ class _Reader(_CommTables):
         )
         self.sql(ARG_ROW_SQL)
 
+    def refuse_step_beyond_int32(self) -> None:
+        """A ``ProfilerStep#N`` whose ``N`` the ``iteration`` column cannot hold is refused by
+        name (``step`` holds it with a NULL iteration), not a cast error of the whole file."""
+        over = self.rows("SELECT name FROM step WHERE iteration IS NULL LIMIT 1")
+        if over:
+            msg = (
+                f"{self.path}: step annotation {_short(over[0][0])!r}: the step number is"
+                f" beyond {2**31 - 1}"
+            )
+            raise TraceFormatError(msg)
+
     def assign_iterations(self) -> None:
         """Steps from ``ProfilerStep#N``; host events by time, device events by their launch."""
         self.sql(
             r"""CREATE TABLE step AS
-                SELECT CAST(regexp_extract(name, '^ProfilerStep#(\d+)$', 1) AS INTEGER)
+                SELECT TRY_CAST(regexp_extract(name, '^ProfilerStep#(\d+)$', 1) AS INTEGER)
                            AS iteration,
                        min(ts) AS ts, arg_min(dur, ts) AS dur, arg_min(name, ts) AS name
                 FROM ev
                 WHERE NOT on_device AND regexp_matches(name, '^ProfilerStep#\d+$')
                 GROUP BY 1"""
         )
+        self.refuse_step_beyond_int32()
         launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
         self.sql(
             f"""CREATE TABLE ev_it AS

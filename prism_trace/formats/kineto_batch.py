@@ -431,13 +431,14 @@ class _BatchReader(_Reader):
     def assign_iterations(self) -> None:
         self.sql(
             r"""CREATE TABLE step AS
-                SELECT f, CAST(regexp_extract(name, '^ProfilerStep#(\d+)$', 1) AS INTEGER)
+                SELECT f, TRY_CAST(regexp_extract(name, '^ProfilerStep#(\d+)$', 1) AS INTEGER)
                            AS iteration,
                        min(ts) AS ts, arg_min(dur, ts) AS dur, arg_min(name, ts) AS name
                 FROM ev
                 WHERE NOT on_device AND regexp_matches(name, '^ProfilerStep#\d+$')
                 GROUP BY 1, 2"""
         )
+        self.refuse_step_beyond_int32()
         launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
         self.sql(
             f"""CREATE TABLE ev_it AS

@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import polars as pl
 
+from prism_trace.errors import TraceFormatError
 from prism_trace.formats.kineto_sql import (
     _LAUNCH_CATEGORIES,
     _dtype_size_sql,
     _dtype_sql,
     _op_kind_sql,
 )
+from prism_trace.limits import check_count, check_rank, type_name
 
 
 def _json_list(value: Any) -> Any:
@@ -36,11 +38,38 @@ def _backend_of(config: Any, default: str | None) -> str | None:
     return names.pop() if len(names) == 1 else config
 
 
-def _int_list(value: Any) -> list[int] | None:
+# What a trace's header says of its process groups is checked as its events are: a value the
+# groups' frame cannot hold (a rank past Int32, a size given as text) is one line naming the
+# member, not a crash building the frame; one of the wrong kind is not taken as something else.
+
+
+def _header_text(path: Path, value: Any, where: str) -> str | None:
+    """A descriptive member of the header (a backend, a group's description): text, or absent."""
+    if value is None or isinstance(value, str):
+        return value
+    msg = f"{path}: {where} is {type_name(value)} {str(value)[:60]!r}, expected a string"
+    raise TraceFormatError(msg)
+
+
+def _group_name(path: Path, value: Any, where: str) -> str:
+    """A group's name: torch writes a string, older traces an integer."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    msg = f"{path}: {where} is {type_name(value)} {str(value)[:60]!r}, expected a group name"
+    raise TraceFormatError(msg)
+
+
+def _member_ranks(path: Path, value: Any, where: str) -> list[int] | None:
+    """A group's members: a list of ranks, each in range; None where the trace gives none or a
+    word instead of a list (some writers put ``"all"`` for the default group)."""
     value = _json_list(value)
-    if isinstance(value, list) and all(isinstance(v, int) for v in value):
-        return [int(v) for v in value]
-    return None
+    if not isinstance(value, list):
+        return None
+    return [check_rank(path, r, f"{where}[{i}]") for i, r in enumerate(value)]
+
+
+def _group_size(path: Path, value: Any, where: str) -> int | None:
+    return None if value is None else check_count(path, value, where)
 
 
 def comm_raw_sql(ws: str, same_file: str) -> str:
@@ -230,34 +259,44 @@ class _CommTables:
 
         def frame(self, query: str) -> pl.DataFrame: ...
 
+    def _call_ranks(self, text: Any) -> list[int] | None:
+        """The members a call's args list (``Process Group Ranks``), checked as the header's."""
+        return _member_ranks(self.path, text, "a call's `Process Group Ranks`")
+
     def comm_groups_from_meta(self) -> dict[str, dict[str, Any]]:
         """Groups declared by the trace: ``distributedInfo.pg_config``, then ``prism_groups``."""
-        backend = self.info.get("backend")
+        path = self.path
+        backend = _header_text(path, self.info.get("backend"), "distributedInfo.backend")
         groups: dict[str, dict[str, Any]] = {}
-        for g in _json_list(self.meta.get("prism_groups")) or []:
+        for i, g in enumerate(_json_list(self.meta.get("prism_groups")) or []):
             if isinstance(g, dict) and g.get("name") is not None:
-                ranks = _int_list(g.get("ranks"))
-                groups[str(g["name"])] = {
-                    "name": str(g["name"]),
-                    "description": g.get("desc"),
+                at = f"prism_groups[{i}]"
+                name = _group_name(path, g["name"], f"{at}.name")
+                ranks = _member_ranks(path, g.get("ranks"), f"{at}.ranks")
+                size = _group_size(path, g.get("size"), f"{at}.size")
+                groups[name] = {
+                    "name": name,
+                    "description": _header_text(path, g.get("desc"), f"{at}.desc"),
                     "backend": _backend_of(g.get("backend"), backend),
-                    "size": len(ranks) if ranks is not None else g.get("size"),
+                    "size": len(ranks) if ranks is not None else size,
                     "ranks": ranks,
                 }
         pg_config = _json_list(self.info.get("pg_config"))
         if isinstance(pg_config, dict):  # older torch: {name: {...}}
             pg_config = [{"pg_name": k, **v} for k, v in pg_config.items() if isinstance(v, dict)]
-        for g in pg_config or []:
+        for i, g in enumerate(pg_config or []):
             if not isinstance(g, dict) or g.get("pg_name") is None:
                 continue
-            name = str(g["pg_name"])
-            ranks = _int_list(g.get("ranks"))
-            size = g.get("pg_size")
+            at = f"distributedInfo.pg_config[{i}]"
+            name = _group_name(path, g["pg_name"], f"{at}.pg_name")
+            ranks = _member_ranks(path, g.get("ranks"), f"{at}.ranks")
+            size = _group_size(path, g.get("pg_size"), f"{at}.pg_size")
+            desc = _header_text(path, g.get("pg_desc"), f"{at}.pg_desc")
             groups[name] = {
                 "name": name,
-                "description": g.get("pg_desc") or groups.get(name, {}).get("description"),
+                "description": desc or groups.get(name, {}).get("description"),
                 "backend": _backend_of(g.get("backend_config"), backend),
-                "size": int(size) if isinstance(size, int) else (len(ranks) if ranks else None),
+                "size": size if size is not None else (len(ranks) if ranks else None),
                 "ranks": ranks if ranks is not None else groups.get(name, {}).get("ranks"),
             }
         return groups
@@ -278,7 +317,7 @@ class _CommTables:
         group_ranks = pl.Series(
             "ranks",
             [
-                ranks_of.get(n) if ranks_of.get(n) is not None else _int_list(r)
+                ranks_of.get(n) if ranks_of.get(n) is not None else self._call_ranks(r)
                 for n, r in zip(
                     raw["group_name"].to_list(), raw["group_ranks"].to_list(), strict=True
                 )
@@ -384,9 +423,9 @@ class _CommTables:
                 g = out[name]
                 g["description"] = g.get("description") or desc
                 if g.get("ranks") is None:
-                    g["ranks"] = _int_list(ranks_text)
+                    g["ranks"] = self._call_ranks(ranks_text)
                 continue
-            ranks = _int_list(ranks_text)
+            ranks = self._call_ranks(ranks_text)
             if ranks is None and source == 2 and self.world_size is not None:
                 ranks = list(range(self.world_size))  # old traces: the default group
             out[name] = {

@@ -170,6 +170,54 @@ def test_kineto_bad_event_field(
     assert "traceEvents[" in msg
 
 
+def _with_info(doc: dict, **info: object) -> dict:
+    return {**doc, "distributedInfo": {**doc["distributedInfo"], **info}}
+
+
+def _with_pg(doc: dict, **fields: object) -> dict:
+    """``doc`` with its second ``pg_config`` entry (the tp group) changed."""
+    pgs = [dict(g) for g in doc["distributedInfo"]["pg_config"]]
+    pgs[1].update(fields)
+    return _with_info(doc, pg_config=pgs)
+
+
+def _with_prism_group(doc: dict, **fields: object) -> dict:
+    groups = [dict(g) for g in doc["prism_groups"]]
+    groups[0].update(fields)
+    if "ranks" not in fields:
+        groups[0].pop("ranks")
+    return {**doc, "prism_groups": groups}
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (lambda d: _with_info(d, backend=5), "distributedInfo.backend"),
+        (lambda d: _with_pg(d, pg_desc=7), "pg_desc"),
+        (lambda d: _with_pg(d, pg_size=10**11), "pg_size"),
+        (lambda d: _with_pg(d, pg_size="2"), "pg_size"),
+        (lambda d: _with_pg(d, ranks=[0, 10**11]), "ranks"),
+        (lambda d: _with_pg(d, ranks=[0, -1]), "ranks"),
+        (lambda d: _with_pg(d, pg_name=[1]), "pg_name"),
+        (lambda d: _with_prism_group(d, size="abc"), "size"),
+        (lambda d: _with_prism_group(d, ranks=[0, 2**40]), "ranks"),
+        (lambda d: _with_prism_group(d, desc={"a": 1}), "desc"),
+    ],
+)
+def test_kineto_bad_group_header(tmp_path: Path, kineto_doc: dict, change, needle: str) -> None:
+    """What the header says of the process groups is checked like the events: one line naming
+    the file and the member, never a crash building the groups' frame, never a wrapped value."""
+    _refused(tmp_path, [_kineto(tmp_path, change(kineto_doc))], needle)
+
+
+def test_kineto_step_number_beyond_int32(tmp_path: Path, kineto_doc: dict) -> None:
+    events = [dict(e) for e in kineto_doc["traceEvents"]]
+    step = next(e for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    step["name"] = "ProfilerStep#99999999999"
+    doc = {**kineto_doc, "traceEvents": events}
+    _refused(tmp_path, [_kineto(tmp_path, doc)], "ProfilerStep#99999999999")
+
+
 def test_kineto_null_optional_field_reads_as_absent(tmp_path: Path, kineto_doc: dict) -> None:
     """`cat` and `args` are optional: a JSON null there is read as the member being absent."""
     rows = []

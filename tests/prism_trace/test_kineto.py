@@ -435,6 +435,27 @@ def test_epoch_microseconds_with_decimals_are_exact(tmp_path: Path) -> None:
     assert sorted(t.events["dur"].to_list()) == list(range(1, 200, 7))
 
 
+@pytest.mark.parametrize(
+    ("device_type", "stored"),
+    [(1, "cuda"), (0, "cpu"), (-2, "-2"), (2**31 - 1, str(2**31 - 1)), (99, "99"), ("XPU", "xpu")],
+)
+def test_memory_device_type(tmp_path: Path, device_type: object, stored: str) -> None:
+    """An allocator record's ``Device Type`` is c10's enum by value; one outside it is kept as
+    written (a negative one is not counted from the end, a huge one does not overflow)."""
+    mem = {
+        "ph": "i",
+        "name": "[memory]",
+        "pid": 1,
+        "tid": 1,
+        "ts": 5,
+        "s": "t",
+        "args": {"Device Type": device_type, "Device Id": 0, "Addr": 1, "Bytes": 8},
+    }
+    op = {"ph": "X", "cat": "cpu_op", "name": "op", "pid": 1, "tid": 1, "ts": 1, "dur": 9}
+    t = read_kineto(write_trace(tmp_path / "rank0.json", [op, mem]))
+    assert t.memory["device_type"].to_list() == [stored]
+
+
 def test_exact_ts_is_the_records_own_not_one_in_its_args(tmp_path: Path) -> None:
     """On the exact path the ts/dur text comes from the record, wherever its keys stand: a
     generator that writes ``args`` first (with keys named ``ts`` and ``dur`` in it) must not
