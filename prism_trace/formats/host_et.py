@@ -121,7 +121,7 @@ def _read(path: Path, doc: dict[str, Any], nodes: list[dict[str, Any]], rank: in
     info = doc.get("distributedInfo")
     dist_info: dict[str, Any] = info if isinstance(info, dict) else {}
     groups = comm_groups(path, nodes, dist_info)
-    coll_rows, p2p_rows, comm_ranks = comm_rows(nodes, groups)
+    coll_rows, p2p_rows, comm_ranks = comm_rows(path, nodes, groups)
     for r in comm_ranks:
         check_rank(path, r, "the rank a record_param_comms node states")
     for row in p2p_rows:

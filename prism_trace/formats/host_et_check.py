@@ -14,7 +14,7 @@ from prism_trace.errors import MissingFieldError, TraceFormatError, TruncatedTra
 from prism_trace.formats.base import ET_IO_COLUMNS, read_all_bytes
 from prism_trace.limits import type_name
 
-__all__ = ["OLD_IO_KEYS", "PROMOTED_ATTRS", "check_nodes", "load"]
+__all__ = ["OLD_IO_KEYS", "PROMOTED_ATTRS", "bad_value", "check_nodes", "load", "node_where"]
 
 
 # A host ET is parsed whole (its nodes refer to each other anywhere in the file); Python objects
@@ -85,6 +85,9 @@ _OLD_TYPES: dict[str, tuple[type, ...]] = {
 }
 _NEW_TYPES: dict[str, tuple[type, ...]] = {
     "ctrl_deps": (int,),
+    # Not a key of this layout (rf_id is an attr here), but the comm decoding falls back to a
+    # node-level one, which then orders the collectives: a string there would sort as text.
+    "rf_id": (int,),
     "inputs": (dict,),
     "outputs": (dict,),
     "attrs": (list,),
@@ -97,13 +100,26 @@ _OLD_REQUIRED = ("parent", *OLD_IO_KEYS)
 _NEW_REQUIRED = ("ctrl_deps", "inputs", "outputs", "attrs")
 
 
-def _bad(path: Path, nid: Any, index: int, field: str, value: Any, want: str) -> TraceFormatError:
+def node_where(nid: Any, index: int) -> str:
+    """``node 7 (nodes[3])``: a node named by its id (when usable) and its place in the file."""
+    where = f"node {nid}" if isinstance(nid, int) and not isinstance(nid, bool) else "node"
+    return f"{where} (nodes[{index}])"
+
+
+def bad_value(path: Path, where: str, field: str, value: Any, want: str) -> TraceFormatError:
+    """The one-line refusal of ``field`` at ``where``: its type and (shortened) value, and ``want``.
+
+    Shared by the node checks here and the comm decoding in ``host_et_comms``, so every bad
+    value of a host ET reads the same way.
+    """
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    where = f"node {nid}" if isinstance(nid, int) and not isinstance(nid, bool) else "node"
     what = "missing or null" if value is None else f"{type_name(value)} {shown}"
-    msg = f"{path}: {where} (nodes[{index}]): `{field}` is {what}, expected {want}"
-    return TraceFormatError(msg)
+    return TraceFormatError(f"{path}: {where}: `{field}` is {what}, expected {want}")
+
+
+def _bad(path: Path, nid: Any, index: int, field: str, value: Any, want: str) -> TraceFormatError:
+    return bad_value(path, node_where(nid, index), field, value, want)
 
 
 def _typed(value: Any, types: tuple[type, ...]) -> bool:

@@ -11,7 +11,8 @@ import polars as pl
 
 from prism_trace.errors import TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
-from prism_trace.limits import MAX_RANKS, check_count, check_rank, type_name
+from prism_trace.formats.host_et_check import bad_value, node_where
+from prism_trace.limits import MAX_RANKS, check_count, check_rank
 
 __all__ = [
     "PG_INIT_NAME",
@@ -59,6 +60,25 @@ _C_TYPE_TO_DTYPE = {
     "short int": "short",
 }
 _TENSOR_TYPE = re.compile(r"Tensor\(([^)]+)\)")
+_INT64_LIMIT = 1 << 63  # byte counts are stored as BIGINT
+_TENSOR_WANT = "a tensor [id, storage, offset, numel, itemsize, device] of 0 to 2^63 - 1 bytes"
+_PG_WANT = "a (name, description) pair of strings or a backend id"
+
+
+class _BadField(Exception):
+    """A comm node's field holds a value the reader cannot use.
+
+    The decoders see one node and not its file or place in it; ``comm_rows`` turns this into the
+    one-line ``TraceFormatError`` naming the file, the node, the field and the value.
+    """
+
+    def __init__(self, field: str, value: Any, want: str) -> None:
+        super().__init__(f"`{field}` is {value!r}, expected {want}")
+        self.field, self.value, self.want = field, value, want
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def normalize_comm_kind(name: str) -> str | None:
@@ -86,10 +106,11 @@ def comm_groups(
     path: Path, nodes: list[dict[str, Any]], dist_info: dict[str, Any]
 ) -> dict[str, dict[str, Any]]:
     """Groups by name from ``## process_group:init ##`` (or ``distributedInfo.pg_config``)."""
-    configs: list[dict[str, Any]] = []
-    for n in nodes:
+    configs: list[tuple[str, dict[str, Any]]] = []  # (where it was read, config)
+    for i, n in enumerate(nodes):
         if n.get("name") != PG_INIT_NAME:
             continue
+        where = node_where(n.get("id"), i)
         ins = n.get("inputs")
         values = ins.get("values", []) if isinstance(ins, dict) else (ins or [])
         for v in values:
@@ -101,21 +122,23 @@ def comm_groups(
                 msg = f"{path}: `{PG_INIT_NAME}` input is not JSON at node {n.get('id')}: {exc}"
                 raise TraceFormatError(msg) from exc
             if isinstance(parsed, list):
-                configs += [c for c in parsed if isinstance(c, dict)]
+                configs += [(where, c) for c in parsed if isinstance(c, dict)]
     if not configs and isinstance(dist_info.get("pg_config"), list):
-        configs = [c for c in dist_info["pg_config"] if isinstance(c, dict)]
+        configs = [("distributedInfo.pg_config", c) for c in dist_info["pg_config"]]
+        configs = [(w, c) for w, c in configs if isinstance(c, dict)]
 
     groups: dict[str, dict[str, Any]] = {}
     members = 0
-    for c in configs:
+    for source, c in configs:
         name = c.get("pg_name")
         if name is None:
             continue
+        where = f"{source}: process group {str(name)[:40]!r}"
+        _check_group_fields(path, where, c)
         size = c.get("group_size", c.get("pg_size"))
-        where = f"process group {str(name)[:40]!r}"
         if size is not None:
-            size = check_count(path, size, f"the size of {where}")
-        ranks = [check_rank(path, r, f"a rank of {where}") for r in _list(c.get("ranks"))]
+            size = check_count(path, size, f"{where}: the size")
+        ranks = [check_rank(path, r, f"{where}: a rank") for r in c.get("ranks") or []]
         if not ranks and isinstance(size, int):
             ranks = list(range(size))  # empty `ranks` means the group spans the whole world
         members += len(ranks)
@@ -133,13 +156,29 @@ def comm_groups(
     return groups
 
 
-def _list(value: Any) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        msg = f"expected a list, got {type_name(value)}"
-        raise TypeError(msg)
-    return value
+def _check_group_fields(path: Path, where: str, config: dict[str, Any]) -> None:
+    """Refuse a process group whose fields have the wrong type, before any is used.
+
+    ``pg_desc`` lands in the store (and ``default_pg`` picks the world group), ``backend_id`` is
+    a dict key for the comm nodes' lookup (a list there is unhashable), ``ranks`` is iterated: a
+    wrong type in any is a damaged trace, not something to store or skip quietly.
+
+    Raises:
+        TraceFormatError: naming ``where``, the field, its value and the type expected.
+    """
+    name = config.get("pg_name")
+    if not isinstance(name, str) and not _is_int(name):
+        raise bad_value(path, where, "pg_name", name, "a string")
+    for key in ("pg_desc", "backend_config"):
+        value = config.get(key)
+        if value is not None and not isinstance(value, str):
+            raise bad_value(path, where, key, value, "a string")
+    backend_id = config.get("backend_id")
+    if backend_id is not None and not (_is_int(backend_id) or isinstance(backend_id, str)):
+        raise bad_value(path, where, "backend_id", backend_id, "an integer")
+    ranks = config.get("ranks")
+    if ranks is not None and not isinstance(ranks, list):
+        raise bad_value(path, where, "ranks", ranks, "a list of ranks")
 
 
 def _backend_of(config: Any) -> str | None:
@@ -178,21 +217,21 @@ def groups_frame(groups: dict[str, dict[str, Any]]) -> pl.DataFrame:
 
 
 def comm_rows(
-    nodes: list[dict[str, Any]], groups: dict[str, dict[str, Any]]
+    path: Path, nodes: list[dict[str, Any]], groups: dict[str, dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
-    """Rows for collectives and p2p, and the self ranks the comm nodes state."""
-    rpc = [n for n in nodes if n.get("name") == "record_param_comms"]
+    """Rows for collectives and p2p, and the self ranks the comm nodes state.
+
+    Raises:
+        TraceFormatError: a comm node's field has a value the tables cannot hold (a list process
+            group, a tensor of 2^63 bytes or more, a group size past the rank limit, ...).
+    """
     coll: list[dict[str, Any]] = []
     p2p: list[dict[str, Any]] = []
     self_ranks: list[int] = []
     by_backend_id = {g["backend_id"]: g["name"] for g in groups.values() if g["backend_id"]}
     only_group = next(iter(groups)) if len(groups) == 1 else None
 
-    if rpc:
-        calls = [_from_record_param_comms(n, by_backend_id) for n in rpc]
-    else:
-        calls = [_from_c10d_op(n) for n in nodes if str(n.get("name", "")).startswith("c10d::")]
-    for call in calls:
+    for call in _decode_calls(path, nodes, by_backend_id):
         if call is None:
             continue
         kind = call["kind"]
@@ -231,6 +270,28 @@ def comm_rows(
     return coll, p2p, self_ranks
 
 
+def _decode_calls(
+    path: Path, nodes: list[dict[str, Any]], by_backend_id: dict[Any, str]
+) -> list[dict[str, Any] | None]:
+    """Each comm node decoded: ``record_param_comms``, else (a trace with none) ``c10d::`` ops.
+
+    Raises:
+        TraceFormatError: a decoder's ``_BadField``, with the file and the node's id and place.
+    """
+    rpc = [i for i, n in enumerate(nodes) if n.get("name") == "record_param_comms"]
+    c10d = not rpc
+    todo = rpc or [i for i, n in enumerate(nodes) if str(n.get("name", "")).startswith("c10d::")]
+    calls: list[dict[str, Any] | None] = []
+    for i in todo:
+        n = nodes[i]
+        try:
+            calls.append(_from_c10d_op(n) if c10d else _from_record_param_comms(n, by_backend_id))
+        except _BadField as exc:
+            where = f"{node_where(n.get('id'), i)} {str(n.get('name'))[:60]}"
+            raise bad_value(path, where, exc.field, exc.value, exc.want) from exc
+    return calls
+
+
 def _attr_map(node: dict[str, Any]) -> dict[str, Any]:
     return {a["name"]: a.get("value") for a in node.get("attrs") or ()}
 
@@ -252,14 +313,20 @@ def _is_tensor_ref(v: Any) -> bool:
     )
 
 
-def _tensor_bytes(values: list[Any]) -> tuple[int | None, int | None]:
-    """Total bytes of the tensor refs ``[id, storage, offset, numel, itemsize, device]``."""
+def _tensor_bytes(values: list[Any], side: str = "inputs") -> tuple[int | None, int | None]:
+    """Total bytes of the tensor refs ``[id, storage, offset, numel, itemsize, device]``.
+
+    Raises:
+        _BadField: a negative numel or itemsize, or a total the BIGINT byte columns cannot hold.
+    """
     total, itemsize, found = 0, None, False
     stack = list(values)
     while stack:
         v = stack.pop()
         if _is_tensor_ref(v):
             total += v[3] * v[4]
+            if v[3] < 0 or v[4] < 0 or total >= _INT64_LIMIT:
+                raise _BadField(side, v, _TENSOR_WANT)
             itemsize = itemsize or v[4]
             found = True
         elif isinstance(v, list):
@@ -287,6 +354,7 @@ def _from_record_param_comms(
     id (1.0.2) or pointer (1.0.1). Schema >= 1.1.0 repeats them as named attrs.
     """
     attrs = _attr_map(node)
+    _check_comm_attrs(attrs)
     values, types = _io(node, "inputs")
     out_values, _ = _io(node, "outputs")
     idx = next((i for i, t in enumerate(types) if t == "String"), None)
@@ -304,26 +372,21 @@ def _from_record_param_comms(
 
     group_name = attrs.get("pg_name")
     if group_name is None and idx is not None and idx >= 2:
-        pg = values[idx - 2]
-        if isinstance(pg, list) and pg and isinstance(pg[0], str):
-            group_name = pg[0]
-        elif pg in by_backend_id:
-            group_name = by_backend_id[pg]
-    group_size = attrs.get("pg_size")
+        group_name = _group_of_pg(values[idx - 2], idx - 2, by_backend_id)
+    group_size = _group_size(attrs.get("pg_size"), "attrs.pg_size")
     tail = values[idx + 3 :] if idx is not None else []
     if group_size is None and tail and isinstance(tail[-1], int):
-        group_size = tail[-1]
-    in_split = values[idx + 1] if idx is not None and len(values) > idx + 1 else None
+        group_size = _group_size(tail[-1], f"inputs[{len(values) - 1}] (the group size)")
+    split_at = idx + 1 if idx is not None and len(values) > idx + 1 else None
+    in_split = values[split_at] if split_at is not None else None
     if group_size is None and kind == "all_to_all" and isinstance(in_split, list) and in_split:
-        group_size = len(in_split)  # all_to_allv lists one split per member
+        group_size = _group_size(len(in_split), f"inputs[{split_at}] (the input splits)")
 
     in_b, itemsize = _tensor_bytes(values[: max(idx - 3, 0)] if idx is not None else values)
-    out_b, out_itemsize = _tensor_bytes(out_values)
+    out_b, out_itemsize = _tensor_bytes(out_values, "outputs")
     itemsize = itemsize or out_itemsize
-    if itemsize and isinstance(attrs.get("in_msg_nelems"), int):
-        in_b = attrs["in_msg_nelems"] * itemsize
-    if itemsize and isinstance(attrs.get("out_msg_nelems"), int):
-        out_b = attrs["out_msg_nelems"] * itemsize
+    in_b = _msg_bytes(attrs, "in_msg_nelems", itemsize, in_b)
+    out_b = _msg_bytes(attrs, "out_msg_nelems", itemsize, out_b)
     dtype = attrs.get("dtype")
     dtype = dtype.lower() if isinstance(dtype, str) else _tensor_dtype(types)
 
@@ -336,13 +399,80 @@ def _from_record_param_comms(
         "node_id": node.get("id"),
         "rf_id": attrs.get("rf_id", node.get("rf_id")),
         "group_name": str(group_name) if group_name is not None else None,
-        "group_size": group_size if isinstance(group_size, int) and group_size > 0 else None,
+        "group_size": group_size,
         "in_bytes": in_b,
         "out_bytes": out_b,
         "dtype": dtype,
         "self_rank": self_rank,
         "peer": peer,
     }
+
+
+def _check_comm_attrs(attrs: dict[str, Any]) -> None:
+    """Refuse comm attrs of the wrong type (schema >= 1.1.0 writes each with a fixed type).
+
+    A string ``global_rank_stride`` would repeat a string (or a list: build one ``rank`` times
+    long), a list ``pg_name`` would become a group named ``"['x']"``: refused, not guessed at.
+
+    Raises:
+        _BadField: the first attr whose value is of the wrong type.
+    """
+    for key in ("pg_name", "dtype", "collective_name"):
+        value = attrs.get(key)
+        if value is not None and not isinstance(value, str):
+            field = f"attrs.{key}"
+            raise _BadField(field, value, "a string")
+    for key in ("global_rank_start", "global_rank_stride", "pg_size"):
+        value = attrs.get(key)
+        if value is not None and not _is_int(value):
+            field = f"attrs.{key}"
+            raise _BadField(field, value, "an integer")
+
+
+def _group_of_pg(pg: Any, index: int, by_backend_id: dict[Any, str]) -> str | None:
+    """The group a ``record_param_comms`` ``pg`` input names: ``(name, desc)`` or a backend id.
+
+    Raises:
+        _BadField: ``pg`` is a list or object other than a ``(name, desc)`` pair (it is no id).
+    """
+    if isinstance(pg, list) and pg and isinstance(pg[0], str):
+        return pg[0]
+    if isinstance(pg, (list, dict)):
+        field = f"inputs[{index}] (the process group)"
+        raise _BadField(field, pg, _PG_WANT)
+    return by_backend_id.get(pg)
+
+
+def _group_size(value: Any, field: str) -> int | None:
+    """A stated group size: None when absent or not positive (unknown), else at most MAX_RANKS.
+
+    Raises:
+        _BadField: a size past the rank limit (the group_size column is 32-bit).
+    """
+    if not _is_int(value) or value <= 0:
+        return None
+    if value > MAX_RANKS:
+        raise _BadField(field, value, f"a group size in [1, {MAX_RANKS}]")
+    return int(value)
+
+
+def _msg_bytes(
+    attrs: dict[str, Any], key: str, itemsize: int | None, default: int | None
+) -> int | None:
+    """``attrs[key]`` (an element count) times ``itemsize``; ``default`` without either.
+
+    Raises:
+        _BadField: the count is not a non-negative integer, or the bytes reach 2^63.
+    """
+    nelems = attrs.get(key)
+    if nelems is None:
+        return default
+    size = itemsize or 1  # without a tensor the count is still checked, as if of bytes
+    if not _is_int(nelems) or nelems < 0 or nelems * size >= _INT64_LIMIT:
+        want = f"an element count in [0, 2^63 / {size}) ({size}-byte elements)"
+        field = f"attrs.{key}"
+        raise _BadField(field, nelems, want)
+    return int(nelems * itemsize) if itemsize else default
 
 
 def _from_c10d_op(node: dict[str, Any]) -> dict[str, Any] | None:
@@ -354,7 +484,7 @@ def _from_c10d_op(node: dict[str, Any]) -> dict[str, Any] | None:
     values, types = _io(node, "inputs")
     key = name.removeprefix("c10d::").replace("_", "").lower()
     if key.startswith(_OUT_FIRST_PREFIXES) and len(values) >= 2:
-        out_b, _ = _tensor_bytes(values[:1])
+        out_b, _ = _tensor_bytes(values[:1], "inputs[0] (the output)")
         in_b, _ = _tensor_bytes(values[1:2])
     else:
         in_b, _ = _tensor_bytes(values[:1])

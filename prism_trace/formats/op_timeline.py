@@ -89,9 +89,13 @@ _COLUMN_KINDS: dict[str, tuple[type, ...]] = {
     "start_ts": (pl.Float32, pl.Float64, *_INTEGER),
     "duration": (pl.Float32, pl.Float64, *_INTEGER),
 }
+_INT64_MAX = (1 << 63) - 1
 _MAX_SECONDS = 1e6  # an op or a step of more than 11 days is not a training step
 _SECONDS = "seconds in [0, 1e6]"
 _MAX_SIDECAR_BYTES = 64 << 20
+# Parallel degrees of the meta yaml; each sizes the groups built, so each is checked the same way
+# (`dsp_size` is StragglerAnalysis's name for the context-parallel degree).
+_META_SIZES = ("dp_size", "pp_size", "tp_size", "cp_size", "dsp_size")
 
 _LANES = {"compute": 0, "pp-comm": 1, "dp-comm": 3, "misc": 4}
 
@@ -178,7 +182,7 @@ def _read_meta(meta: Path | None) -> dict[str, Any]:
     if not isinstance(data, dict):
         msg = f"{meta}: op-timeline meta is not a mapping"
         raise TraceFormatError(msg)
-    for key in ("dp_size", "pp_size", "tp_size"):
+    for key in _META_SIZES:
         if data.get(key) is not None:
             data[key] = check_count(meta, data[key], f"`{key}`")
     if data.get("world_size") is not None:
@@ -231,8 +235,16 @@ def _read_parquet(parquet: Path) -> pl.DataFrame:
     except Exception as exc:  # corrupt pages surface only on read
         msg = f"{parquet}: cannot read parquet data: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
+    nulls = df.select(pl.col(REQUIRED_COLUMNS).null_count()).row(0, named=True)
+    bad = [c for c, k in nulls.items() if k]
+    if bad:
+        msg = f"{parquet}: null values in required columns {bad}"
+        raise TraceFormatError(msg)
+    # Values are checked in the file's own types, before the casts: a rank of 2**40 is then "row
+    # N: `rank` is 1099511627776", not a failed i64 -> i32 conversion that names no row.
+    _check_values(parquet, df)
     try:
-        df = df.with_columns(
+        return df.with_columns(
             pl.col("dp_rank", "stage", "rank").cast(pl.Int32),
             pl.col("step").cast(pl.Int64),
             pl.col("optype").cast(pl.Utf8),
@@ -242,17 +254,14 @@ def _read_parquet(parquet: Path) -> pl.DataFrame:
     except pl.exceptions.PolarsError as exc:
         msg = f"{parquet}: bad column types: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
-    nulls = df.select(pl.col(REQUIRED_COLUMNS).null_count()).row(0, named=True)
-    bad = [c for c, k in nulls.items() if k]
-    if bad:
-        msg = f"{parquet}: null values in required columns {bad}"
-        raise TraceFormatError(msg)
-    _check_values(parquet, df)
-    return df
 
 
 def _check_values(parquet: Path, df: pl.DataFrame) -> None:
-    """Refuse out-of-range values and duplicated ops, naming the first bad row."""
+    """Refuse out-of-range values, naming the first bad row and its value.
+
+    Runs on the columns as the file types them, so a value no cast could hold is still reported
+    with its row rather than as a failed conversion of the whole column.
+    """
     rules = [
         ("rank", (pl.col("rank") >= 0) & (pl.col("rank") < MAX_RANKS), f"in [0, {MAX_RANKS})"),
         ("dp_rank", pl.col("dp_rank").is_between(0, MAX_RANKS - 1), f"in [0, {MAX_RANKS})"),
@@ -265,6 +274,12 @@ def _check_values(parquet: Path, df: pl.DataFrame) -> None:
                 "seconds in [0, 1e6]",
             )
             for c in _TIMES
+        ),
+        # Optional ids kept in `args`: an unsigned value past int64 would fail the cast.
+        *(
+            (c, pl.col(c) <= _INT64_MAX, "an integer below 2^63")
+            for c in _ARG_COLUMNS
+            if c in df.columns
         ),
     ]
     checked = df.with_row_index("_row").select(
