@@ -36,6 +36,10 @@ Mapping (one rank per file):
   world-sized group means all ranks); otherwise a default group ``"0"`` whose size and ranks are the
   world when known, else NULL for ingest to fill in from the number of files.
 - ``world_size``: a ``world_size`` metadata attribute, else the default group's size, else NULL.
+- Every value a table keeps is checked first, since an attribute may hold any protobuf type: node
+  ids and ``tid`` fit a BIGINT, ``comm_dst``/``comm_src`` are ranks, ``comm_size`` is an integer
+  byte count (not a string, not a bool), ``comm_tag`` an int32, process-group fields strings; a
+  bad one is one line naming the file, the node and the field (``chakra_records.int_attr``).
 
 Files of prism's own export (``GlobalMetadata`` ``schema`` ``prism-trace-…``) carry more: a
 group's name is its ``pg_desc`` (``pg_name`` is ASTRA-sim's decimal id), ``prism_kind`` gives the
@@ -54,7 +58,7 @@ import json
 import re
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from google.protobuf import unknown_fields
 
@@ -70,7 +74,20 @@ from prism_trace.formats.chakra_graph import (
     build,
     parse_pg_init,
 )
-from prism_trace.formats.chakra_records import GZIP_MAGIC, attrs, parse, records, sniff_chakra
+from prism_trace.formats.chakra_records import (
+    GZIP_MAGIC,
+    INT64_MAX,
+    INT64_MIN,
+    attrs,
+    bad_type,
+    int_attr,
+    node_label,
+    parse,
+    records,
+    short,
+    sniff_chakra,
+    text_attr,
+)
 from prism_trace.limits import BoundedGzip, check_rank, check_regular_file
 
 __all__ = [
@@ -184,15 +201,18 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             if nid in seen:  # at once: a stream of empty records would run for minutes
                 msg = f"{path}: node id {nid} appears more than once (record at byte {rec[0]})"
                 raise TraceFormatError(msg)
+            _check_id(path, node, rec[0])
             seen.add(nid)
             a = attrs(node)
+            label = node_label(nid, node.name)
             ntype = node.type
             order_deps: list[int] = []
             sync_deps: list[int] = []
             if own:
-                ntype = _OWN_TYPE.get((ntype, a.get("prism_kind")), ntype)
-                order_deps = list(a.get("order_deps") or [])
-                sync_deps = list(a.get("sync_deps") or [])
+                kind = text_attr(path, a.get("prism_kind"), f"{label}: `prism_kind`")
+                ntype = _OWN_TYPE.get((ntype, kind), ntype)
+                order_deps = _id_list(path, a.get("order_deps"), f"{label}: `order_deps`")
+                sync_deps = _id_list(path, a.get("sync_deps"), f"{label}: `sync_deps`")
             g.ids.append(nid)
             g.names.append(node.name)
             g.types.append(ntype)
@@ -200,11 +220,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             # A metadata node has no time (a 0 would read as the epoch in a timed file).
             g.starts.append(0 if ntype == pb.METADATA_NODE else node.start_time_micros)
             g.args.append(json.dumps(a, separators=(",", ":"), default=str))
-            tid = a.get("tid")
-            if isinstance(tid, int) and not isinstance(tid, bool):
-                g.track_keys.append(("stream" if a.get("is_cpu_op") is False else "thread", tid))
-            else:
-                g.track_keys.append(("thread", 0))
+            g.track_keys.append(_track_key(path, a, label))
             dd = list(node.data_deps)
             cd = list(node.ctrl_deps)
             g.deps.append(dd + cd)
@@ -228,3 +244,34 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
                 g.groups_raw = parse_pg_init(node, a, path)
 
     return build(path, r, g)
+
+
+def _check_id(path: Path, node: pb.Node, offset: int) -> None:
+    """Refuse a node id above the BIGINT ``event_id`` column (proto's ``id`` is a uint64)."""
+    if node.id > INT64_MAX:
+        msg = (
+            f"{path}: node {short(node.name)} (record at byte offset {offset}):"
+            f" `id` = {node.id} is above {INT64_MAX}, the largest node id stored"
+        )
+        raise TraceFormatError(msg)
+
+
+def _track_key(path: Path, a: dict[str, Any], label: str) -> tuple[str, int]:
+    """The ``(kind, tid)`` track of a node; an integer ``tid`` must fit the BIGINT column.
+
+    A node without an integer ``tid`` goes to the shared ``thread`` track 0 (module docstring).
+    """
+    tid = a.get("tid")
+    if not isinstance(tid, int) or isinstance(tid, bool):
+        return ("thread", 0)
+    int_attr(path, tid, f"{label}: `tid`", INT64_MIN, INT64_MAX, "a thread id")
+    return ("stream" if a.get("is_cpu_op") is False else "thread", tid)
+
+
+def _id_list(path: Path, value: Any, where: str) -> list[int]:
+    """Node ids of an attribute of prism's export (``order_deps``, ``sync_deps``); [] if absent."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_type(path, where, value, "a list of node ids")
+    return [int_attr(path, d, where, 0, INT64_MAX, "a list of node ids") for d in value]

@@ -21,6 +21,14 @@ import polars as pl
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
+from prism_trace.formats.chakra_records import (
+    INT64_MAX,
+    bad_type,
+    comm_bytes,
+    int_attr,
+    node_label,
+    text_attr,
+)
 from prism_trace.limits import MAX_RANKS, check_count, check_rank, check_world_size
 
 __all__ = [
@@ -108,6 +116,21 @@ def _json_or_literal(text: str) -> Iterator[Any]:
                 yield json.loads(item)
             except ValueError:
                 continue
+
+
+def _pg_members(path: Path, pg: dict[str, Any], name: str) -> list[int]:
+    """The ``ranks`` of a process group: a list of ranks (empty or absent: not listed)."""
+    ranks = pg.get("ranks")
+    if ranks is None:
+        return []
+    if not isinstance(ranks, list):
+        raise bad_type(path, f"process group {name!r}: `ranks`", ranks, "a list of ranks")
+    return [check_rank(path, x, f"a rank of process group {name!r}") for x in ranks]
+
+
+def _pg_text(path: Path, pg: dict[str, Any], name: str, key: str) -> str | None:
+    """A string field of process group ``name`` (``pg_desc``, ``backend_config``...), or None."""
+    return text_attr(path, pg.get(key), f"process group {name!r}: `{key}`")
 
 
 def _backend(config: str | None) -> str | None:
@@ -284,10 +307,7 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
                 # prism's export: pg_name is ASTRA-sim's decimal id, pg_desc the group's name.
                 renamed[name] = name = str(pg["pg_desc"])
             size = pg.get("group_size")
-            members = [
-                check_rank(path, x, f"a rank of process group {name!r}")
-                for x in pg.get("ranks") or []
-            ]
+            members = _pg_members(path, pg, name)
             if size is not None:
                 size = check_count(path, size, f"size of process group {name!r}")
             if not members and size and world_size and int(size) == world_size:
@@ -298,8 +318,8 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
                 raise TraceFormatError(msg)
             groups[name] = {
                 "name": name,
-                "description": pg.get("description") if own else pg.get("pg_desc"),
-                "backend": _backend(pg.get("backend_config")),
+                "description": _pg_text(path, pg, name, "description" if own else "pg_desc"),
+                "backend": _backend(_pg_text(path, pg, name, "backend_config")),
                 "size": int(size) if size is not None else (len(members) or None),
                 "ranks": members or None,
             }
@@ -320,17 +340,19 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
     coll_rows: list[dict[str, Any]] = []
     for nid, a, is_cpu in coll_nodes:
         ct = a["comm_type"]
-        kind = _COLL_KIND.get(ct) if isinstance(ct, int) else None
+        kind = _COLL_KIND.get(ct) if isinstance(ct, int) and not isinstance(ct, bool) else None
         if kind is None:
             msg = f"{path}: unknown comm_type {ct!r} at node {nid}"
             raise TraceFormatError(msg)
+        i = by_id[nid]
+        label = node_label(nid, g.names[i])
         gname = str(a.get("pg_name") or DEFAULT_GROUP)
         gname = renamed.get(gname, gname)
-        kind = str(a.get("prism_comm_kind") or kind)
+        kind = text_attr(path, a.get("prism_comm_kind"), f"{label}: `prism_comm_kind`") or kind
         grp = group(gname)
         gsize = grp["size"]
-        in_b, out_b, size = _in_out(kind, ct, a.get("comm_size"), gsize, a.get(PRISM_MSG_ATTR))
-        i = by_id[nid]
+        size = comm_bytes(path, a.get("comm_size"), f"{label}: `comm_size`")
+        in_b, out_b, size = _in_out(kind, ct, size, gsize, _msg_bytes(path, a, label))
         host_id = nid
         kernel_id = None
         if is_cpu is False:
@@ -365,12 +387,14 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
     p2p_rows: list[dict[str, Any]] = []
     for nid, ntype, a in sorted(p2p_nodes, key=lambda x: order[x[0]]):
         is_send = ntype == pb.COMM_SEND_NODE
-        peer = a.get("comm_dst" if is_send else "comm_src")
-        if not isinstance(peer, int):
-            field = "comm_dst" if is_send else "comm_src"
+        field = "comm_dst" if is_send else "comm_src"
+        peer = a.get(field)
+        if peer is None:
             msg = f"{path}: {pb.NodeType.Name(ntype)} {nid} has no `{field}` attribute"
             raise TraceFormatError(msg)
         i = by_id[nid]
+        label = node_label(nid, g.names[i])
+        peer = check_rank(path, peer, f"{label}: `{field}`")
         pg_name = a.get("pg_name")
         p2p_rows.append(
             {
@@ -380,8 +404,8 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
                 else None,
                 "direction": "send" if is_send else "recv",
                 "peer": peer,
-                "bytes": a.get("comm_size"),
-                "tag": a.get("comm_tag"),
+                "bytes": comm_bytes(path, a.get("comm_size"), f"{label}: `comm_size`"),
+                "tag": _tag(path, a.get("comm_tag"), label),
                 "host_ts": ts_ns[i],
                 "host_dur": dur_ns[i],
             }
@@ -397,10 +421,12 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
     version = {"chakra_version": g.gm_version} if g.gm_version else {}
     rank_args = {**version, **gm_attrs, "nodes": n, "dropped_deps": dropped}
     pid = gm_attrs.get("pid")
+    if pid is not None:
+        pid = int_attr(path, pid, "metadata `pid`", 0, INT64_MAX, "a process id")
     ranks = pl.DataFrame(
         {
             "rank": [r],
-            "pid": [pid if isinstance(pid, int) else None],
+            "pid": [pid],
             "args": [json.dumps(rank_args, default=str)],
         },
         schema_overrides={"pid": pl.Int64},
@@ -439,6 +465,24 @@ def _check_node_count(path: Path, n: int, gm_attrs: dict[str, Any]) -> None:
         raise TraceFormatError(msg)
 
 
+def _msg_bytes(path: Path, a: dict[str, Any], label: str) -> int | None:
+    """prism's exact ``msg_bytes`` of a rounded all-gather (``PRISM_MSG_ATTR``), or None."""
+    msg = a.get(PRISM_MSG_ATTR)
+    if msg is None:
+        return None
+    return int_attr(path, msg, f"{label}: `{PRISM_MSG_ATTR}`", 1, INT64_MAX, "a byte count")
+
+
+_INT32 = 1 << 31
+
+
+def _tag(path: Path, tag: Any, label: str) -> int | None:
+    """A p2p ``comm_tag``: an integer of the INTEGER column, or None when absent."""
+    if tag is None:
+        return None
+    return int_attr(path, tag, f"{label}: `comm_tag`", -_INT32, _INT32 - 1, "an int32 tag")
+
+
 def _frame(rows: list[dict[str, Any]], r: int) -> pl.DataFrame:
     if not rows:
         return pl.DataFrame({"rank": []}, schema={"rank": pl.Int32})
@@ -446,7 +490,7 @@ def _frame(rows: list[dict[str, Any]], r: int) -> pl.DataFrame:
 
 
 def _in_out(
-    kind: str, comm_type: int, size: int | None, gsize: int | None, msg: Any = None
+    kind: str, comm_type: int, size: int | None, gsize: int | None, msg: int | None = None
 ) -> tuple[int | None, int | None, int | None]:
     """Input, output and nccl-tests bytes of a call whose Chakra ``comm_size`` is ``size``.
 
@@ -462,7 +506,7 @@ def _in_out(
     if comm_type == pb.ALL_GATHER:
         # gather/scatter exported as ALL_GATHER of their per-member piece (docs/export.md)
         full = size * gsize if gsize else None
-        if isinstance(msg, int) and msg > 0:
+        if msg is not None:
             full = msg
         if kind == "scatter":
             return full, size, full

@@ -2,6 +2,10 @@
 
 A Chakra ET file is a varint length followed by a message, again and again: one ``GlobalMetadata``,
 then ``Node`` messages. The framing is decoded over a buffered stream (no whole-file read).
+
+An attribute may hold any of protobuf's types (a ``comm_size`` as a string, a ``tid`` as a uint64
+above the BIGINT range), so a value the tables keep is checked here first (``int_attr``,
+``comm_bytes``, ``text_attr``): a bad one is one line naming the file, the node and the field.
 """
 
 from __future__ import annotations
@@ -18,9 +22,24 @@ from google.protobuf.message import DecodeError
 
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
-from prism_trace.limits import gzip_errors
+from prism_trace.limits import MAX_RANKS, gzip_errors, type_name
 
-__all__ = ["GZIP_MAGIC", "attrs", "parse", "records", "sniff_chakra"]
+__all__ = [
+    "GZIP_MAGIC",
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_COMM_BYTES",
+    "attrs",
+    "bad_type",
+    "comm_bytes",
+    "int_attr",
+    "node_label",
+    "parse",
+    "records",
+    "short",
+    "sniff_chakra",
+    "text_attr",
+]
 
 _CHUNK = 1 << 22
 GZIP_MAGIC = b"\x1f\x8b"
@@ -28,6 +47,14 @@ _MAX_VARINT_BYTES = 10
 # A node is a few hundred bytes; the largest real one (a process-group init listing every group)
 # a few MB. A record claiming more is corrupt, and buffering it would take that much memory.
 _MAX_RECORD_BYTES = 64 << 20
+
+INT64_MAX = (1 << 63) - 1
+"""The largest value of a BIGINT column (node ids, thread ids, byte counts, pids)."""
+INT64_MIN = -(1 << 63)
+
+MAX_COMM_BYTES = INT64_MAX // MAX_RANKS
+"""The largest ``comm_size`` of one call (8 TiB): an all-gather's output, ``comm_size x group
+size``, must still fit a BIGINT for every group size up to ``MAX_RANKS``."""
 
 
 def _varint(buf: bytes | bytearray, pos: int) -> tuple[int, int] | None:
@@ -181,3 +208,55 @@ def parse(cls: Any, rec: tuple[int, bytes], path: Path) -> Any:
     except DecodeError as exc:
         msg = f"{path}: corrupt protobuf record at byte offset {offset}: {exc}"
         raise TraceFormatError(msg) from exc
+
+
+# --- attribute values -------------------------------------------------------------------------
+
+
+def short(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters: a string attribute may be megabytes long."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def node_label(nid: int, name: str) -> str:
+    """How a message names a node: its id (to find it) and its name (to know what it is)."""
+    return f"node {nid} ({short(name)})"
+
+
+def bad_type(path: Path, where: str, value: Any, expected: str) -> TraceFormatError:
+    """The one-line error for a field of the wrong type: what it is, and what was expected."""
+    return TraceFormatError(
+        f"{path}: {where} is {type_name(value)} {short(value)}, expected {expected}"
+    )
+
+
+def int_attr(path: Path, value: Any, where: str, lo: int, hi: int, expected: str) -> int:
+    """``value`` as an integer in ``[lo, hi]``, or one line naming ``where`` and ``expected``.
+
+    Raises:
+        TraceFormatError: not an integer (bools, floats and strings are refused) or out of range.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_type(path, where, value, expected)
+    if not lo <= value <= hi:
+        msg = f"{path}: {where} = {value} is outside [{lo}, {hi}], expected {expected}"
+        raise TraceFormatError(msg)
+    return value
+
+
+def comm_bytes(path: Path, value: Any, where: str) -> int | None:
+    """A ``comm_size`` as a byte count in ``[0, MAX_COMM_BYTES]``; None when absent.
+
+    A string is refused rather than parsed: ``"12"`` times a group size would repeat it.
+    """
+    if value is None:
+        return None
+    return int_attr(path, value, where, 0, MAX_COMM_BYTES, "a byte count")
+
+
+def text_attr(path: Path, value: Any, where: str) -> str | None:
+    """A string field (or None when absent); any other type is one line naming ``where``."""
+    if value is None or isinstance(value, str):
+        return value
+    raise bad_type(path, where, value, "a string")
