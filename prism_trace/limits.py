@@ -31,7 +31,9 @@ __all__ = [
     "expansion_limit",
     "gzip_errors",
     "open_bounded",
+    "short_repr",
     "type_name",
+    "wrong_type",
 ]
 
 MAX_RANKS = 1 << 20
@@ -60,9 +62,20 @@ def type_name(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters: a value in a message may be megabytes long."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def wrong_type(path: Path | str, where: str, value: Any, expected: str) -> TraceFormatError:
+    """The one-line refusal of a value of the wrong type: what it is, and what was expected.
+
+    Every reader's type checks say it the same way (``file: where is int 7, expected a string``).
+    """
+    return TraceFormatError(
+        f"{path}: {where} is {type_name(value)} {short_repr(value)}, expected {expected}"
+    )
 
 
 def check_rank(path: Path | str, value: Any, where: str) -> int:
@@ -72,8 +85,7 @@ def check_rank(path: Path | str, value: Any, where: str) -> int:
         TraceFormatError: not an integer (bools, floats and strings are refused) or out of range.
     """
     if not isinstance(value, int) or isinstance(value, bool):
-        msg = f"{path}: {where} is {type_name(value)} {_short(value)}, expected an integer rank"
-        raise TraceFormatError(msg)
+        raise wrong_type(path, where, value, "an integer rank")
     if not 0 <= value < MAX_RANKS:
         msg = f"{path}: {where} = {value} is outside [0, {MAX_RANKS}) (the rank limit)"
         raise TraceFormatError(msg)
@@ -85,7 +97,7 @@ def check_world_size(path: Path | str, value: Any, where: str) -> int:
     if isinstance(value, float) and value.is_integer() and math.isfinite(value):
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
-        msg = f"{path}: {where} is {type_name(value)} {_short(value)}, expected an integer"
+        msg = f"{path}: {where} is {type_name(value)} {short_repr(value)}, expected an integer"
         raise TraceFormatError(msg)
     if not 1 <= value <= MAX_RANKS:
         msg = f"{path}: {where} = {value} is outside [1, {MAX_RANKS}] (the world-size limit)"
@@ -98,7 +110,7 @@ def check_count(path: Path | str, value: Any, where: str, *, limit: int = MAX_RA
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-        msg = f"{path}: {where} = {_short(value)} is not an integer in [1, {limit}]"
+        msg = f"{path}: {where} = {short_repr(value)} is not an integer in [1, {limit}]"
         raise TraceFormatError(msg)
     return value
 

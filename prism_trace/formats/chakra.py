@@ -79,16 +79,14 @@ from prism_trace.formats.chakra_records import (
     INT64_MAX,
     INT64_MIN,
     attrs,
-    bad_type,
     int_attr,
     node_label,
     parse,
     records,
-    short,
     sniff_chakra,
     text_attr,
 )
-from prism_trace.limits import BoundedGzip, check_rank, check_regular_file
+from prism_trace.limits import BoundedGzip, check_rank, check_regular_file, short_repr, wrong_type
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -250,7 +248,7 @@ def _check_id(path: Path, node: pb.Node, offset: int) -> None:
     """Refuse a node id above the BIGINT ``event_id`` column (proto's ``id`` is a uint64)."""
     if node.id > INT64_MAX:
         msg = (
-            f"{path}: node {short(node.name)} (record at byte offset {offset}):"
+            f"{path}: node {short_repr(node.name)} (record at byte offset {offset}):"
             f" `id` = {node.id} is above {INT64_MAX}, the largest node id stored"
         )
         raise TraceFormatError(msg)
@@ -273,5 +271,5 @@ def _id_list(path: Path, value: Any, where: str) -> list[int]:
     if value is None:
         return []
     if not isinstance(value, list):
-        raise bad_type(path, where, value, "a list of node ids")
+        raise wrong_type(path, where, value, "a list of node ids")
     return [int_attr(path, d, where, 0, INT64_MAX, "a list of node ids") for d in value]

@@ -23,13 +23,12 @@ from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
 from prism_trace.formats.chakra_records import (
     INT64_MAX,
-    bad_type,
     comm_bytes,
     int_attr,
     node_label,
     text_attr,
 )
-from prism_trace.limits import MAX_RANKS, check_count, check_rank, check_world_size
+from prism_trace.limits import MAX_RANKS, check_count, check_rank, check_world_size, wrong_type
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -124,7 +123,7 @@ def _pg_members(path: Path, pg: dict[str, Any], name: str) -> list[int]:
     if ranks is None:
         return []
     if not isinstance(ranks, list):
-        raise bad_type(path, f"process group {name!r}: `ranks`", ranks, "a list of ranks")
+        raise wrong_type(path, f"process group {name!r}: `ranks`", ranks, "a list of ranks")
     return [check_rank(path, x, f"a rank of process group {name!r}") for x in ranks]
 
 

@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
-from prism_trace.limits import MAX_RANKS, gzip_errors, type_name
+from prism_trace.limits import MAX_RANKS, gzip_errors, short_repr, wrong_type
 
 __all__ = [
     "GZIP_MAGIC",
@@ -30,13 +30,11 @@ __all__ = [
     "INT64_MIN",
     "MAX_COMM_BYTES",
     "attrs",
-    "bad_type",
     "comm_bytes",
     "int_attr",
     "node_label",
     "parse",
     "records",
-    "short",
     "sniff_chakra",
     "text_attr",
 ]
@@ -213,22 +211,9 @@ def parse(cls: Any, rec: tuple[int, bytes], path: Path) -> Any:
 # --- attribute values -------------------------------------------------------------------------
 
 
-def short(value: Any) -> str:
-    """``repr(value)`` cut to 60 characters: a string attribute may be megabytes long."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def node_label(nid: int, name: str) -> str:
     """How a message names a node: its id (to find it) and its name (to know what it is)."""
-    return f"node {nid} ({short(name)})"
-
-
-def bad_type(path: Path, where: str, value: Any, expected: str) -> TraceFormatError:
-    """The one-line error for a field of the wrong type: what it is, and what was expected."""
-    return TraceFormatError(
-        f"{path}: {where} is {type_name(value)} {short(value)}, expected {expected}"
-    )
+    return f"node {nid} ({short_repr(name)})"
 
 
 def int_attr(path: Path, value: Any, where: str, lo: int, hi: int, expected: str) -> int:
@@ -238,7 +223,7 @@ def int_attr(path: Path, value: Any, where: str, lo: int, hi: int, expected: str
         TraceFormatError: not an integer (bools, floats and strings are refused) or out of range.
     """
     if not isinstance(value, int) or isinstance(value, bool):
-        raise bad_type(path, where, value, expected)
+        raise wrong_type(path, where, value, expected)
     if not lo <= value <= hi:
         msg = f"{path}: {where} = {value} is outside [{lo}, {hi}], expected {expected}"
         raise TraceFormatError(msg)
@@ -259,4 +244,4 @@ def text_attr(path: Path, value: Any, where: str) -> str | None:
     """A string field (or None when absent); any other type is one line naming ``where``."""
     if value is None or isinstance(value, str):
         return value
-    raise bad_type(path, where, value, "a string")
+    raise wrong_type(path, where, value, "a string")

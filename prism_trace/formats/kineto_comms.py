@@ -9,14 +9,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import polars as pl
 
-from prism_trace.errors import TraceFormatError
 from prism_trace.formats.kineto_sql import (
     _LAUNCH_CATEGORIES,
     _dtype_size_sql,
     _dtype_sql,
     _op_kind_sql,
 )
-from prism_trace.limits import check_count, check_rank, type_name
+from prism_trace.limits import check_count, check_rank, wrong_type
 
 
 def _json_list(value: Any) -> Any:
@@ -47,16 +46,14 @@ def _header_text(path: Path, value: Any, where: str) -> str | None:
     """A descriptive member of the header (a backend, a group's description): text, or absent."""
     if value is None or isinstance(value, str):
         return value
-    msg = f"{path}: {where} is {type_name(value)} {str(value)[:60]!r}, expected a string"
-    raise TraceFormatError(msg)
+    raise wrong_type(path, where, value, "a string")
 
 
 def _group_name(path: Path, value: Any, where: str) -> str:
     """A group's name: torch writes a string, older traces an integer."""
     if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
         return str(value)
-    msg = f"{path}: {where} is {type_name(value)} {str(value)[:60]!r}, expected a group name"
-    raise TraceFormatError(msg)
+    raise wrong_type(path, where, value, "a group name")
 
 
 def _member_ranks(path: Path, value: Any, where: str) -> list[int] | None:

@@ -475,6 +475,7 @@ def test_fifo_inside_a_folder_is_skipped(tmp_path: Path, kineto_doc: dict) -> No
 
 
 def _op(tmp_path: Path, fuzz: ModuleType) -> Path:
+    """The fuzzer's dp2 x pp2 op timeline (``trace-F.parquet``, ``meta-F.yaml``) in a folder."""
     folder = tmp_path / "op"
     folder.mkdir()
     fuzz._synthetic_op_timeline(folder)

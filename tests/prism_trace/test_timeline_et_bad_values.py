@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from prism_trace.formats.host_et import read_host_et
-from tests.prism_trace.test_fuzz_ingest import _fuzz, _refused
+from tests.prism_trace.test_fuzz_ingest import _fuzz, _op, _refused
 
 # -- op timelines ---------------------------------------------------------------------------------
 
@@ -26,14 +26,6 @@ from tests.prism_trace.test_fuzz_ingest import _fuzz, _refused
 @pytest.fixture(scope="module")
 def fuzz() -> ModuleType:
     return _fuzz()
-
-
-def _op(tmp_path: Path, fuzz: ModuleType) -> Path:
-    """The fuzzer's dp2 x pp2 op timeline (``trace-F.parquet``, ``meta-F.yaml``) in a folder."""
-    folder = tmp_path / "op"
-    folder.mkdir()
-    fuzz._synthetic_op_timeline(folder)
-    return folder
 
 
 @pytest.mark.parametrize(
