@@ -47,8 +47,10 @@ SELECT ph_t AS ph, cat->>'$' AS cat, name_t AS name, pid_t AS pid, tid_t AS tid,
        CAST(floor(ts_d) AS BIGINT) * 1000
            + CAST(round((ts_d - floor(ts_d)) * 1000) AS BIGINT) AS ts_us_ns,
        CAST(round(dur_d * 1000) AS BIGINT) AS dur_ns, id, args,
-       coalesce(abs(ts_d) >= {_TWO_POW_43} AND (contains(ts::VARCHAR, '.')
-                OR contains(ts::VARCHAR, 'e') OR contains(ts::VARCHAR, 'E')), false)
+       CASE WHEN abs(ts_d) >= {_TWO_POW_43}
+            THEN contains(ts::VARCHAR, '.') OR contains(ts::VARCHAR, 'e')
+                 OR contains(ts::VARCHAR, 'E')
+            ELSE false END
            AS ts_inexact, bad,
        CASE bad WHEN 'ph' THEN ph WHEN 'ts' THEN ts WHEN 'dur' THEN dur WHEN 'name' THEN name
                 WHEN 'pid' THEN pid WHEN 'tid' THEN tid WHEN 'cat' THEN cat
