@@ -22,6 +22,7 @@ from prism_trace.errors import TraceFormatError, TruncatedTraceError
 __all__ = [
     "GZIP_FLOOR_BYTES",
     "GZIP_MAX_RATIO",
+    "MAX_COMM_BYTES",
     "MAX_RANKS",
     "BoundedGzip",
     "check_count",
@@ -38,6 +39,11 @@ __all__ = [
 
 MAX_RANKS = 1 << 20
 """Ranks are in ``[0, MAX_RANKS)`` and a world holds at most ``MAX_RANKS`` ranks."""
+
+MAX_COMM_BYTES = ((1 << 63) - 1) // MAX_RANKS
+"""The most bytes one communication call moves (8 TiB): an all-gather's output, its input times
+its group's size, must still fit a BIGINT for every group size up to ``MAX_RANKS`` (the sizes a
+trace leaves out are filled by multiplying, ``ingest.fill_sizes``, and polars wraps on overflow)."""
 
 GZIP_MAX_RATIO = 100
 """A gzip member may expand to this many times its compressed size (real traces: 8-30x)."""

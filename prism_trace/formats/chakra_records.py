@@ -22,7 +22,7 @@ from google.protobuf.message import DecodeError
 
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
-from prism_trace.limits import MAX_RANKS, gzip_errors, short_repr, wrong_type
+from prism_trace.limits import MAX_COMM_BYTES, gzip_errors, short_repr, wrong_type
 
 __all__ = [
     "GZIP_MAGIC",
@@ -49,10 +49,6 @@ _MAX_RECORD_BYTES = 64 << 20
 INT64_MAX = (1 << 63) - 1
 """The largest value of a BIGINT column (node ids, thread ids, byte counts, pids)."""
 INT64_MIN = -(1 << 63)
-
-MAX_COMM_BYTES = INT64_MAX // MAX_RANKS
-"""The largest ``comm_size`` of one call (8 TiB): an all-gather's output, ``comm_size x group
-size``, must still fit a BIGINT for every group size up to ``MAX_RANKS``."""
 
 
 def _varint(buf: bytes | bytearray, pos: int) -> tuple[int, int] | None:

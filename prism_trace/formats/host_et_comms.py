@@ -12,7 +12,7 @@ import polars as pl
 from prism_trace.errors import TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.formats.host_et_check import bad_value, node_where
-from prism_trace.limits import MAX_RANKS, check_count, check_rank
+from prism_trace.limits import MAX_COMM_BYTES, MAX_RANKS, check_count, check_rank
 
 __all__ = [
     "PG_INIT_NAME",
@@ -60,8 +60,9 @@ _C_TYPE_TO_DTYPE = {
     "short int": "short",
 }
 _TENSOR_TYPE = re.compile(r"Tensor\(([^)]+)\)")
-_INT64_LIMIT = 1 << 63  # byte counts are stored as BIGINT
-_TENSOR_WANT = "a tensor [id, storage, offset, numel, itemsize, device] of 0 to 2^63 - 1 bytes"
+_TENSOR_WANT = (
+    f"a tensor [id, storage, offset, numel, itemsize, device] of 0 to {MAX_COMM_BYTES} bytes"
+)
 _PG_WANT = "a (name, description) pair of strings or a backend id"
 
 
@@ -223,7 +224,7 @@ def comm_rows(
 
     Raises:
         TraceFormatError: a comm node's field has a value the tables cannot hold (a list process
-            group, a tensor of 2^63 bytes or more, a group size past the rank limit, ...).
+            group, a tensor of more than 8 TiB, a group size past the rank limit, ...).
     """
     coll: list[dict[str, Any]] = []
     p2p: list[dict[str, Any]] = []
@@ -325,7 +326,7 @@ def _tensor_bytes(values: list[Any], side: str = "inputs") -> tuple[int | None, 
         v = stack.pop()
         if _is_tensor_ref(v):
             total += v[3] * v[4]
-            if v[3] < 0 or v[4] < 0 or total >= _INT64_LIMIT:
+            if v[3] < 0 or v[4] < 0 or total > MAX_COMM_BYTES:
                 raise _BadField(side, v, _TENSOR_WANT)
             itemsize = itemsize or v[4]
             found = True
@@ -462,14 +463,14 @@ def _msg_bytes(
     """``attrs[key]`` (an element count) times ``itemsize``; ``default`` without either.
 
     Raises:
-        _BadField: the count is not a non-negative integer, or the bytes reach 2^63.
+        _BadField: the count is not a non-negative integer, or the bytes pass ``MAX_COMM_BYTES``.
     """
     nelems = attrs.get(key)
     if nelems is None:
         return default
     size = itemsize or 1  # without a tensor the count is still checked, as if of bytes
-    if not _is_int(nelems) or nelems < 0 or nelems * size >= _INT64_LIMIT:
-        want = f"an element count in [0, 2^63 / {size}) ({size}-byte elements)"
+    if not _is_int(nelems) or nelems < 0 or nelems * size > MAX_COMM_BYTES:
+        want = f"an element count of at most {MAX_COMM_BYTES} bytes ({size}-byte elements)"
         field = f"attrs.{key}"
         raise _BadField(field, nelems, want)
     return int(nelems * itemsize) if itemsize else default

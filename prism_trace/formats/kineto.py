@@ -297,6 +297,9 @@ class _Reader(_CommTables):
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, duckdb.OutOfMemoryException):
             return OutOfMemoryError.of(self.path, "reading the trace", first)
+        ours = first.removeprefix("Invalid Input Error: ")
+        if ours.startswith("traceEvents["):  # a check of ours, raised by SQL's error()
+            return TraceFormatError(f"{self.path}: {ours}")
         return TraceFormatError(f"{self.path}: cannot parse the trace events: {first}")
 
     def sql(self, query: str, params: list[Any] | None = None) -> None:

@@ -11,6 +11,7 @@ import polars as pl
 
 from prism_trace.formats.kineto_sql import (
     _LAUNCH_CATEGORIES,
+    _call_bytes_sql,
     _dtype_size_sql,
     _dtype_sql,
     _op_kind_sql,
@@ -108,11 +109,23 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                        e.args->>'Process Group Ranks' AS group_ranks,
                        TRY_CAST(e.args->>'Group size' AS INTEGER) AS group_size,
                        {_op_kind_sql("e.args->>'Collective name'")} AS op,
-                       TRY_CAST(e.args->>'Seq' AS BIGINT) - 1 AS seq,
-                       TRY_CAST(e.args->>'In msg nelems' AS BIGINT)
-                           * ({_dtype_size_sql(rpc_dtype)}) AS in_bytes,
-                       TRY_CAST(e.args->>'Out msg nelems' AS BIGINT)
-                           * ({_dtype_size_sql(rpc_dtype)}) AS out_bytes,
+                       TRY(TRY_CAST(e.args->>'Seq' AS BIGINT) - 1) AS seq,
+                       {
+        _call_bytes_sql(
+            "TRY_CAST(e.args->>'In msg nelems' AS BIGINT)",
+            _dtype_size_sql(rpc_dtype),
+            "In msg nelems",
+            "e",
+        )
+    } AS in_bytes,
+                       {
+        _call_bytes_sql(
+            "TRY_CAST(e.args->>'Out msg nelems' AS BIGINT)",
+            _dtype_size_sql(rpc_dtype),
+            "Out msg nelems",
+            "e",
+        )
+    } AS out_bytes,
                        {rpc_dtype} AS dtype, NULL::INTEGER AS peer, NULL::INTEGER AS tag,
                        coalesce(TRY_CAST(e.args->>'Dst Rank' AS INTEGER),
                                 TRY_CAST(e.args->>'Src Rank' AS INTEGER)) AS group_peer
@@ -122,7 +135,7 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                 SELECT event_id, track_id, ts, dur FROM eva
                 WHERE name = 'record_param_comms' AND args->>'Collective name' IS NULL),
             old_mark AS (
-                SELECT event_id, track_id, ts, dur, name, args FROM eva
+                SELECT event_id, ord, track_id, ts, dur, name, args FROM eva
                 WHERE category = 'user_annotation'
                   AND regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')),
             rpc_old AS (
@@ -132,9 +145,14 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                        NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
                        {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
                        NULL::BIGINT AS seq,
-                       list_aggregate(
-                           TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')::BIGINT
-                           * ({_dtype_size_sql(old_dtype)}) AS in_bytes,
+                       {
+        _call_bytes_sql(
+            "list_aggregate(TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')",
+            _dtype_size_sql(old_dtype),
+            "Input Dims",
+            "a",
+        )
+    } AS in_bytes,
                        NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
                        NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
                 FROM old_call e ASOF JOIN old_mark a
@@ -147,9 +165,14 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                        '0' AS group_name, NULL::VARCHAR AS group_desc,
                        NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
                        {_op_kind_sql("e.name")} AS op, NULL::BIGINT AS seq,
-                       list_aggregate(
-                           TRY_CAST(e.args->'Input Dims'->(c10d_in) AS BIGINT[]), 'product'
-                       )::BIGINT * ({_dtype_size_sql(c10d_dtype)}) AS in_bytes,
+                       {
+        _call_bytes_sql(
+            "list_aggregate(TRY_CAST(e.args->'Input Dims'->(c10d_in) AS BIGINT[]), 'product')",
+            _dtype_size_sql(c10d_dtype),
+            "Input Dims",
+            "e",
+        )
+    } AS in_bytes,
                        NULL::BIGINT AS out_bytes, {c10d_dtype} AS dtype,
                        NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
                 FROM (SELECT *,

@@ -3,6 +3,8 @@ dtypes, and the bounds of their times."""
 
 from __future__ import annotations
 
+from prism_trace.limits import MAX_COMM_BYTES
+
 _LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 """Host categories of the runtime calls that launch device work."""
 
@@ -191,6 +193,26 @@ def _once(x: str, body: str) -> str:
     communication query cost more than running it (~0.1 s a file).
     """
     return f"list_transform([{x}], lambda v: {body})[1]"
+
+
+def _call_bytes_sql(count: str, size: str, field: str, record: str) -> str:
+    """SQL for ``count`` elements of ``size`` bytes, a call's byte count, as BIGINT.
+
+    A negative count, or more bytes than one call moves (``MAX_COMM_BYTES``: an all-gather's
+    output is its input times the group's size, which must still fit), stops the statement
+    through DuckDB's ``error`` naming the record (``record``: SQL for the events-table alias
+    whose ``ord`` and ``name`` say which), rather than be stored, or wrap in the arithmetic.
+    An unknown ``size`` gives NULL, as before; the count is still checked, as if of bytes.
+    """
+    message = (
+        f"'traceEvents[' || {record}.ord || '] (' || {record}.name || '): `{field}` = ' || v"
+        f" || ' is not a count of elements of at most {MAX_COMM_BYTES} bytes'"
+    )
+    return _once(
+        count,
+        f"CASE WHEN v < 0 OR v::DOUBLE * coalesce({size}, 1) > {MAX_COMM_BYTES}"
+        f" THEN error({message}) ELSE CAST(v AS BIGINT) * ({size}) END",
+    )
 
 
 def _dtype_sql(x: str) -> str:

@@ -218,6 +218,49 @@ def test_kineto_step_number_beyond_int32(tmp_path: Path, kineto_doc: dict) -> No
     _refused(tmp_path, [_kineto(tmp_path, doc)], "ProfilerStep#99999999999")
 
 
+def _with_comm_op(doc: dict, name: str, args: dict) -> dict:
+    """``doc`` with one more host op, ``name`` with ``args``, beside its first CPU op."""
+    first = next(e for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and e.get("ph") == "X")
+    op = {**first, "name": name, "dur": 1, "args": args}
+    return {**doc, "traceEvents": [*doc["traceEvents"], op]}
+
+
+_RPC = {"Collective name": "allreduce", "dtype": "Float", "Process Group Name": "0"}
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "needle"),
+    [
+        ("record_param_comms", {**_RPC, "In msg nelems": -5}, "In msg nelems"),
+        ("record_param_comms", {**_RPC, "In msg nelems": 9 * 10**18}, "In msg nelems"),
+        ("record_param_comms", {**_RPC, "In msg nelems": 2**41}, "In msg nelems"),  # 8 TiB
+        ("record_param_comms", {**_RPC, "Out msg nelems": -1}, "Out msg nelems"),
+        ("c10d::allreduce_", {"Input Dims": [[10**11, 10**11]]}, "Input Dims"),
+        ("c10d::allreduce_", {"Input Dims": [[4, -2]]}, "Input Dims"),
+    ],
+)
+def test_kineto_bad_call_sizes(
+    tmp_path: Path, kineto_doc: dict, name: str, args: dict, needle: str
+) -> None:
+    """A call's byte count from its args is refused by record and field when it is negative or
+    past what one call moves (``MAX_COMM_BYTES``): stored, it would be a negative size or wrap
+    when an all-gather's output is its input times the group's size."""
+    msg = _refused(tmp_path, [_kineto(tmp_path, _with_comm_op(kineto_doc, name, args))], needle)
+    assert "traceEvents[" in msg
+
+
+def test_kineto_seq_past_int64_is_no_seq(tmp_path: Path, kineto_doc: dict) -> None:
+    """A ``Seq`` of -2^63 (one less would not fit) is a call without a sequence number, numbered
+    by order like the others (a negative ``seq`` is none), not a failed subtraction."""
+    doc = _with_comm_op(
+        kineto_doc, "record_param_comms", {**_RPC, "In msg nelems": 4, "Seq": -(2**63)}
+    )
+    with open_store(tmp_path / "s.duckdb") as store:
+        ingest(store, [_kineto(tmp_path, doc)], run="x", progress=False)
+        rows = store.con.execute("SELECT kind FROM collective WHERE in_bytes = 16").fetchall()
+    assert rows == [("all_reduce",)]
+
+
 def test_kineto_null_optional_field_reads_as_absent(tmp_path: Path, kineto_doc: dict) -> None:
     """`cat` and `args` are optional: a JSON null there is read as the member being absent."""
     rows = []
