@@ -83,6 +83,12 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
     c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
     k_dtype = _dtype_sql("ka.args->>'dtype'")
     launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
+    prism_in, prism_out = (
+        _call_bytes_sql(
+            rf"TRY_CAST(regexp_extract(e.name, '[:;]{k}=(\d+)', 1) AS HUGEINT)", "1", k, "e"
+        )
+        for k in ("in_bytes", "out_bytes")
+    )
     return rf"""CREATE TABLE comm_raw AS
             WITH prism AS (
                 SELECT e.event_id, e.track_id, e.ts, e.dur, 0 AS source,
@@ -91,10 +97,7 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                        NULL::VARCHAR AS group_ranks, NULL::INTEGER AS group_size,
                        {_op_kind_sql("regexp_extract(e.name, '[:;]op=([^;]*)', 1)")} AS op,
                        TRY_CAST(regexp_extract(e.name, '[:;]seq=(-?\d+)', 1) AS BIGINT) AS seq,
-                       TRY_CAST(regexp_extract(e.name, '[:;]in_bytes=(\d+)', 1) AS BIGINT)
-                           AS in_bytes,
-                       TRY_CAST(regexp_extract(e.name, '[:;]out_bytes=(\d+)', 1) AS BIGINT)
-                           AS out_bytes,
+                       {prism_in} AS in_bytes, {prism_out} AS out_bytes,
                        {_dtype_sql("regexp_extract(e.name, '[:;]dtype=([^;]*)', 1)")}
                            AS dtype,
                        TRY_CAST(regexp_extract(e.name, '[:;]peer=(-?\d+)', 1) AS INTEGER)

@@ -237,6 +237,11 @@ _RPC = {"Collective name": "allreduce", "dtype": "Float", "Process Group Name": 
         ("record_param_comms", {**_RPC, "Out msg nelems": -1}, "Out msg nelems"),
         ("c10d::allreduce_", {"Input Dims": [[10**11, 10**11]]}, "Input Dims"),
         ("c10d::allreduce_", {"Input Dims": [[4, -2]]}, "Input Dims"),
+        (
+            "prism_comm:pg=0;seq=99;op=all_gather;in_bytes=9999999999999999;dtype=float",
+            {},
+            "in_bytes",
+        ),
     ],
 )
 def test_kineto_bad_call_sizes(
