@@ -24,6 +24,7 @@ from prism_trace.analysis.breakdown import kernels, temporal
 from prism_trace.analysis.stragglers import collective_waits
 
 from prism_trace.errors import PrismError
+from prism_trace.outputs import output_file
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -581,7 +582,7 @@ def write_report(
         sections.append(_diff(store, other, run, notes))
     sections.append(_memory(store, run_id, t0, groups, limits, notes))
     page = _render(facts, other, sections, notes)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    output_file(out)  # a folder, or a parent that is a file, is one line naming `out`
     try:
         out.write_text(page, encoding="utf-8")
     except OSError as exc:

@@ -27,7 +27,6 @@ the entry point and its report.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from prism_trace.export_rules import (
 from prism_trace.export_template import _comm_plan, _load_run, _template
 from prism_trace.export_wire import sanitize_prefix
 from prism_trace.export_writer import _Writer
+from prism_trace.outputs import output_dir
 
 if TYPE_CHECKING:
     from prism_trace.store import Store
@@ -192,7 +192,7 @@ def export_chakra(
     Args:
         store: an open store (writable when the recorded run's graph must be built).
         run: the run to export (recorded or sliced).
-        out_dir: the folder to write into (created when missing).
+        out_dir: the folder to write into: new (created with its parents) or empty.
         prefix: file-name prefix (default: the run name with other characters than
             ``[A-Za-z0-9_-]`` replaced by ``_``).
         progress: show a progress bar (stderr).
@@ -205,7 +205,8 @@ def export_chakra(
     Raises:
         ChakraExportError: the run is neither recorded nor sliced, a node has no Chakra form
             (the message names it), a member's group or peer cannot be derived, the prefix is
-            not a plain name, or ``out_dir`` holds files of this prefix for ranks the run lacks.
+            not a plain name, or ``out_dir`` is a file, a folder that is not empty, or cannot be
+            created.
         PrismError: no such run.
     """
     t0 = time.perf_counter()
@@ -215,20 +216,8 @@ def export_chakra(
         msg = f"{out_dir}: `prefix` {prefix!r} is not a plain file-name prefix"
         raise ChakraExportError(msg)
     rd = _load_run(store, run)
-    if out_dir.is_dir():
-        ours = set(rd.ranks)
-        pat = re.compile(re.escape(prefix) + r"\.(\d+)\.et$")
-        stray = sorted(
-            p.name
-            for p in out_dir.iterdir()
-            if (m := pat.match(p.name)) is not None and int(m.group(1)) not in ours
-        )
-        if stray:
-            msg = (
-                f"{out_dir}: holds {stray[0]!r} ({len(stray)} such files), a rank run {run!r}"
-                " lacks; an ingest of the folder would mix them in: use an empty folder"
-            )
-            raise ChakraExportError(msg)
+    # A new or empty folder: stale `.et` files of another export would mix into an ingest of it.
+    output_dir(out_dir, create=False, error=ChakraExportError)
     built = False
     if rd.kind == "recorded":
         rows = store.con.execute(
@@ -239,7 +228,7 @@ def export_chakra(
 
             build_graph(store, run)
             built = True
-    out_dir.mkdir(parents=True, exist_ok=True)
+    output_dir(out_dir, error=ChakraExportError)
 
     members: dict[int, list[int]] = defaultdict(list)
     for r in rd.ranks:

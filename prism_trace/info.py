@@ -10,10 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from prism_trace.errors import PrismError
 from prism_trace.ranks import format_ranks
 from prism_trace.store import Store
 
-__all__ = ["compact_ranks", "describe_run", "list_runs", "render_run", "stored_config"]
+__all__ = [
+    "compact_ranks",
+    "describe_run",
+    "list_runs",
+    "render_run",
+    "require_ranks",
+    "stored_config",
+]
 
 
 def _rows(store: Store, sql: str, params: list[Any]) -> list[dict[str, Any]]:
@@ -25,6 +33,32 @@ def _rows(store: Store, sql: str, params: list[Any]) -> list[dict[str, Any]]:
 def compact_ranks(ranks: Sequence[int]) -> str:
     """``[0, 2, 4, 6, 9]`` -> ``"0..6:2,9"``: rank lists as `prism_trace.ranks` parses them."""
     return format_ranks(ranks)
+
+
+def require_ranks(
+    store: Store, name: str, ranks: Sequence[int], *, option: str, recorded: bool = False
+) -> None:
+    """Refuse ``ranks`` that run ``name`` lacks, naming ``option``: a rank outside the run's
+    world (or, with ``recorded``, one it did not record) would otherwise select nothing, and
+    the command would print an empty answer, or fail later under another option's name.
+
+    Raises:
+        PrismError: no such run, or a rank outside the world (not recorded).
+    """
+    rid = store.require_run(name)
+    ((world, stored),) = store.con.execute(
+        "SELECT r.world_size, (SELECT list(rank ORDER BY rank) FROM rank k WHERE k.run_id ="
+        " r.run_id) FROM run r WHERE r.run_id = ?",
+        [rid],
+    ).fetchall()
+    have = set(stored or []) if recorded else set(range(int(world)))
+    bad = [r for r in ranks if r not in have]
+    if not bad:
+        return
+    held = format_ranks(sorted(have)) or "none"
+    which = f"recorded ranks {held}" if recorded else f"world 0..{world - 1}"
+    msg = f"{store.path}: {option} {format_ranks(bad, limit=4)}: not in run {name!r} ({which})"
+    raise PrismError(msg)
 
 
 def list_runs(store: Store) -> list[dict[str, Any]]:
@@ -85,9 +119,11 @@ def describe_run(store: Store, name: str, *, ranks: Sequence[int] | None = None)
     ``classes`` unless ``ranks`` picks ranks; other runs list every rank under ``ranks``.
 
     Raises:
-        PrismError: no run of that name.
+        PrismError: no run of that name, or a rank of ``ranks`` outside its world.
     """
     rid = store.require_run(name)
+    if ranks is not None:
+        require_ranks(store, name, ranks, option="--ranks")
     run = _rows(
         store,
         "SELECT name, kind, world_size, source_format, created_at FROM run WHERE run_id = ?",

@@ -174,12 +174,15 @@ class ParallelLayout:
 
         Raises:
             LayoutError: an unknown or repeated axis, a size that is not a positive integer, an
-                empty spec, or an order that leaves out an axis of size > 1.
+                empty spec or item, or an order that leaves out an axis of size > 1.
         """
         sizes: dict[str, int] = {}
-        parts = [p.strip() for p in spec.split(",") if p.strip()]
-        if not parts:
+        parts = [p.strip() for p in spec.split(",")]
+        if not any(parts):
             msg = f"layout {spec!r}: empty; expected e.g. `tp=8,dp=128,pp=8`"
+            raise LayoutError(msg)
+        if not all(parts):  # as in rank lists: `tp=2,,dp=4` is a typo, not two items
+            msg = f"layout {spec!r}: an empty item between commas; expected e.g. `tp=8,dp=128`"
             raise LayoutError(msg)
         for part in parts:
             key, sep, value = part.partition("=")

@@ -20,6 +20,7 @@ import duckdb
 
 from prism_trace import schema
 from prism_trace.errors import PrismError
+from prism_trace.outputs import output_dir
 from prism_trace.store import Store
 
 __all__ = ["ParquetExport", "export_parquet", "open_parquet"]
@@ -73,20 +74,19 @@ def export_parquet(
     the chosen runs' rows. DuckDB's COPY does the partitioning, file by file, without Python rows.
 
     Raises:
-        PrismError: a run does not exist, or ``out_dir`` exists and is not empty.
+        PrismError: a run does not exist, or ``out_dir`` is a file, a folder that is not
+            empty, or cannot be created.
     """
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        msg = f"{out_dir}: exists and is not empty; give a new folder"
-        raise PrismError(msg)
+    output_dir(out_dir, create=False)
     names = (
         [r[0] for r in store.con.execute("SELECT name FROM run ORDER BY run_id").fetchall()]
         if runs is None
         else list(runs)
     )
     ids = [store.require_run(n) for n in names]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    output_dir(out_dir)
     rows: dict[str, int] = {}
     id_list = ", ".join(map(str, ids)) or "NULL"
     for t in schema.TABLES:

@@ -11,12 +11,49 @@ import polars as pl
 
 from prism_trace.errors import PrismError
 from prism_trace.jsonout import dumps
+from prism_trace.outputs import output_file, write_errors
 from prism_trace.store import Store
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["run_query"]
+__all__ = ["check_one_reading_statement", "run_query"]
+
+_WRITES_FILES = {
+    duckdb.StatementType.COPY: "COPY writes files",
+    duckdb.StatementType.EXPORT: "EXPORT DATABASE writes files",
+    duckdb.StatementType.ATTACH: "ATTACH creates or opens another database",
+}
+"""Statements a read-only query refuses: the store is opened read-only, but these would still
+write (or create) files beside it. The answer is `-o FILE` or `prism export parquet`."""
+
+
+def check_one_reading_statement(sql: str) -> None:
+    """Refuse SQL that is not exactly one statement, or one that writes files.
+
+    An empty statement printed an empty table; of several, only the last one's result was
+    shown; and ``COPY ... TO`` wrote a file through a command that promises to be read-only.
+
+    Raises:
+        PrismError: no statement, more than one, or a COPY, EXPORT or ATTACH.
+    """
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error:
+        return  # running it reports the syntax error, naming the store
+    if not statements:
+        msg = 'the SQL is empty; give one statement, e.g. "SELECT name FROM run"'
+        raise PrismError(msg)
+    if len(statements) > 1:
+        msg = f"the SQL holds {len(statements)} statements; give one (its result is printed)"
+        raise PrismError(msg)
+    why = _WRITES_FILES.get(statements[0].type)
+    if why is not None:
+        msg = (
+            f"the query is read-only and {why}; write a result with -o FILE"
+            " (--format csv|json|parquet), or a whole store with `prism export parquet`"
+        )
+        raise PrismError(msg)
 
 
 def run_query(
@@ -34,11 +71,14 @@ def run_query(
     which this layer may not import.
 
     Raises:
-        PrismError: the SQL fails (the message is DuckDB's first line), or parquet without ``-o``.
+        PrismError: the SQL fails (the message is DuckDB's first line), is not one statement
+            or writes files (``check_one_reading_statement``), parquet without ``-o``, or
+            ``output`` is a folder or cannot be written.
     """
     if fmt == "parquet" and output is None:
         msg = "parquet output needs -o FILE"
         raise PrismError(msg)
+    check_one_reading_statement(sql)
     try:
         # A cursor has no pending result of earlier statements, which ``sql()`` requires.
         cur = store.con.cursor()
@@ -49,8 +89,11 @@ def run_query(
     except duckdb.Error as exc:
         msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
         raise PrismError(msg) from exc
+    if output is not None:
+        output_file(output)
     if fmt == "parquet":
-        df.write_parquet(output)  # type: ignore[arg-type]
+        with write_errors(output):  # type: ignore[arg-type]
+            df.write_parquet(output)  # type: ignore[arg-type]
         return ""
     if fmt == "csv":
         text = _flat(df).write_csv()
@@ -60,7 +103,8 @@ def run_query(
         with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
             text = str(df)
     if output is not None:
-        output.write_text(text)
+        with write_errors(output):
+            output.write_text(text)
         return ""
     return text
 

@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from prism_trace.errors import PrismError
+from prism_trace.limits import MAX_RANKS
 from prism_trace.parallel import (
     AXES,
     EMBD,
@@ -420,13 +421,16 @@ def slice_run(
         What was written.
 
     Raises:
-        SliceError: world and layout disagree, an axis other than dp differs from the
-            recording, a role has no representative, or an op's group or peer cannot be
-            mapped (the message names the op, its group and rank).
+        SliceError: world is outside ``[1, MAX_RANKS]`` or disagrees with the layout, an axis
+            other than dp differs from the recording, a role has no representative, or an op's
+            group or peer cannot be mapped (the message names the op, its group and rank).
         LayoutError: the recorded run's groups fit no layout.
         DuplicateRunError: ``out_run`` exists and ``replace`` is false.
     """
     t0 = time.perf_counter()
+    if not 1 <= world <= MAX_RANKS:  # before anything is sized by it
+        msg = f"--world {world} is outside [1, {MAX_RANKS}] (the world-size limit)"
+        raise SliceError(msg)
     con = store.con
     rec_id = store.require_run(run)
     ((kind, source_format),) = con.execute(

@@ -12,7 +12,7 @@ import duckdb
 from prism_trace import __version__, schema
 from prism_trace.errors import PrismError, SchemaVersionError, StoreLockedError
 
-__all__ = ["RunLink", "Store", "open_store"]
+__all__ = ["RunLink", "Store", "open_store", "removed_if_new_and_failed"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,25 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def removed_if_new_and_failed(path: Path) -> Iterator[None]:
+    """Delete the store at ``path`` (and its WAL) when the block fails and the file did not
+    exist before it: a refused ingest into a new path leaves nothing behind. A store that
+    existed is never touched; its transactions already undo a failed write.
+
+    Close the store inside the block, so the file is closed before it is removed.
+    """
+    existed = path.exists() or path.is_symlink()
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            for leftover in (path, path.with_name(path.name + ".wal")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
+        raise
 
 
 def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:

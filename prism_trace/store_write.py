@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import unicodedata
 from datetime import datetime, timezone
 from typing import Any
 
@@ -21,7 +22,15 @@ from prism_trace import schema
 from prism_trace.errors import DuplicateRunError, PrismError
 from prism_trace.store import Store
 
-__all__ = ["RUN_TABLES", "append", "claim_run_name", "drop_run", "new_run", "next_run_id"]
+__all__ = [
+    "RUN_TABLES",
+    "append",
+    "check_run_name",
+    "claim_run_name",
+    "drop_run",
+    "new_run",
+    "next_run_id",
+]
 
 RUN_TABLES = tuple(t.name for t in schema.TABLES if t.name not in ("meta", "run"))
 """The tables whose rows belong to one run (keyed by ``run_id``)."""
@@ -114,6 +123,24 @@ def next_run_id(con: duckdb.DuckDBPyConnection) -> int:
     return int(next_id)
 
 
+def check_run_name(name: str, *, where: str = "run name") -> str:
+    """``name`` if a run may be called so: not blank, and no control characters.
+
+    A blank name cannot be told apart in ``prism info`` or typed back as ``--run``, and a newline
+    or escape in one breaks every one-line message and table that prints it.
+
+    Raises:
+        PrismError: the name is empty or only spaces, or holds a control character.
+    """
+    if not name.strip():
+        msg = f"{where} {name!r}: a run name cannot be blank"
+        raise PrismError(msg)
+    if any(unicodedata.category(ch).startswith("C") for ch in name):
+        msg = f"{where} {name!r}: a run name cannot hold control characters"
+        raise PrismError(msg)
+    return name
+
+
 def claim_run_name(
     store: Store, name: str, *, replace: bool, over: tuple[str, ...] | None = None
 ) -> int | None:
@@ -128,8 +155,10 @@ def claim_run_name(
 
     Raises:
         DuplicateRunError: the name exists and ``replace`` is False.
-        PrismError: the name belongs to a run of a kind not in ``over``.
+        PrismError: the name is not one ``check_run_name`` accepts, or it belongs to a run of a
+            kind not in ``over``.
     """
+    check_run_name(name, where=f"{store.path}: run name")
     old = store.run_id(name)
     if old is None:
         return None

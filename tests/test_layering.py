@@ -113,11 +113,12 @@ def test_the_cli_loads_without_the_analysis_layer() -> None:
     """Every command pays the CLI's imports: `prism ingest` must not import polars, numpy or the
     analyses only to let click list `prism analyze`'s words (``cli/_words.py``), which must
     still be the analysis layer's own."""
-    from prism_trace.analysis import WORDS
+    from prism_trace.analysis import COMPARISONS, WORDS
 
-    from prism_trace.cli._words import ANALYZE_WORDS
+    from prism_trace.cli._words import ANALYZE_WORDS, COMPARE_WORDS
 
     assert ANALYZE_WORDS == WORDS
+    assert tuple(COMPARISONS) == COMPARE_WORDS
     code = (
         "import sys, prism_trace.cli; "
         "print(sorted(m for m in ('polars', 'numpy', 'prism_trace.analysis', 'torch')"

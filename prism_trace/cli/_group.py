@@ -78,7 +78,9 @@ class _Guarded(click.Group):
         except PrismError as exc:
             if ctx.params.get("debug"):
                 raise
-            click.echo(f"error: {str(exc).splitlines()[0] if str(exc) else exc!r}", err=True)
+            # (not one f-string: `!r` would apply to the whole conditional, quoting every message)
+            line = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            click.echo(f"error: {line}", err=True)
             sys.exit(1)
         except Exception as exc:  # the last line of defence: one line, not a traceback
             if ctx.params.get("debug"):

@@ -14,12 +14,18 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import click
 
+from prism_trace.errors import PrismError
+from prism_trace.limits import MAX_RANKS
+
 if TYPE_CHECKING:
     from prism_trace.parallel import ParallelLayout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
+    "WORLD",
+    "WorldSize",
+    "check_run_name_option",
     "config_option",
     "db_argument",
     "declared_layout",
@@ -35,9 +41,19 @@ __all__ = [
 ]
 
 
+def _existing_store(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Refuse a missing ``DB`` before the command opens it: opening a missing file writable
+    would create an empty store, and every command taking ``DB`` works on runs already in one
+    (only `prism ingest --db` creates a store)."""
+    if value is not None and not (value.exists() or value.is_symlink()):
+        msg = f"{value}: no such database"
+        raise PrismError(msg)
+    return value
+
+
 def db_argument() -> Callable[[F], F]:
-    """``DB``: the DuckDB store the command reads or writes."""
-    return click.argument("db", type=click.Path(path_type=Path))
+    """``DB``: the DuckDB store the command reads or writes; it must exist."""
+    return click.argument("db", type=click.Path(path_type=Path), callback=_existing_store)
 
 
 def run_option(help: str, *, required: bool = True) -> Callable[[F], F]:
@@ -45,9 +61,42 @@ def run_option(help: str, *, required: bool = True) -> Callable[[F], F]:
     return click.option("--run", "run_name", required=required, default=None, help=help)
 
 
+def check_run_name_option(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    """A click callback: refuse a run name no run may be stored under, before any store opens.
+
+    The rule is ``store_write.check_run_name``'s, which every writer applies again.
+    """
+    if value is not None:
+        from prism_trace.store_write import check_run_name
+
+        check_run_name(value, where=param.opts[0] if param.opts else "--run")
+    return value
+
+
 def out_run_option(help: str, *, required: bool = True) -> Callable[[F], F]:
-    """``--out-run NAME``: the run the command writes."""
-    return click.option("--out-run", required=required, default=None, help=help)
+    """``--out-run NAME``: the run the command writes (a name ``check_run_name`` accepts)."""
+    return click.option(
+        "--out-run", required=required, default=None, help=help, callback=check_run_name_option
+    )
+
+
+class WorldSize(click.ParamType):
+    """A world size in ``[1, MAX_RANKS]``: refused while parsing, before anything is sized by it
+    (a world of 10**12 ranks would otherwise be allocated, rank by rank)."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """``value`` as an int in range, or one usage-error line."""
+        n = value if isinstance(value, int) else click.INT.convert(value, param, ctx)
+        if not 1 <= n <= MAX_RANKS:
+            self.fail(f"{n} is outside [1, {MAX_RANKS}] (the world-size limit)", param, ctx)
+        return n
+
+
+WORLD = WorldSize()
 
 
 def replace_option(help: str = "Overwrite an existing run of that name.") -> Callable[[F], F]:
@@ -98,8 +147,15 @@ def layout_options(help: str) -> Callable[[F], F]:
 
 
 def declared_layout(spec: str | None, order: str | None) -> ParallelLayout | None:
-    """The layout ``--layout``/``--order`` declare, or None when ``--layout`` is not given."""
+    """The layout ``--layout``/``--order`` declare, or None when ``--layout`` is not given.
+
+    Raises:
+        PrismError: ``--order`` without ``--layout`` (it would be silently ignored).
+    """
     if spec is None:
+        if order is not None:
+            msg = "--order goes with --layout (it orders the axes --layout sizes)"
+            raise PrismError(msg)
         return None
     from prism_trace.parallel import ParallelLayout  # here: `prism --help` stays fast
 

@@ -20,3 +20,6 @@ ANALYZE_WORDS: tuple[str, ...] = (
     "diff",
 )
 """Every `prism analyze` word of the analysis layer (``prism_trace.analysis.WORDS``)."""
+
+COMPARE_WORDS: tuple[str, ...] = ("diff",)
+"""The words that read ``--compare OTHER`` (``prism_trace.analysis.COMPARISONS``)."""

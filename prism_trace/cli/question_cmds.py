@@ -10,7 +10,8 @@ import click
 
 from prism_trace.cli._group import RANKS, _one_line_errors, main
 from prism_trace.cli._options import db_argument, json_option, max_rows_option, run_option
-from prism_trace.cli._words import ANALYZE_WORDS
+from prism_trace.cli._words import ANALYZE_WORDS, COMPARE_WORDS
+from prism_trace.errors import PrismError
 
 _EMPTY_WHY = {
     "idle": " (idle time is per device stream: the selected ranks have no kernels)",
@@ -103,6 +104,9 @@ def analyze_cmd(
 
     ranks = ranks_text
     empty: list[str] = []
+    if compare is not None and what not in COMPARE_WORDS:  # it would be silently ignored
+        msg = f"--compare goes with {', '.join(COMPARE_WORDS)}; `{what}` reads one run"
+        raise PrismError(msg)
     if what == "slowdown":
         from prism_trace.replay.slowdown import slowdown
 

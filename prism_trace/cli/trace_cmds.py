@@ -12,6 +12,8 @@ import click
 
 from prism_trace.cli._group import RANKS, _one_line_errors, main
 from prism_trace.cli._options import (
+    WORLD,
+    check_run_name_option,
     db_argument,
     declared_layout,
     echo_report,
@@ -29,7 +31,13 @@ from prism_trace.errors import PrismError
 @main.command("ingest")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--db", required=True, type=click.Path(path_type=Path), help="DuckDB store.")
-@click.option("--run", "run_name", default=None, help="Run name (default: the first path's name).")
+@click.option(
+    "--run",
+    "run_name",
+    default=None,
+    callback=check_run_name_option,
+    help="Run name (default: the first path's name).",
+)
 @click.option(
     "--format",
     "fmt",
@@ -94,15 +102,22 @@ def ingest_cmd(
     from prism_trace.ingest_memory import ingest_memory_limit
     from prism_trace.ingest_parts import preforked
     from prism_trace.layout import declare_layout_of_new_run
-    from prism_trace.store import open_store
+    from prism_trace.store import open_store, removed_if_new_and_failed
+    from prism_trace.store_write import check_run_name
 
     ingest_memory_limit()  # a bad PRISM_INGEST_MEMORY_LIMIT stops here, before the store opens
     declared = declared_layout(layout_spec, order)
-    name = run_name or paths[0].resolve().name.split(".")[0]
+    name = run_name or check_run_name(
+        paths[0].resolve().name.split(".")[0], where=f"{paths[0]}: the run name from its name"
+    )
     given = workers or jobs  # --jobs: the former name
     n = reader_processes(list(paths), format=fmt, workers=given or "auto")  # type: ignore[arg-type]
     # The workers are forked before the store is opened: a fork must not copy a DuckDB database.
-    with preforked(n if engine == "local" else 0), open_store(db) as store:
+    with (
+        removed_if_new_and_failed(db),
+        preforked(n if engine == "local" else 0),
+        open_store(db) as store,
+    ):
         report = ingest(
             store,
             list(paths),
@@ -279,7 +294,7 @@ def graph_cmd(
 @db_argument()
 @run_option("Recorded run to slice.")
 @click.option("--layout", required=True, help="Target layout, e.g. tp=8,cp=1,ep=1,dp=128,pp=8.")
-@click.option("--world", type=int, required=True, help="Target world size.")
+@click.option("--world", type=WORLD, required=True, help="Target world size.")
 @click.option("--order", default=None, help="Axis order, fastest first (default tp-cp-ep-dp-pp).")
 @click.option(
     "--from-ranks", type=RANKS, default=None, help="Recorded ranks to take roles from, e.g. 0,3."

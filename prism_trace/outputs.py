@@ -1,0 +1,93 @@
+"""Where a command writes: one rule for output files and folders, and one-line refusals.
+
+The rule every writer follows (`prism query -o`, `prism export ... -o`, `prism report -o`):
+missing parent folders are created; an output *file* must not be an existing folder; an output
+*folder* must be new or empty, so files of an earlier export never mix in. A path that cannot be
+created or written (a read-only or special file system, a parent that is a file) is one
+``PrismError`` naming it, never an ``OSError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from prism_trace.errors import PrismError
+
+__all__ = ["output_dir", "output_file", "write_errors"]
+
+
+def _reason(exc: OSError) -> str:
+    """The OS's words for ``exc`` (``Permission denied``), without the errno and the path."""
+    return exc.strerror or type(exc).__name__
+
+
+@contextlib.contextmanager
+def write_errors(path: Path) -> Iterator[None]:
+    """Writes in this block: an ``OSError`` becomes one line naming ``path``.
+
+    Raises:
+        PrismError: the block raised an ``OSError``.
+    """
+    try:
+        yield
+    except OSError as exc:
+        msg = f"{path}: cannot write: {_reason(exc)}"
+        raise PrismError(msg) from exc
+
+
+def _make_parents(path: Path) -> None:
+    """Create ``path``'s missing parent folders (``mkdir -p``), or fail naming ``path``.
+
+    Raises:
+        PrismError: a parent is a file (named: the OS would only say "File exists"), or a
+            parent cannot be created.
+    """
+    blocker = next((p for p in path.parents if p.exists() or p.is_symlink()), None)
+    if blocker is not None and not blocker.is_dir():
+        msg = f"{path}: cannot write: {blocker} is not a folder"
+        raise PrismError(msg)
+    with write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def output_file(path: Path) -> Path:
+    """``path``, ready to be written as a file: not a folder, its parent folders created.
+
+    Raises:
+        PrismError: ``path`` is a folder, or its parent cannot be created.
+    """
+    if path.is_dir():
+        msg = f"{path}: is a folder; give a file path"
+        raise PrismError(msg)
+    _make_parents(path)
+    return path
+
+
+def output_dir(path: Path, *, create: bool = True, error: type[PrismError] = PrismError) -> Path:
+    """``path`` as a new or empty folder to write an export into, created with its parents.
+
+    Args:
+        path: the folder.
+        create: create it; False only checks, so a command can refuse before its work and
+            create the folder once it has something to write.
+        error: the class of the refusal (an exporter's own ``PrismError`` subclass).
+
+    Raises:
+        PrismError: ``path`` is a file, a folder that is not empty, or cannot be created.
+    """
+    if path.exists() and not path.is_dir():
+        msg = f"{path}: exists and is not a folder; give a new folder"
+        raise error(msg)
+    if path.is_dir():
+        with write_errors(path):
+            first = min((p.name for p in path.iterdir()), default=None)
+        if first is not None:
+            msg = f"{path}: exists and is not empty (holds {first!r}); give a new folder"
+            raise error(msg)
+    if create:
+        _make_parents(path)
+        with write_errors(path):
+            path.mkdir(exist_ok=True)
+    return path
