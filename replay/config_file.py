@@ -135,8 +135,12 @@ def emulation_config_from(
         if notes is not None:
             notes.append(f"{path}: section [{old}] is deprecated; call it [{new}]")
     what_if = data.get("what_if")
-    if isinstance(what_if, str):
-        what_if = [what_if]
+    if isinstance(what_if, str):  # one word where a list was meant: say so, don't guess
+        msg = (
+            f"{path}: what_if must be a list of strings like ['slow-ranks=3@1.2'] or a"
+            f" [what_if] table, got the string {what_if!r}"
+        )
+        raise PrismError(msg)
     kw: dict[str, Any] = {}
     if isinstance(what_if, list):
         if not all(isinstance(w, str) for w in what_if):

@@ -100,6 +100,7 @@ def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_r
     if run != input_run:  # the dp what-if: report against the run the user named
         inputs.parent_run_id = store.require_run(input_run)
         inputs.run = input_run
+    config.check_world(inputs.world_size, input_run)
     if config.what_if.active:
         _apply_what_if(store, inputs, config)
     return inputs
@@ -141,14 +142,33 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     if layout is None:
         msg = f"{store.path}: run {run!r} has no layout to change dp in"
         raise WhatIfError(msg)
+    target = replace(layout, dp=dp)
+    _check_dp_world(run, layout.world_size // layout.dp, dp)
     with temporary_slice(
         store,
         run=source,
-        layout=replace(layout, dp=dp),
+        layout=target,
         from_ranks=from_ranks,
         name=f"_what_if_dp{dp}_{run}",
     ) as tmp:
         yield tmp
+
+
+def _check_dp_world(run: str, per_replica: int, dp: int) -> None:
+    """Refuse a dp what-if whose world passes ``MAX_RANKS``, before the re-slice allocates it
+    (``dp=99999999`` on a 16-rank slice grew to 24 GB before it was killed).
+
+    Raises:
+        WhatIfError: ``per_replica * dp > MAX_RANKS``.
+    """
+    from prism_trace.limits import MAX_RANKS
+
+    if per_replica * dp > MAX_RANKS:
+        msg = (
+            f"what-if dp={dp}: run {run!r} has {per_replica} ranks per replica, so the world"
+            f" would be {per_replica * dp} ranks, past the limit of {MAX_RANKS}"
+        )
+        raise WhatIfError(msg)
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ from prism_trace.replay.vector import (
 )
 from prism_trace.replay.whatif import (
     WhatIfError,
+    check_slow_matches,
     expand_replicas,
     resample_durations,
     slow_factors,
@@ -168,6 +169,7 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
 
     nodes = inputs.nodes
     unit_rank = inputs.unit_rank
+    check_slow_matches(nodes, w.slow, inputs.run)
     extra = np.ones(nodes.height)
     if w.remove_gpu is not None:
         extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
@@ -196,6 +198,9 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     slow = w.slow if inputs.grid is None else tuple(s for s in w.slow if not s.ranks)
     factor = slow_factors(nodes, slow, extra=extra)
     is_comm = nodes["kind"].is_in(_COMM).to_numpy()
+    # the rank-targeted slow-downs the replica vector applies: at most their product per node
+    on_columns = float(np.prod([s.factor for s in w.slow if s not in slow]))
+    _check_scaled(inputs, dur, np.where(is_comm, 1.0, factor) * on_columns)
     if inputs.grid is not None:  # scaled per replica column (replay.vector.scale_replicas)
         inputs.nodes = nodes.with_columns(
             pl.Series("emu_dur", dur),
@@ -207,6 +212,35 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     inputs.nodes = nodes.with_columns(
         pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
     )
+
+
+_MAX_UNIT_NS = 2.0**62
+"""The most nanoseconds a unit's scaled durations may add up to: half of int64's range, leaving
+the other half for the recorded gaps, the transfers and the start time."""
+
+
+def _check_scaled(inputs: _Inputs, dur: np.ndarray, factor: np.ndarray) -> None:
+    """Refuse slow-downs whose scaled durations could overflow int64 ns on this run.
+
+    Each factor is bounded (``whatif.MAX_SLOW_FACTOR``), but a long run times a large factor
+    still overflows: the durations wrapped to -2**63 and the timeline ran backwards. A unit's
+    timeline moves by at most the sum of its scaled durations, so that sum is checked.
+
+    Raises:
+        WhatIfError: a unit whose scaled durations add up past ``_MAX_UNIT_NS``.
+    """
+    if dur.size == 0:
+        return
+    unit = inputs.nodes["unit"].to_numpy().astype(np.int64)
+    total = np.bincount(unit, weights=np.abs(dur.astype(np.float64)) * factor)
+    worst = int(np.argmax(total))
+    if not total[worst] <= _MAX_UNIT_NS:
+        msg = (
+            f"run {inputs.run!r}: the slow-downs make rank {int(inputs.unit_rank[worst])}'s"
+            f" durations add up to {total[worst]:.3g} ns, past what int64 ns can hold"
+            f" ({_MAX_UNIT_NS:.3g}); use smaller factors"
+        )
+        raise WhatIfError(msg)
 
 
 def _failed_column(

@@ -14,8 +14,28 @@ from prism_trace.replay.whatif import (
     WhatIfConfig,
 )
 
+from prism_trace.errors import PrismError
+from prism_trace.limits import MAX_RANKS
+
 if TYPE_CHECKING:
     pass
+
+MAX_SEED = (1 << 63) - 1
+"""The largest seed: seeds are stored in ``run.config_json`` and written back as TOML, whose
+integers are int64; numpy's generators refuse negative seeds."""
+
+
+class EmulationConfigError(PrismError, ValueError):
+    """A value ``EmulationConfig`` refuses (a negative seed, a rank outside the rank limit)."""
+
+
+def check_seed(seed: object, where: str = "seed") -> int:
+    """``seed`` when it is an integer in ``[0, MAX_SEED]``; else a one-line error naming
+    ``where`` (numpy raised a bare ValueError on a negative seed, deep in the variance mode)."""
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        msg = f"{where} must be a whole number in [0, 2**63 - 1], got {seed!r}"
+        raise EmulationConfigError(msg)
+    return seed
 
 
 _COMM = ("collective", "send", "recv")
@@ -89,6 +109,27 @@ class EmulationConfig:
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
     seed: int = 0
     keep_events: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)
+        bad = [r for r in self.keep_events if not 0 <= r < MAX_RANKS]
+        if bad:
+            msg = f"keep_events rank {bad[0]} is outside [0, {MAX_RANKS}) (the rank limit)"
+            raise EmulationConfigError(msg)
+
+    def check_world(self, world_size: int, run: str) -> None:
+        """Refuse ``keep_events`` ranks outside ``run``'s world (they have no events to keep).
+
+        Raises:
+            EmulationConfigError: a rank ``>= world_size``.
+        """
+        bad = [r for r in self.keep_events if r >= world_size]
+        if bad:
+            msg = (
+                f"keep_events rank {bad[0]} is outside the world of {world_size} ranks"
+                f" of run {run!r}"
+            )
+            raise EmulationConfigError(msg)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

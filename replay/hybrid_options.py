@@ -6,9 +6,31 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import polars as pl
+from prism_trace.replay.emulate_types import MAX_SEED
+
+from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
     pass
+
+MAX_PASSES = 1000
+"""The most measured (``iterations``) or warmup passes a replay runs. Each pass replays every
+recorded iteration with real kernels, as long as the recording took; the default is 3, and a
+few dozen already settle the spread. ``--iterations 1000000000`` ran for ever."""
+
+MAX_THREADS = 4096
+"""The most intra-op CPU threads (``torch.set_num_threads``): more than any machine has."""
+
+
+class ReplayOptionsError(PrismError, ValueError):
+    """A value ``KernelReplayOptions`` refuses (one line naming the option)."""
+
+
+def _check_int(value: object, name: str, lo: int, hi: int) -> None:
+    """Refuse ``value`` unless it is a whole number in ``[lo, hi]`` (bools are refused)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        msg = f"{name} must be a whole number in [{lo}, {hi}], got {value!r}"
+        raise ReplayOptionsError(msg)
 
 
 _SPIN_SLEEP_NS = 2_000_000
@@ -22,8 +44,8 @@ class KernelReplayOptions:
 
     Attributes:
         device: ``cpu`` or ``cuda`` (recorded compute devices map to it).
-        iterations: measured passes over the recorded iterations.
-        warmup: passes before those, not measured.
+        iterations: measured passes over the recorded iterations (1 to ``MAX_PASSES``).
+        warmup: passes before those, not measured (0 to ``MAX_PASSES``).
         substitute_recorded: ops that cannot be rebuilt take their recorded duration instead of
             making the replay fail.
         gaps: ``recorded``: spend the recorded host time between ops (framework and Python work
@@ -78,6 +100,14 @@ class KernelReplayOptions:
     wait: Literal["auto", "spin", "sleep"] = "auto"
     together: bool = True
     bare_passes: int = 0
+
+    def __post_init__(self) -> None:
+        _check_int(self.iterations, "iterations", 1, MAX_PASSES)
+        _check_int(self.warmup, "warmup", 0, MAX_PASSES)
+        _check_int(self.bare_passes, "bare_passes", 0, MAX_PASSES)
+        _check_int(self.seed, "seed", 0, MAX_SEED)
+        if self.threads is not None:
+            _check_int(self.threads, "threads", 1, MAX_THREADS)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""

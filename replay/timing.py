@@ -27,6 +27,7 @@ import numpy as np
 from prism_trace.replay.topology import Topology
 
 __all__ = [
+    "MAX_CHUNKS",
     "AlphaBetaTransfer",
     "CollectiveCost",
     "RecordedTransfer",
@@ -506,6 +507,13 @@ class AlphaBetaTransfer:
         return np.where(size >= 0, np.rint(model), query.recorded_ns).astype(np.int64)
 
 
+MAX_CHUNKS = 1024
+"""The most pieces ``chunks`` may split a collective into. Each piece pays every step's latency
+again, so the count multiplies the latency term: ASTRA-sim's configs use 1-64 (4 by default),
+while ``chunks = 1000000000`` made a 0.3 s iteration 15 hours and larger counts overflow int64
+ns. 1024 leaves room for any real splitting."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class TimingConfig:
     """The ``timing`` section of ``EmulationConfig`` (JSON-serialisable).
@@ -520,7 +528,8 @@ class TimingConfig:
         algorithm: all_reduce algorithm: ``auto`` (least modelled time, as NCCL's tuner),
             ``ring`` or ``tree`` (as ``NCCL_ALGO``).
         chunks: ``alpha_beta`` only: collectives run as this many pieces in sequence, each
-            paying the latency (4 matches ASTRA-sim's default system config; docs/network.md).
+            paying the latency (4 matches ASTRA-sim's default system config; docs/network.md);
+            at most ``MAX_CHUNKS``.
         all_to_all: ``alpha_beta`` only: ``pairwise`` (NCCL) or ``ring`` (ASTRA-sim).
         reduction_gbps: ``alpha_beta`` only: a reducing collective also spends
             ``3 (n-1)/n S / reduction_gbps`` ns on its local reduction (`reduction_ns`;
@@ -541,8 +550,10 @@ class TimingConfig:
         if self.algorithm not in ("auto", "ring", "tree"):
             msg = f"timing `algorithm` must be auto, ring or tree, got {self.algorithm!r}"
             raise ValueError(msg)
-        if not isinstance(self.chunks, int) or self.chunks < 1:
-            msg = f"timing `chunks` must be a whole number >= 1, got {self.chunks!r}"
+        if not isinstance(self.chunks, int) or not 1 <= self.chunks <= MAX_CHUNKS:
+            msg = (
+                f"timing `chunks` must be a whole number in [1, {MAX_CHUNKS}], got {self.chunks!r}"
+            )
             raise ValueError(msg)
         if self.all_to_all not in ("pairwise", "ring"):
             msg = f"timing `all_to_all` must be pairwise or ring, got {self.all_to_all!r}"

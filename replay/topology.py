@@ -113,6 +113,22 @@ class Topology:
         if self.per_node < 1:
             msg = f"topology `ranks_per_node` must be >= 1, got {self.ranks_per_node!r}"
             raise ValueError(msg)
+        self._check_scales()
+
+    def _check_scales(self) -> None:
+        """Bound the bandwidth what-ifs as the slow-downs are (``whatif.MAX_SLOW_FACTOR``): a
+        transfer takes ``1 / scale`` as long, and ``bandwidth_scale = 1e-300`` overflowed the
+        int64 ns transfers into garbage (iterations *faster* than the baseline)."""
+        from prism_trace.replay.whatif import MAX_SLOW_FACTOR
+
+        for name in ("bandwidth_scale", "intra_bandwidth_scale", "inter_bandwidth_scale"):
+            v = getattr(self, name)
+            if not 1 / MAX_SLOW_FACTOR <= v <= MAX_SLOW_FACTOR:
+                msg = (
+                    f"topology `{name}` must be in [{1 / MAX_SLOW_FACTOR:g},"
+                    f" {MAX_SLOW_FACTOR:g}], got {v!r}"
+                )
+                raise ValueError(msg)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> Topology:

@@ -29,6 +29,7 @@ What-ifs (``WhatIfConfig``; ``prism emulate --what-if ...``, see ``parse_what_if
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,13 +37,17 @@ import numpy as np
 import polars as pl
 
 from prism_trace.errors import PrismError
+from prism_trace.graph_base import NODE_KINDS
+from prism_trace.limits import MAX_RANKS
 from prism_trace.parallel import AXES, ParallelAxis, ParallelLayout
 
 __all__ = [
+    "MAX_SLOW_FACTOR",
     "Expansion",
     "SlowDown",
     "WhatIfConfig",
     "WhatIfError",
+    "check_slow_matches",
     "expand_replicas",
     "parse_what_if",
     "resample_durations",
@@ -55,6 +60,45 @@ _COMM = ("collective", "send", "recv")
 
 class WhatIfError(PrismError, ValueError):
     """A what-if that cannot apply to the run (bad syntax, a rank outside the world, TP 1)."""
+
+
+MAX_SLOW_FACTOR = 1e6
+"""The largest slow-down factor, and the largest product of the factors that can meet on a node.
+
+Emulated times are int64 nanoseconds (at most 9.2e18 ns, 292 years). A factor of 1e6 makes a
+recorded hour 3.6e18 ns, still inside; a larger one overflows on realistic runs (the durations
+wrapped to -2**63 and ts went negative) and models nothing a what-if asks about: a rank a
+million times slower is a dead one (``remove-gpu``, ``dp=N-1``). The same bound, inverted,
+bounds the bandwidth what-if from below (a transfer takes ``1 / scale`` longer).
+"""
+
+
+def _check_factor(factor: float, what: str) -> float:
+    """``factor`` when it is finite and in ``(0, MAX_SLOW_FACTOR]``; else a one-line error."""
+    if isinstance(factor, bool) or not isinstance(factor, int | float):
+        msg = f"{what} must be a number, got {factor!r}"
+        raise WhatIfError(msg)
+    if not (math.isfinite(factor) and 0 < factor <= MAX_SLOW_FACTOR):
+        msg = f"{what} must be > 0 and <= {MAX_SLOW_FACTOR:g} (finite), got {factor}"
+        raise WhatIfError(msg)
+    return float(factor)
+
+
+def _check_glob(glob: str) -> None:
+    """Refuse a glob whose ``[`` opens no character class (fnmatch would take it literally, so
+    ``slow-ops=[@2`` silently matched nothing); ``[[]`` still matches a literal ``[``."""
+    i = 0
+    while (i := glob.find("[", i)) >= 0:
+        j = i + 1
+        if j < len(glob) and glob[j] in "!^":
+            j += 1
+        if j < len(glob) and glob[j] == "]":
+            j += 1  # a ']' first in a class is a member
+        close = glob.find("]", j)
+        if close < 0:
+            msg = f"slow-ops glob {glob!r} is malformed: '[' at {i} opens no class (no ']')"
+            raise WhatIfError(msg)
+        i = close + 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,11 +120,21 @@ class SlowDown:
     kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.factor > 0:
-            msg = f"slow-down factor must be > 0, got {self.factor}"
-            raise WhatIfError(msg)
+        object.__setattr__(self, "factor", _check_factor(self.factor, "slow-down factor"))
         object.__setattr__(self, "ranks", tuple(int(r) for r in self.ranks))
         object.__setattr__(self, "kinds", tuple(str(k) for k in self.kinds))
+        bad = [r for r in self.ranks if not 0 <= r < MAX_RANKS]
+        if bad:
+            msg = f"slow-down rank {bad[0]} is outside [0, {MAX_RANKS}) (the rank limit)"
+            raise WhatIfError(msg)
+        unknown = [k for k in self.kinds if k not in NODE_KINDS]
+        if unknown:
+            msg = (
+                f"slow-down kind {unknown[0]!r} is not a node kind; kinds: {', '.join(NODE_KINDS)}"
+            )
+            raise WhatIfError(msg)
+        if self.ops is not None:
+            _check_glob(self.ops)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,11 +169,29 @@ class WhatIfConfig:
         if self.variance_mode not in ("iteration", "op"):
             msg = f"variance_mode must be 'iteration' or 'op', got {self.variance_mode!r}"
             raise WhatIfError(msg)
-        if self.dp is not None and self.dp < 1:
-            msg = f"dp must be >= 1, got {self.dp}"
+        if self.dp is not None and not 1 <= self.dp <= MAX_RANKS:
+            msg = f"dp must be >= 1 and <= {MAX_RANKS} (the world-size limit), got {self.dp}"
             raise WhatIfError(msg)
-        if self.bandwidth_scale is not None and not self.bandwidth_scale > 0:
-            msg = f"bandwidth scale must be > 0, got {self.bandwidth_scale}"
+        if self.remove_gpu is not None and not 0 <= self.remove_gpu < MAX_RANKS:
+            msg = f"remove-gpu rank {self.remove_gpu} is outside [0, {MAX_RANKS}) (the rank limit)"
+            raise WhatIfError(msg)
+        if self.bandwidth_scale is not None:
+            b = self.bandwidth_scale
+            if not (isinstance(b, int | float) and math.isfinite(b) and b > 0):
+                msg = f"bandwidth scale must be a finite number > 0, got {b}"
+                raise WhatIfError(msg)
+            if not 1 / MAX_SLOW_FACTOR <= b <= MAX_SLOW_FACTOR:
+                msg = (
+                    f"bandwidth scale must be in [{1 / MAX_SLOW_FACTOR:g}, {MAX_SLOW_FACTOR:g}]"
+                    f" (a transfer 1/scale as long must fit int64 ns), got {b}"
+                )
+                raise WhatIfError(msg)
+        product = math.prod(s.factor for s in slow)
+        if product > MAX_SLOW_FACTOR:
+            msg = (
+                f"the slow-down factors multiply to {product:g} (a node that all of them match"
+                f" takes that much longer); at most {MAX_SLOW_FACTOR:g} (int64 ns)"
+            )
             raise WhatIfError(msg)
 
     @property
@@ -144,16 +216,26 @@ class WhatIfConfig:
 
 
 def _ranks(text: str) -> tuple[int, ...]:
+    """``3,5..7`` as ranks; a rank outside ``[0, MAX_RANKS)`` is refused before a range is
+    expanded (``0..99999999999`` must not build a list of 1e11 ranks)."""
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
             continue
-        if ".." in part:
-            lo, hi = part.split("..", 1)
-            out += range(int(lo), int(hi) + 1)
-        else:
-            out.append(int(part))
+        lo, dots, hi = part.partition("..")
+        ends = (int(lo), int(hi)) if dots else (int(part),)
+        bad = [r for r in ends if not 0 <= r < MAX_RANKS]
+        if bad:
+            msg = f"slow-ranks rank {bad[0]} is outside [0, {MAX_RANKS}) (the rank limit)"
+            raise WhatIfError(msg)
+        if ends[-1] < ends[0]:
+            msg = f"slow-ranks range {part!r} is empty (its end is below its start)"
+            raise WhatIfError(msg)
+        out += range(ends[0], ends[-1] + 1)
+    if not out:
+        msg = f"slow-ranks {text!r} names no rank"
+        raise WhatIfError(msg)
     return tuple(out)
 
 
@@ -162,6 +244,18 @@ _SYNTAX = (
     " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op] | no-stragglers |"
     " no-launch-delay"
 )
+
+
+def _once(kw: dict[str, Any], before: dict[str, Any], raw: str) -> None:
+    """Refuse a what-if given twice with different values (``dp=2`` then ``dp=8``): one would
+    silently win. The slow-downs are exempt: several of them apply in turn (factors multiply)."""
+    for key, value in kw.items():
+        if key in before and before[key] != value:
+            msg = (
+                f"what-if {raw.strip()!r} contradicts an earlier one ({key} = {before[key]!r});"
+                " give each what-if once"
+            )
+            raise WhatIfError(msg)
 
 
 def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
@@ -173,13 +267,14 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
 
     Raises:
         WhatIfError: a word that is not one of these, or a bad value; the message lists the
-            syntax.
+            syntax. The same word twice with different values (not ``slow-*``, which stack).
     """
     slow: list[SlowDown] = []
     kw: dict[str, Any] = {}
     for raw in texts:
         word = raw.strip()
         key, _, value = word.partition("=")
+        before = dict(kw)
         try:
             if key in ("slow-ranks", "slow-ops", "slow-kind"):
                 target, at, factor = value.rpartition("@")
@@ -202,8 +297,7 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
                 kw[key.replace("-", "_")] = True
             elif key == "variance":
                 kw["variance"] = True
-                if value:
-                    kw["variance_mode"] = value
+                kw["variance_mode"] = value or "iteration"
             else:
                 raise ValueError
         except ValueError as exc:
@@ -211,10 +305,29 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
                 raise
             msg = f"cannot read what-if {raw!r}; {_SYNTAX}"
             raise WhatIfError(msg) from None
+        _once(kw, before, raw)
     return WhatIfConfig(slow=tuple(slow), **kw)
 
 
 # -- duration changes ----------------------------------------------------------------------------
+
+
+def _slow_mask(nodes: pl.DataFrame, s: SlowDown) -> np.ndarray:
+    """The nodes ``s`` matches (``rank, name, kind`` per node), as a bool array."""
+    cond = pl.lit(value=True)
+    if not s.ops and not s.kinds:  # a slow rank computes slower; its network is unchanged
+        cond = cond & ~pl.col("kind").is_in(_COMM)
+    if s.ranks:
+        cond = cond & pl.col("rank").is_in(list(s.ranks))
+    if s.ops is not None:
+        # Matched per distinct name in Python: fnmatch.translate's regex (atomic groups since
+        # Python 3.12) is not one polars' regex engine reads.
+        names = nodes["name"].fill_null("").unique().to_list()
+        hit = [n for n in names if fnmatch.fnmatchcase(n, s.ops)]
+        cond = cond & pl.col("name").fill_null("").is_in(hit)
+    if s.kinds:
+        cond = cond & pl.col("kind").is_in(list(s.kinds))
+    return nodes.select(cond.alias("m"))["m"].to_numpy()
 
 
 def slow_factors(
@@ -232,20 +345,32 @@ def slow_factors(
     """
     factor = np.ones(nodes.height) if extra is None else np.asarray(extra, dtype=np.float64).copy()
     for s in slow:
-        cond = pl.lit(value=True)
-        if not s.ops and not s.kinds:  # a slow rank computes slower; its network is unchanged
-            cond = cond & ~pl.col("kind").is_in(_COMM)
-        if s.ranks:
-            cond = cond & pl.col("rank").is_in(list(s.ranks))
-        if s.ops is not None:
-            cond = cond & pl.col("name").fill_null("").str.contains(
-                fnmatch.translate(s.ops).replace(r"\Z", r"\z")
-            )
-        if s.kinds:
-            cond = cond & pl.col("kind").is_in(list(s.kinds))
-        mask = nodes.select(cond.alias("m"))["m"].to_numpy()
-        factor[mask] *= s.factor
+        factor[_slow_mask(nodes, s)] *= s.factor
     return factor
+
+
+def check_slow_matches(nodes: pl.DataFrame, slow: tuple[SlowDown, ...], run: str) -> None:
+    """Refuse a slow-down by op name or node kind that matches no node of ``run``.
+
+    Such a what-if changes nothing, and the emulation would quietly report the baseline as
+    its result (a typo in a glob, a kind the run has none of). Rank-only slow-downs are not
+    checked: their ranks are checked against the world instead.
+
+    Raises:
+        WhatIfError: the first slow-down that matches nothing, as one line.
+    """
+    for s in slow:
+        if (s.ops is not None or s.kinds) and not _slow_mask(nodes, s).any():
+            what = f"glob {s.ops!r}" if s.ops is not None else f"kind {','.join(s.kinds)}"
+            where = f" on ranks {_rank_text(s.ranks)}" if s.ranks else ""
+            msg = f"slow-down {what}{where} matches no node of run {run!r}; nothing would change"
+            raise WhatIfError(msg)
+
+
+def _rank_text(ranks: tuple[int, ...]) -> str:
+    """A short list of ranks for a message."""
+    text = ",".join(str(r) for r in ranks[:8])
+    return text + ",..." if len(ranks) > 8 else text
 
 
 def _op_keys(nodes: pl.DataFrame) -> pl.DataFrame:

@@ -9,6 +9,7 @@ import click
 
 from prism_trace.cli._group import RANKS, _given_flags, _one_line_errors, main
 from prism_trace.cli._options import (
+    WORLD,
     config_option,
     db_argument,
     echo_report,
@@ -271,6 +272,10 @@ def validate_cmd(
         msg = "give --run RUN (or --replayed NAME)"
         raise click.UsageError(msg)
     with open_store(db) as store:
+        if slice_ranks is not None:  # here, not as a note of the slice check under its name
+            from prism_trace.info import require_ranks
+
+            require_ranks(store, run_name, slice_ranks, option="--slice-ranks", recorded=True)
         report = validate_run(
             store,
             run=run_name,
@@ -285,7 +290,7 @@ def validate_cmd(
 @main.command(
     "run", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
 )
-@click.option("--world", "world_size", required=True, type=int, help="Ranks of the emulated job.")
+@click.option("--world", "world_size", required=True, type=WORLD, help="Ranks of the emulated job.")
 @click.option(
     "--ranks", type=RANKS, default="0", show_default=True, help="Ranks to run for real, e.g. 0,1."
 )
