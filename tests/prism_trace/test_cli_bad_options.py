@@ -32,6 +32,15 @@ def prism(*args: object) -> Result:
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+def slice_sample(
+    db: Path, *, out_run: str = "s", layout: str = "tp=2,dp=4,pp=2", world: object = 16
+) -> Result:
+    """`prism slice DB --run sample --layout LAYOUT --world WORLD --out-run OUT_RUN`."""
+    return prism(
+        "slice", db, "--run", "sample", "--layout", layout, "--world", world, "--out-run", out_run
+    )
+
+
 def refused(res: Result, *words: str) -> str:
     """Assert ``res`` is one `error:` line with exit 1 holding ``words``; return the line."""
     assert res.exit_code == 1, res.output
@@ -58,18 +67,7 @@ def runs(db: Path) -> list[str]:
 
 def test_slice_world_above_the_rank_limit_is_refused_while_parsing(db: Path) -> None:
     """Refused before the layout is even compared with it (nothing is sized by it)."""
-    res = prism(
-        "slice",
-        db,
-        "--run",
-        "sample",
-        "--layout",
-        "tp=2,dp=4,pp=2",
-        "--world",
-        HUGE,
-        "--out-run",
-        "huge",
-    )
+    res = slice_sample(db, out_run="huge", world=HUGE)
     assert res.exit_code != 0
     assert f"--world': {HUGE} is outside [1, {MAX_RANKS}]" in res.output
     assert len(res.output.strip().splitlines()) == 1
@@ -102,18 +100,7 @@ def test_run_world_above_the_rank_limit_is_refused() -> None:
         ["validate", "{db}", "--run", "sample"],
         ["graph", "{db}", "--run", "sample"],
         ["emulate", "{db}", "--run", "sample", "--out-run", "e"],
-        [
-            "slice",
-            "{db}",
-            "--run",
-            "sample",
-            "--layout",
-            "tp=2,dp=4,pp=2",
-            "--world",
-            "16",
-            "--out-run",
-            "s",
-        ],
+        ["slice", "{db}", "--run", "sample", "--layout", "tp=2", "--world", "2", "--out-run", "s"],
         ["replay", "{db}", "--run", "sample", "--ranks", "0", "--out-run", "r"],
         ["export", "chakra", "{db}", "--run", "sample", "-o", "{tmp}/et"],
         ["analyze", "{db}", "slowdown", "--run", "sample"],
@@ -158,18 +145,7 @@ def test_refused_ingest_of_a_bad_file_leaves_no_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["", "  ", "a\nb", "tab\there", "esc\x1b[31m"])
 def test_blank_or_control_character_out_run_is_refused(db: Path, name: str) -> None:
-    res = prism(
-        "slice",
-        db,
-        "--run",
-        "sample",
-        "--layout",
-        "tp=2,dp=4,pp=2",
-        "--world",
-        "16",
-        "--out-run",
-        name,
-    )
+    res = slice_sample(db, out_run=name)
     assert res.exit_code == 1, res.output
     assert res.output.startswith("error: ")
     assert "--out-run" in res.output
@@ -255,18 +231,7 @@ def test_export_into_a_non_empty_folder_is_refused(db: Path, tmp_path: Path, wha
 
 @pytest.mark.parametrize("spec", ["tp=2,,dp=4,pp=2", "tp=2,dp=4,pp=2,", ",tp=2"])
 def test_layout_with_an_empty_item_is_refused(db: Path, spec: str) -> None:
-    res = prism(
-        "slice",
-        db,
-        "--run",
-        "sample",
-        "--layout",
-        spec,
-        "--world",
-        "16",
-        "--out-run",
-        "s",
-    )
+    res = slice_sample(db, layout=spec)
     refused(res, "empty item")
     assert runs(db) == ["sample"]
 
