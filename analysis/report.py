@@ -559,7 +559,7 @@ def write_report(
     run_id = _id(store, run)
     if compare is not None:
         _id(store, compare)
-    out = Path(out)
+    out = output_file(Path(out), create=False)  # a bad path is refused before the work
     facts = data.run_facts(store, run_id)
     notes: list[str] = []
     t0 = _t0(store, run_id)

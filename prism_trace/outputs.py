@@ -37,31 +37,37 @@ def write_errors(path: Path) -> Iterator[None]:
         raise PrismError(msg) from exc
 
 
-def _make_parents(path: Path) -> None:
-    """Create ``path``'s missing parent folders (``mkdir -p``), or fail naming ``path``.
+def _check_parents(path: Path) -> None:
+    """Refuse ``path`` when one of its parents is a file (the OS would only say "File exists").
 
     Raises:
-        PrismError: a parent is a file (named: the OS would only say "File exists"), or a
-            parent cannot be created.
+        PrismError: naming ``path`` and the parent that is not a folder.
     """
     blocker = next((p for p in path.parents if p.exists() or p.is_symlink()), None)
     if blocker is not None and not blocker.is_dir():
         msg = f"{path}: cannot write: {blocker} is not a folder"
         raise PrismError(msg)
-    with write_errors(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
 
 
-def output_file(path: Path) -> Path:
+def output_file(path: Path, *, create: bool = True) -> Path:
     """``path``, ready to be written as a file: not a folder, its parent folders created.
 
+    Args:
+        path: the file.
+        create: create the missing parent folders (``mkdir -p``); False only checks, so a
+            command whose work takes long (a report) can refuse a bad path before that work,
+            and create nothing when the work fails.
+
     Raises:
-        PrismError: ``path`` is a folder, or its parent cannot be created.
+        PrismError: ``path`` is a folder, a parent is a file, or a parent cannot be created.
     """
     if path.is_dir():
         msg = f"{path}: is a folder; give a file path"
         raise PrismError(msg)
-    _make_parents(path)
+    _check_parents(path)
+    if create:
+        with write_errors(path):
+            path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
 
@@ -86,8 +92,8 @@ def output_dir(path: Path, *, create: bool = True, error: type[PrismError] = Pri
         if first is not None:
             msg = f"{path}: exists and is not empty (holds {first!r}); give a new folder"
             raise error(msg)
+    _check_parents(path)
     if create:
-        _make_parents(path)
         with write_errors(path):
-            path.mkdir(exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True)
     return path

@@ -276,3 +276,23 @@ def test_query_refuses_statements_that_write_files(db: Path, tmp_path: Path, sql
     out = tmp_path / "written"
     refused(prism("query", db, sql.format(out=out)), "read-only", "-o FILE", "export parquet")
     assert not out.exists()
+
+
+def test_report_refuses_a_bad_path_before_building(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder given as `-o` is refused before the report's work (seconds on a large run),
+    and no parent folder is made for a report that is not written."""
+    import prism_trace.analysis.report as report
+
+    def never(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("the report was built before its path was checked")
+
+    monkeypatch.setattr(report, "_timeline", never)
+    refused(prism("report", db, "--run", "sample", "-o", tmp_path), "is a folder")
+    monkeypatch.undo()
+    bad = tmp_path / "new" / "r.html"
+    monkeypatch.setattr(report, "_memory", never)
+    res = prism("report", db, "--run", "sample", "-o", bad)
+    assert res.exit_code != 0
+    assert not bad.parent.exists()
