@@ -129,7 +129,7 @@ def _read(path: Path, doc: dict[str, Any], nodes: list[dict[str, Any]], rank: in
     world_size = _world_size(path, dist_info, groups, coll_rows)
 
     the_rank = _resolve_rank(path, dist_info, groups, comm_ranks, world_size, rank)
-    backend = default_backend(dist_info, groups)
+    backend = default_backend(path, dist_info, groups)
     meta = {k: v for k, v in doc.items() if k != "nodes"}
 
     tables = TraceTables(path=path, format="host_et", world_size=world_size)

@@ -12,7 +12,7 @@ import polars as pl
 from prism_trace.errors import TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.formats.host_et_check import bad_value, node_where
-from prism_trace.limits import MAX_COMM_BYTES, MAX_RANKS, check_count, check_rank
+from prism_trace.limits import MAX_COMM_BYTES, MAX_RANKS, check_count, check_rank, wrong_type
 
 __all__ = [
     "PG_INIT_NAME",
@@ -191,9 +191,20 @@ def _backend_of(config: Any) -> str | None:
     return by_device.get("cuda") or next(iter(by_device.values()), None)
 
 
-def default_backend(dist_info: dict[str, Any], groups: dict[str, dict[str, Any]]) -> str | None:
-    if isinstance(dist_info.get("backend"), str):
-        return str(dist_info["backend"])
+def default_backend(
+    path: Path, dist_info: dict[str, Any], groups: dict[str, dict[str, Any]]
+) -> str | None:
+    """The rank's backend: ``distributedInfo.backend``, else its default group's.
+
+    Raises:
+        TraceFormatError: ``distributedInfo.backend`` is there but not text (the Kineto reader
+            refuses the same).
+    """
+    backend = dist_info.get("backend")
+    if isinstance(backend, str):
+        return backend
+    if backend is not None:
+        raise wrong_type(path, "distributedInfo.backend", backend, "a string")
     default = default_group(groups)
     return default["backend"] if default else None
 

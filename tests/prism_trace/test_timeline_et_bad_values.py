@@ -193,6 +193,13 @@ def test_host_et_bad_process_group_field_in_distributed_info(tmp_path: Path) -> 
     _refused(tmp_path, [_et(tmp_path, doc)], "distributedInfo.pg_config: process group '0'")
 
 
+@pytest.mark.usefixtures("base_is_valid")
+def test_host_et_backend_that_is_not_text(tmp_path: Path) -> None:
+    doc = _doc(_rpc())
+    doc["distributedInfo"] = {"backend": 5}
+    _refused(tmp_path, [_et(tmp_path, doc)], "distributedInfo.backend is int 5")
+
+
 _HUGE = [1, 2, 0, 10**19, 4, "cuda:0"]  # 4e19 bytes: past BIGINT
 
 
