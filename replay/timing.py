@@ -26,6 +26,8 @@ from typing import Literal, Protocol
 import numpy as np
 from prism_trace.replay.topology import Topology
 
+from prism_trace.errors import PrismError
+
 __all__ = [
     "MAX_CHUNKS",
     "AlphaBetaTransfer",
@@ -427,7 +429,39 @@ def _ratio_scaled(
         unknown = lat + (unknown - lat) / s_eff
     out = np.where(same, recorded, np.where(known, scaled, unknown))  # something recorded
     out = np.where(has, out, np.where(size >= 0, new, recorded))  # nothing: the pure model
-    return np.rint(out).astype(np.int64)
+    return _as_ns(out, topology)
+
+
+_MAX_TRANSFER_NS = 2.0**61
+"""The longest transfer the models may give, ns (73 years): an eighth of int64's range, so the
+transfers of a whole iteration still add up inside it beside the recorded durations."""
+
+
+class TransferOverflowError(PrismError, ValueError):
+    """The network model gives a transfer no int64 ns can hold (an absurd bandwidth)."""
+
+
+def _as_ns(times: np.ndarray, topology: Topology) -> np.ndarray:
+    """Modelled transfer times as int64 ns, refused when any is not finite or too long.
+
+    ``astype(np.int64)`` of 1e300 gives -2**63 without a word: a topology of 1e-300 GB/s made
+    every transfer wrap, and the emulated iterations came out *shorter* than the recorded ones.
+
+    Raises:
+        TransferOverflowError: naming the longest transfer and the bandwidths in force.
+    """
+    times = np.asarray(times, dtype=np.float64)
+    bad = ~np.isfinite(times) | (np.abs(times) > _MAX_TRANSFER_NS)
+    if bad.any():
+        worst = float(np.nanmax(np.where(np.isnan(times), np.inf, np.abs(times))))
+        msg = (
+            f"the network model gives a transfer of {worst:.3g} ns, past {_MAX_TRANSFER_NS:.3g}"
+            f" (bandwidth {topology.intra_bytes_per_ns:.3g} B/ns in a node,"
+            f" {topology.inter_bytes_per_ns:.3g} B/ns across nodes): check the topology's"
+            " bandwidths and latencies"
+        )
+        raise TransferOverflowError(msg)
+    return np.rint(times).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -504,7 +538,7 @@ class AlphaBetaTransfer:
         if self.reduction_gbps is not None:
             _, n, *_ = query.shapes(self.topology)
             model = model + reduction_ns(query.kind, size, n, self.reduction_gbps)
-        return np.where(size >= 0, np.rint(model), query.recorded_ns).astype(np.int64)
+        return _as_ns(np.where(size >= 0, model, query.recorded_ns), self.topology)
 
 
 MAX_CHUNKS = 1024

@@ -123,6 +123,11 @@ def test_keep_events_outside_the_world_is_refused(db: Path) -> None:
         ("keep_events = [99]\n", "keep_events rank 99 is outside the world of 16 ranks"),
         ("[timing]\nchunks = 1000000000\n", "`chunks` must be a whole number in [1, 1024]"),
         ("[topology]\nbandwidth_scale = 1e-300\n", "`bandwidth_scale` must be in"),
+        (  # 1e-300 GB/s: the modelled transfers wrapped to -2**63 and the iterations shrank
+            '[timing]\nmodel = "alpha_beta"\n[topology]\nintra_node_gbps = 1e-300\n'
+            "inter_node_gbps = 1e-300\n",
+            "the network model gives a transfer of",
+        ),
     ],
 )
 def test_a_bad_config_file_is_refused(db: Path, tmp_path: Path, text: str, needle: str) -> None:
