@@ -30,6 +30,7 @@ __all__ = [
     "db_argument",
     "declared_layout",
     "echo_report",
+    "existing_store",
     "json_option",
     "layout_options",
     "max_rows_option",
@@ -41,7 +42,7 @@ __all__ = [
 ]
 
 
-def _existing_store(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+def existing_store(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
     """Refuse a missing ``DB`` before the command opens it: opening a missing file writable
     would create an empty store, and every command taking ``DB`` works on runs already in one
     (only `prism ingest --db` creates a store)."""
@@ -53,7 +54,7 @@ def _existing_store(ctx: click.Context, param: click.Parameter, value: Path | No
 
 def db_argument() -> Callable[[F], F]:
     """``DB``: the DuckDB store the command reads or writes; it must exist."""
-    return click.argument("db", type=click.Path(path_type=Path), callback=_existing_store)
+    return click.argument("db", type=click.Path(path_type=Path), callback=existing_store)
 
 
 def run_option(help: str, *, required: bool = True) -> Callable[[F], F]:

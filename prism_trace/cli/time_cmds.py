@@ -13,6 +13,7 @@ from prism_trace.cli._options import (
     config_option,
     db_argument,
     echo_report,
+    existing_store,
     json_option,
     out_run_option,
     partial_option,
@@ -294,7 +295,13 @@ def validate_cmd(
 @click.option(
     "--ranks", type=RANKS, default="0", show_default=True, help="Ranks to run for real, e.g. 0,1."
 )
-@click.option("--db", type=click.Path(path_type=Path), default=None, help="Store with --run.")
+@click.option(
+    "--db",
+    type=click.Path(path_type=Path),
+    default=None,
+    callback=existing_store,
+    help="Store with --run.",
+)
 @run_option("Run whose timing the virtual peers follow.", required=False)
 @click.option("--timeout-s", type=float, default=None, help="Stop every rank after this long.")
 @out_run_option("Store the step times as this replayed run.", required=False)

@@ -296,3 +296,10 @@ def test_report_refuses_a_bad_path_before_building(
     res = prism("report", db, "--run", "sample", "-o", bad)
     assert res.exit_code != 0
     assert not bad.parent.exists()
+
+
+def test_run_with_a_missing_db_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.duckdb"
+    args = ["run", "--world", "2", "--ranks", "0", "--db", missing, "--run", "x", "--"]
+    refused(prism(*args, "python", "-c", "print(1)"), "no such database")
+    assert not missing.exists()
