@@ -20,7 +20,12 @@ import polars as pl
 from prism_trace.replay.emulate_core import _emulate, _Result
 from prism_trace.replay.emulate_frames import _all_iterations, _memory, _recorded_iterations
 from prism_trace.replay.emulate_load import _Inputs
-from prism_trace.replay.emulate_prepare import _apply_what_if, _prepare, _run_layout
+from prism_trace.replay.emulate_prepare import (
+    _apply_what_if,
+    _prepare,
+    _run_layout,
+    check_rank_targets,
+)
 from prism_trace.replay.emulate_types import (
     CompletionConfig,
     EmulationConfig,
@@ -95,7 +100,17 @@ def emulate_in_memory(
 
 
 def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_run: str) -> _Inputs:
-    """``_prepare`` plus the what-ifs; ``run`` may be the temporary re-slice of ``input_run``."""
+    """``_prepare`` plus the what-ifs; ``run`` may be the temporary re-slice of ``input_run``.
+
+    The ranks the config names are checked against the run's world first, so a refused config
+    writes nothing, not even the graph ``_prepare`` builds for a recorded run without one.
+    """
+    if run == input_run:
+        ((world,),) = store.con.execute(
+            "SELECT world_size FROM run WHERE run_id = ?", [store.require_run(run)]
+        ).fetchall()
+        config.check_world(world, input_run)
+        check_rank_targets(config, world, input_run)
     inputs = _prepare(store, run)
     if run != input_run:  # the dp what-if: report against the run the user named
         inputs.parent_run_id = store.require_run(input_run)

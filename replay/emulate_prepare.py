@@ -114,6 +114,18 @@ def _coords(store: Store, run_id: int) -> pl.DataFrame:
     )
 
 
+def check_rank_targets(config: EmulationConfig, world: int, run: str) -> None:
+    """Refuse what-if ranks (``slow-ranks``, ``remove-gpu``) outside ``run``'s world.
+
+    Raises:
+        WhatIfError: the first such rank.
+    """
+    bad = sorted(r for r in config.what_if.rank_targets() if not 0 <= r < world)
+    if bad:
+        msg = f"what-if rank {bad[0]} is outside the world of {world} ranks of run {run!r}"
+        raise WhatIfError(msg)
+
+
 def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> None:
     """Turn ``config.what_if`` into units, durations and group sizes (in place).
 
@@ -123,12 +135,8 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     transfer). See ``replay.whatif``.
     """
     w = config.what_if
-    world = inputs.world_size
     targets = w.rank_targets()
-    bad = sorted(r for r in targets if not 0 <= r < world)
-    if bad:
-        msg = f"what-if rank {bad[0]} is outside the world of {world} ranks of run {inputs.run!r}"
-        raise WhatIfError(msg)
+    check_rank_targets(config, inputs.world_size, inputs.run)
     coords = _coords(store, inputs.run_id)
     layout = None
     dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].fill_null(0).to_list(), strict=True))

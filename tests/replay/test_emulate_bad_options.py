@@ -172,3 +172,20 @@ def test_valid_what_ifs_still_run(db: Path) -> None:
             "SELECT min(e.dur) FROM event e JOIN run r USING (run_id) WHERE r.name LIKE 'ok%'"
         ).fetchall()
     assert low >= 0  # no duration wrapped to -2**63
+
+
+@pytest.mark.parametrize(
+    "extra", [("--keep-events", "99"), ("--what-if", "slow-ranks=99@2")], ids=["keep", "slow"]
+)
+def test_a_refused_emulate_builds_no_graph(
+    tmp_path: Path, sample_template: Path, extra: tuple[str, ...]
+) -> None:
+    """A recorded run without a graph: the config's ranks are checked before the graph is
+    built, so the refusal leaves the store as it was (the graph was written, then refused)."""
+    path = tmp_path / "fresh.duckdb"
+    shutil.copyfile(sample_template, path)
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM graph_node").fetchall() == [(0,)]
+    _refused(path, ["emulate", "--run", "sample", "--out-run", "e", *extra], "outside the world")
+    with duckdb.connect(str(path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM graph_node").fetchall() == [(0,)]
