@@ -22,12 +22,16 @@ from prism_trace.errors import TraceFormatError, TruncatedTraceError
 __all__ = [
     "GZIP_FLOOR_BYTES",
     "GZIP_MAX_RATIO",
+    "INT64_MAX",
+    "INT64_MIN",
     "MAX_COMM_BYTES",
     "MAX_RANKS",
     "BoundedGzip",
     "check_count",
+    "check_int",
     "check_rank",
     "check_regular_file",
+    "check_text",
     "check_world_size",
     "expansion_limit",
     "gzip_errors",
@@ -40,7 +44,11 @@ __all__ = [
 MAX_RANKS = 1 << 20
 """Ranks are in ``[0, MAX_RANKS)`` and a world holds at most ``MAX_RANKS`` ranks."""
 
-MAX_COMM_BYTES = ((1 << 63) - 1) // MAX_RANKS
+INT64_MAX = (1 << 63) - 1
+"""The largest value of a BIGINT column (ids, times in ns, byte counts)."""
+INT64_MIN = -(1 << 63)
+
+MAX_COMM_BYTES = INT64_MAX // MAX_RANKS
 """The most bytes one communication call moves (8 TiB): an all-gather's output, its input times
 its group's size, must still fit a BIGINT for every group size up to ``MAX_RANKS`` (the sizes a
 trace leaves out are filled by multiplying, ``ingest.fill_sizes``, and polars wraps on overflow)."""
@@ -119,6 +127,28 @@ def check_count(path: Path | str, value: Any, where: str, *, limit: int = MAX_RA
         msg = f"{path}: {where} = {short_repr(value)} is not an integer in [1, {limit}]"
         raise TraceFormatError(msg)
     return value
+
+
+def check_int(path: Path | str, value: Any, where: str, lo: int, hi: int, expected: str) -> int:
+    """``value`` as an integer in ``[lo, hi]``, or one line naming ``where`` and ``expected``.
+
+    Raises:
+        TraceFormatError: not an integer (bools, floats and strings are refused) or out of range.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise wrong_type(path, where, value, expected)
+    if not lo <= value <= hi:
+        msg = f"{path}: {where} = {value} is outside [{lo}, {hi}], expected {expected}"
+        raise TraceFormatError(msg)
+    return value
+
+
+def check_text(path: Path | str, value: Any, where: str) -> str | None:
+    """A descriptive string field (a backend, a group's description) or None when absent; any
+    other type is one line naming ``where``, not a value turned into text."""
+    if value is None or isinstance(value, str):
+        return value
+    raise wrong_type(path, where, value, "a string")
 
 
 def check_regular_file(path: Path) -> None:

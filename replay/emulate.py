@@ -115,7 +115,7 @@ def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_r
     if run != input_run:  # the dp what-if: report against the run the user named
         inputs.parent_run_id = store.require_run(input_run)
         inputs.run = input_run
-    config.check_world(inputs.world_size, input_run)
+        config.check_world(inputs.world_size, input_run)  # the re-slice's world
     if config.what_if.active:
         _apply_what_if(store, inputs, config)
     return inputs

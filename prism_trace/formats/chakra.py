@@ -39,7 +39,7 @@ Mapping (one rank per file):
 - Every value a table keeps is checked first, since an attribute may hold any protobuf type: node
   ids and ``tid`` fit a BIGINT, ``comm_dst``/``comm_src`` are ranks, ``comm_size`` is an integer
   byte count (not a string, not a bool), ``comm_tag`` an int32, process-group fields strings; a
-  bad one is one line naming the file, the node and the field (``chakra_records.int_attr``).
+  bad one is one line naming the file, the node and the field (``limits.check_int``).
 
 Files of prism's own export (``GlobalMetadata`` ``schema`` ``prism-trace-…``) carry more: a
 group's name is its ``pg_desc`` (``pg_name`` is ASTRA-sim's decimal id), ``prism_kind`` gives the
@@ -76,17 +76,23 @@ from prism_trace.formats.chakra_graph import (
 )
 from prism_trace.formats.chakra_records import (
     GZIP_MAGIC,
-    INT64_MAX,
-    INT64_MIN,
     attrs,
-    int_attr,
     node_label,
     parse,
     records,
     sniff_chakra,
-    text_attr,
 )
-from prism_trace.limits import BoundedGzip, check_rank, check_regular_file, short_repr, wrong_type
+from prism_trace.limits import (
+    INT64_MAX,
+    INT64_MIN,
+    BoundedGzip,
+    check_int,
+    check_rank,
+    check_regular_file,
+    check_text,
+    short_repr,
+    wrong_type,
+)
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -207,7 +213,7 @@ def read_chakra(path: Path, *, rank: int | None = None) -> TraceTables:
             order_deps: list[int] = []
             sync_deps: list[int] = []
             if own:
-                kind = text_attr(path, a.get("prism_kind"), f"{label}: `prism_kind`")
+                kind = check_text(path, a.get("prism_kind"), f"{label}: `prism_kind`")
                 ntype = _OWN_TYPE.get((ntype, kind), ntype)
                 order_deps = _id_list(path, a.get("order_deps"), f"{label}: `order_deps`")
                 sync_deps = _id_list(path, a.get("sync_deps"), f"{label}: `sync_deps`")
@@ -262,7 +268,7 @@ def _track_key(path: Path, a: dict[str, Any], label: str) -> tuple[str, int]:
     tid = a.get("tid")
     if not isinstance(tid, int) or isinstance(tid, bool):
         return ("thread", 0)
-    int_attr(path, tid, f"{label}: `tid`", INT64_MIN, INT64_MAX, "a thread id")
+    check_int(path, tid, f"{label}: `tid`", INT64_MIN, INT64_MAX, "a thread id")
     return ("stream" if a.get("is_cpu_op") is False else "thread", tid)
 
 
@@ -272,4 +278,4 @@ def _id_list(path: Path, value: Any, where: str) -> list[int]:
         return []
     if not isinstance(value, list):
         raise wrong_type(path, where, value, "a list of node ids")
-    return [int_attr(path, d, where, 0, INT64_MAX, "a list of node ids") for d in value]
+    return [check_int(path, d, where, 0, INT64_MAX, "a list of node ids") for d in value]

@@ -21,14 +21,17 @@ import polars as pl
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
-from prism_trace.formats.chakra_records import (
+from prism_trace.formats.chakra_records import comm_bytes, node_label
+from prism_trace.limits import (
     INT64_MAX,
-    comm_bytes,
-    int_attr,
-    node_label,
-    text_attr,
+    MAX_RANKS,
+    check_count,
+    check_int,
+    check_rank,
+    check_text,
+    check_world_size,
+    wrong_type,
 )
-from prism_trace.limits import MAX_RANKS, check_count, check_rank, check_world_size, wrong_type
 
 __all__ = [
     "DEFAULT_GROUP",
@@ -129,7 +132,7 @@ def _pg_members(path: Path, pg: dict[str, Any], name: str) -> list[int]:
 
 def _pg_text(path: Path, pg: dict[str, Any], name: str, key: str) -> str | None:
     """A string field of process group ``name`` (``pg_desc``, ``backend_config``...), or None."""
-    return text_attr(path, pg.get(key), f"process group {name!r}: `{key}`")
+    return check_text(path, pg.get(key), f"process group {name!r}: `{key}`")
 
 
 def _backend(config: str | None) -> str | None:
@@ -347,7 +350,7 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
         label = node_label(nid, g.names[i])
         gname = str(a.get("pg_name") or DEFAULT_GROUP)
         gname = renamed.get(gname, gname)
-        kind = text_attr(path, a.get("prism_comm_kind"), f"{label}: `prism_comm_kind`") or kind
+        kind = check_text(path, a.get("prism_comm_kind"), f"{label}: `prism_comm_kind`") or kind
         grp = group(gname)
         gsize = grp["size"]
         size = comm_bytes(path, a.get("comm_size"), f"{label}: `comm_size`")
@@ -421,7 +424,7 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
     rank_args = {**version, **gm_attrs, "nodes": n, "dropped_deps": dropped}
     pid = gm_attrs.get("pid")
     if pid is not None:
-        pid = int_attr(path, pid, "metadata `pid`", 0, INT64_MAX, "a process id")
+        pid = check_int(path, pid, "metadata `pid`", 0, INT64_MAX, "a process id")
     ranks = pl.DataFrame(
         {
             "rank": [r],
@@ -469,7 +472,7 @@ def _msg_bytes(path: Path, a: dict[str, Any], label: str) -> int | None:
     msg = a.get(PRISM_MSG_ATTR)
     if msg is None:
         return None
-    return int_attr(path, msg, f"{label}: `{PRISM_MSG_ATTR}`", 1, INT64_MAX, "a byte count")
+    return check_int(path, msg, f"{label}: `{PRISM_MSG_ATTR}`", 1, INT64_MAX, "a byte count")
 
 
 _INT32 = 1 << 31
@@ -479,7 +482,7 @@ def _tag(path: Path, tag: Any, label: str) -> int | None:
     """A p2p ``comm_tag``: an integer of the INTEGER column, or None when absent."""
     if tag is None:
         return None
-    return int_attr(path, tag, f"{label}: `comm_tag`", -_INT32, _INT32 - 1, "an int32 tag")
+    return check_int(path, tag, f"{label}: `comm_tag`", -_INT32, _INT32 - 1, "an int32 tag")
 
 
 def _frame(rows: list[dict[str, Any]], r: int) -> pl.DataFrame:

@@ -4,8 +4,9 @@ A Chakra ET file is a varint length followed by a message, again and again: one 
 then ``Node`` messages. The framing is decoded over a buffered stream (no whole-file read).
 
 An attribute may hold any of protobuf's types (a ``comm_size`` as a string, a ``tid`` as a uint64
-above the BIGINT range), so a value the tables keep is checked here first (``int_attr``,
-``comm_bytes``, ``text_attr``): a bad one is one line naming the file, the node and the field.
+above the BIGINT range), so a value the tables keep is checked first (``comm_bytes`` here,
+``limits.check_int`` and ``limits.check_text``): a bad one is one line naming the file, the node
+and the field.
 """
 
 from __future__ import annotations
@@ -22,21 +23,16 @@ from google.protobuf.message import DecodeError
 
 from prism_trace.errors import TraceFormatError, TruncatedTraceError
 from prism_trace.formats import chakra_pb2 as pb
-from prism_trace.limits import MAX_COMM_BYTES, gzip_errors, short_repr, wrong_type
+from prism_trace.limits import MAX_COMM_BYTES, check_int, gzip_errors, short_repr
 
 __all__ = [
     "GZIP_MAGIC",
-    "INT64_MAX",
-    "INT64_MIN",
-    "MAX_COMM_BYTES",
     "attrs",
     "comm_bytes",
-    "int_attr",
     "node_label",
     "parse",
     "records",
     "sniff_chakra",
-    "text_attr",
 ]
 
 _CHUNK = 1 << 22
@@ -45,10 +41,6 @@ _MAX_VARINT_BYTES = 10
 # A node is a few hundred bytes; the largest real one (a process-group init listing every group)
 # a few MB. A record claiming more is corrupt, and buffering it would take that much memory.
 _MAX_RECORD_BYTES = 64 << 20
-
-INT64_MAX = (1 << 63) - 1
-"""The largest value of a BIGINT column (node ids, thread ids, byte counts, pids)."""
-INT64_MIN = -(1 << 63)
 
 
 def _varint(buf: bytes | bytearray, pos: int) -> tuple[int, int] | None:
@@ -212,20 +204,6 @@ def node_label(nid: int, name: str) -> str:
     return f"node {nid} ({short_repr(name)})"
 
 
-def int_attr(path: Path, value: Any, where: str, lo: int, hi: int, expected: str) -> int:
-    """``value`` as an integer in ``[lo, hi]``, or one line naming ``where`` and ``expected``.
-
-    Raises:
-        TraceFormatError: not an integer (bools, floats and strings are refused) or out of range.
-    """
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise wrong_type(path, where, value, expected)
-    if not lo <= value <= hi:
-        msg = f"{path}: {where} = {value} is outside [{lo}, {hi}], expected {expected}"
-        raise TraceFormatError(msg)
-    return value
-
-
 def comm_bytes(path: Path, value: Any, where: str) -> int | None:
     """A ``comm_size`` as a byte count in ``[0, MAX_COMM_BYTES]``; None when absent.
 
@@ -233,11 +211,4 @@ def comm_bytes(path: Path, value: Any, where: str) -> int | None:
     """
     if value is None:
         return None
-    return int_attr(path, value, where, 0, MAX_COMM_BYTES, "a byte count")
-
-
-def text_attr(path: Path, value: Any, where: str) -> str | None:
-    """A string field (or None when absent); any other type is one line naming ``where``."""
-    if value is None or isinstance(value, str):
-        return value
-    raise wrong_type(path, where, value, "a string")
+    return check_int(path, value, where, 0, MAX_COMM_BYTES, "a byte count")

@@ -12,7 +12,7 @@ import polars as pl
 from prism_trace.errors import TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.formats.host_et_check import bad_value, node_where
-from prism_trace.limits import MAX_COMM_BYTES, MAX_RANKS, check_count, check_rank, wrong_type
+from prism_trace.limits import MAX_COMM_BYTES, MAX_RANKS, check_count, check_rank, check_text
 
 __all__ = [
     "PG_INIT_NAME",
@@ -200,11 +200,9 @@ def default_backend(
         TraceFormatError: ``distributedInfo.backend`` is there but not text (the Kineto reader
             refuses the same).
     """
-    backend = dist_info.get("backend")
-    if isinstance(backend, str):
-        return backend
+    backend = check_text(path, dist_info.get("backend"), "distributedInfo.backend")
     if backend is not None:
-        raise wrong_type(path, "distributedInfo.backend", backend, "a string")
+        return backend
     default = default_group(groups)
     return default["backend"] if default else None
 

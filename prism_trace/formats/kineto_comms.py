@@ -16,7 +16,7 @@ from prism_trace.formats.kineto_sql import (
     _dtype_sql,
     _op_kind_sql,
 )
-from prism_trace.limits import check_count, check_rank, wrong_type
+from prism_trace.limits import check_count, check_rank, check_text, wrong_type
 
 
 def _json_list(value: Any) -> Any:
@@ -41,13 +41,6 @@ def _backend_of(config: Any, default: str | None) -> str | None:
 # What a trace's header says of its process groups is checked as its events are: a value the
 # groups' frame cannot hold (a rank past Int32, a size given as text) is one line naming the
 # member, not a crash building the frame; one of the wrong kind is not taken as something else.
-
-
-def _header_text(path: Path, value: Any, where: str) -> str | None:
-    """A descriptive member of the header (a backend, a group's description): text, or absent."""
-    if value is None or isinstance(value, str):
-        return value
-    raise wrong_type(path, where, value, "a string")
 
 
 def _group_name(path: Path, value: Any, where: str) -> str:
@@ -289,7 +282,7 @@ class _CommTables:
     def comm_groups_from_meta(self) -> dict[str, dict[str, Any]]:
         """Groups declared by the trace: ``distributedInfo.pg_config``, then ``prism_groups``."""
         path = self.path
-        backend = _header_text(path, self.info.get("backend"), "distributedInfo.backend")
+        backend = check_text(path, self.info.get("backend"), "distributedInfo.backend")
         groups: dict[str, dict[str, Any]] = {}
         for i, g in enumerate(_json_list(self.meta.get("prism_groups")) or []):
             if isinstance(g, dict) and g.get("name") is not None:
@@ -299,7 +292,7 @@ class _CommTables:
                 size = _group_size(path, g.get("size"), f"{at}.size")
                 groups[name] = {
                     "name": name,
-                    "description": _header_text(path, g.get("desc"), f"{at}.desc"),
+                    "description": check_text(path, g.get("desc"), f"{at}.desc"),
                     "backend": _backend_of(g.get("backend"), backend),
                     "size": len(ranks) if ranks is not None else size,
                     "ranks": ranks,
@@ -314,7 +307,7 @@ class _CommTables:
             name = _group_name(path, g["pg_name"], f"{at}.pg_name")
             ranks = _member_ranks(path, g.get("ranks"), f"{at}.ranks")
             size = _group_size(path, g.get("pg_size"), f"{at}.pg_size")
-            desc = _header_text(path, g.get("pg_desc"), f"{at}.pg_desc")
+            desc = check_text(path, g.get("pg_desc"), f"{at}.pg_desc")
             groups[name] = {
                 "name": name,
                 "description": desc or groups.get(name, {}).get("description"),

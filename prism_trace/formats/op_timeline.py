@@ -65,6 +65,7 @@ import yaml
 from prism_trace.errors import MissingFieldError, TraceFormatError
 from prism_trace.formats.base import TraceTables
 from prism_trace.limits import (
+    INT64_MAX,
     MAX_RANKS,
     check_count,
     check_regular_file,
@@ -89,7 +90,6 @@ _COLUMN_KINDS: dict[str, tuple[type, ...]] = {
     "start_ts": (pl.Float32, pl.Float64, *_INTEGER),
     "duration": (pl.Float32, pl.Float64, *_INTEGER),
 }
-_INT64_MAX = (1 << 63) - 1
 _MAX_SECONDS = 1e6  # an op or a step of more than 11 days is not a training step
 _SECONDS = "seconds in [0, 1e6]"
 _MAX_SIDECAR_BYTES = 64 << 20
@@ -277,7 +277,7 @@ def _check_values(parquet: Path, df: pl.DataFrame) -> None:
         ),
         # Optional ids kept in `args`: an unsigned value past int64 would fail the cast.
         *(
-            (c, pl.col(c) <= _INT64_MAX, "an integer below 2^63")
+            (c, pl.col(c) <= INT64_MAX, "an integer below 2^63")
             for c in _ARG_COLUMNS
             if c in df.columns
         ),
