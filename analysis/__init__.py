@@ -29,7 +29,7 @@ from prism_trace.analysis.stragglers import (
 from prism_trace.analysis.views import load_views, names_in
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 __all__ = [
     "ANALYSES",

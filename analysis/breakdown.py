@@ -14,7 +14,7 @@ import polars as pl
 from prism_trace.analysis.views import run_view
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 __all__ = ["WINDOWS", "Window", "idle", "kernels", "overlap", "temporal"]
 

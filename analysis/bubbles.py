@@ -12,7 +12,7 @@ from typing import Literal
 import polars as pl
 from prism_trace.analysis.views import run_view
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 __all__ = ["bubble_summary", "bubbles"]
 

@@ -34,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 __all__ = [
     "PATH_COLUMNS",

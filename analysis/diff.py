@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 __all__ = ["RunDiff", "run_diff"]
 

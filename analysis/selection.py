@@ -8,7 +8,7 @@ whole run's numbers.
 from __future__ import annotations
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 __all__ = ["check_selection", "describe_selection", "exemplar_hint"]
 

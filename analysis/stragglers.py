@@ -9,7 +9,7 @@ from __future__ import annotations
 import polars as pl
 from prism_trace.analysis.views import run_view
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 __all__ = ["collective_skew", "collective_waits", "rank_step_waits", "skew", "straggler_ops"]
 

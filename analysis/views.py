@@ -27,7 +27,7 @@ import duckdb
 import polars as pl
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable

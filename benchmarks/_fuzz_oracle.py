@@ -208,7 +208,7 @@ def _chakra_pb() -> Any:
     try:
         from chakra.schema.protobuf import et_def_pb2 as pb  # upstream's, when installed
     except ImportError:  # pragma: no cover - mlc-chakra is a dev dependency
-        from prism_trace.formats import chakra_pb2 as pb
+        from prism_trace.formats.chakra import chakra_pb2 as pb
     return pb
 
 

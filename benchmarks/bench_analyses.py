@@ -29,8 +29,8 @@ from prism_trace.analysis import (
 )
 from prism_trace.replay import emulate_run
 
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 SETS = {
     "st": "megatron-straggler-st-8rank",

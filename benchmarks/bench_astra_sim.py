@@ -110,7 +110,7 @@ def pct(a: float, b: float) -> str:
 def micro(binary: Path, store, tmp: Path) -> tuple[str, list[float], list[float]]:
     from prism_trace.replay import EmulationConfig, TimingConfig, emulate_run
 
-    from prism_trace.ingest import ingest
+    from prism_trace.ingest.pipeline import ingest
 
     head = (
         "| collective | NPUs | ASTRA-sim (ns) | prism alpha_beta, plain (ns) | diff |"
@@ -143,11 +143,11 @@ def micro(binary: Path, store, tmp: Path) -> tuple[str, list[float], list[float]
 def st_slice(binary: Path, store, tmp: Path) -> str:
     from prism_trace.replay import emulate_run
 
-    from prism_trace.export import export_chakra
-    from prism_trace.graph import build_graph
-    from prism_trace.ingest import ingest
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
+    from prism_trace.export.chakra.writer import export_chakra
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
 
     ingest(store, [dataset("megatron-straggler-st-8rank")], run="st", progress=False)
     slice_run(store, run="st", layout=ParallelLayout.parse("dp=16,pp=4"), world=64, out_run="s64")
@@ -196,7 +196,7 @@ def main() -> None:
     if not args.astra_sim.is_file():
         raise SystemExit(f"{args.astra_sim}: ASTRA-sim not found (pass --astra-sim)")
 
-    from prism_trace.store import open_store
+    from prism_trace.store.connection import open_store
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -44,12 +44,12 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.replay.calibrate import calibrate_run, collective_samples
-    from prism_trace.replay.timing import ScaledTransfer, TransferQuery, collective_cost
-    from prism_trace.replay.topology import Topology
+    from prism_trace.replay.model.calibrate import calibrate_run, collective_samples
+    from prism_trace.replay.model.timing import ScaledTransfer, TransferQuery, collective_cost
+    from prism_trace.replay.model.topology import Topology
 
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     head = ("run", "link", "kind", "alpha us/step", "busbw GB/s", "points", "inst")
     fits = [(*head, "med|rel|", "R^2", "source")]

@@ -39,11 +39,11 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.replay.drawcheck import check_draws
+    from prism_trace.replay.validate.draws import check_draws
 
-    from prism_trace.graph import build_graph
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "d.duckdb") as store:

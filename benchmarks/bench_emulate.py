@@ -53,15 +53,15 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.replay.emulate import emulate_run
-    from prism_trace.replay.emulate_types import EmulationConfig
-    from prism_trace.replay.whatif import parse_what_if
+    from prism_trace.replay.emulate.config import EmulationConfig
+    from prism_trace.replay.emulate.driver import emulate_run
+    from prism_trace.replay.whatif.config import parse_what_if
 
-    from prism_trace.graph import build_graph
-    from prism_trace.ingest import ingest
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
-    from prism_trace.store import open_store
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
+    from prism_trace.store.connection import open_store
 
     gen_s = None
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "b.duckdb") as store:

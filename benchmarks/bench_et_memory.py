@@ -88,7 +88,7 @@ def _naive_peak(ops: pl.DataFrame) -> int:
     """The earlier last-use prototype: one life per (storage_id, device), from its first output
     (or the start, if first read) to its last use, size the largest (offset + numel) * elem_bytes;
     residents left out (CPU convention). No recycled-id split, no nested-op care."""
-    from prism_trace.replay.kernels_schema import _is_ref
+    from prism_trace.replay.kernels.schema import _is_ref
 
     first: dict[tuple[int, str], int] = {}
     last: dict[tuple[int, str], int] = {}
@@ -120,12 +120,12 @@ def _naive_peak(ops: pl.DataFrame) -> int:
 
 def bench_sample(tmp: Path) -> tuple[str, list[str]]:
     """The sample: derived vs recorded, per rank."""
-    from prism_trace.replay.emulate import emulate_in_memory
-    from prism_trace.replay.emulate_frames import rank_peaks
-    from prism_trace.replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
+    from prism_trace.replay.emulate.driver import emulate_in_memory
+    from prism_trace.replay.emulate.frames import rank_peaks
+    from prism_trace.replay.memory.host_et import lifetime_events, rank_et_ops, storage_lifetimes
 
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     header = (
         "rank",
@@ -210,12 +210,12 @@ def bench_sample(tmp: Path) -> tuple[str, list[str]]:
 
 def bench_dlrm(tmp: Path) -> tuple[str, list[str]]:
     """DLRM: derived cuda peak per rank and the TBE sanity bound."""
-    from prism_trace.replay.emulate import emulate_in_memory
-    from prism_trace.replay.emulate_frames import rank_peaks
-    from prism_trace.replay.et_memory import lifetime_events, rank_et_ops, storage_lifetimes
+    from prism_trace.replay.emulate.driver import emulate_in_memory
+    from prism_trace.replay.emulate.frames import rank_peaks
+    from prism_trace.replay.memory.host_et import lifetime_events, rank_et_ops, storage_lifetimes
 
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     header = (
         "rank",

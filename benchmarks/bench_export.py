@@ -26,11 +26,11 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, default=None, help="Write the files here and keep.")
     args = parser.parse_args()
 
-    from prism_trace.export import export_chakra
-    from prism_trace.ingest import ingest
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
-    from prism_trace.store import open_store
+    from prism_trace.export.chakra.writer import export_chakra
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
+    from prism_trace.store.connection import open_store
 
     with tempfile.TemporaryDirectory() as tmp:
         out = args.keep or Path(tmp) / "et"

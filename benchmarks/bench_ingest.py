@@ -231,7 +231,7 @@ def _floor_child(trace_path: str, out: str, db: str | None = None) -> None:
     """
     import duckdb
 
-    from prism_trace.formats._json_array import split_trace_events
+    from prism_trace.formats.kineto.json_array import split_trace_events
 
     path = Path(trace_path)
     files = sorted(path.glob("*.json*")) if path.is_dir() else [path]

@@ -139,7 +139,7 @@ def _reader_child(out: str, files: list[str]) -> None:
     does (a work database attached per file), the events fetched and dropped."""
     import duckdb
 
-    from prism_trace.formats.kineto import stage_kineto
+    from prism_trace.formats.kineto.reader import stage_kineto
 
     con = duckdb.connect()
     events = 0
@@ -168,7 +168,7 @@ def _batch_child(out: str, files: list[str]) -> None:
     reader (it would be measuring that one)."""
     import duckdb
 
-    from prism_trace.formats.kineto_batch import BATCH_FILES, try_read_kineto_batch
+    from prism_trace.formats.kineto.batch import BATCH_FILES, try_read_kineto_batch
 
     con = duckdb.connect()
     events = 0
@@ -205,7 +205,7 @@ def _ingest_forced_child(where: str, argv: list[str]) -> None:
     (``memory``) whatever the trace's size (``ingest_memory.works_on_disk``): the two sides of
     that rule, at the same memory limit. ``argv``: the ``prism`` arguments."""
     import prism_trace.cli
-    import prism_trace.ingest_memory as im
+    import prism_trace.ingest.memory as im
 
     on_disk = where == "disk"
     im.works_on_disk = lambda *_: on_disk  # type: ignore[assignment]
@@ -232,9 +232,9 @@ def _load_child(out: str, path: str, db: str) -> None:
     pays to check and store the records of the file before it models one event."""
     import duckdb
 
-    from prism_trace.formats._json_array import split_trace_events
-    from prism_trace.formats.kineto import _Reader, _resolve_rank
-    from prism_trace.ingest_memory import ingest_memory_limit
+    from prism_trace.formats.kineto.json_array import split_trace_events
+    from prism_trace.formats.kineto.reader import _Reader, _resolve_rank
+    from prism_trace.ingest.memory import ingest_memory_limit
 
     Path(db).unlink(missing_ok=True)
     with duckdb.connect(db, config={"memory_limit": f"{ingest_memory_limit()}B"}) as con:
@@ -251,8 +251,8 @@ def _check_pass_child(out: str, path: str) -> None:
     would run beside an unchecked typed read. ``scan_s``: the pass alone, without the split."""
     import duckdb
 
-    from prism_trace.formats._json_array import split_trace_events
-    from prism_trace.ingest_memory import ingest_memory_limit
+    from prism_trace.formats.kineto.json_array import split_trace_events
+    from prism_trace.ingest.memory import ingest_memory_limit
 
     with (
         duckdb.connect(config={"memory_limit": f"{ingest_memory_limit()}B"}) as con,
@@ -276,7 +276,7 @@ def _stored_lean_child(out: str, db: str, files: list[str]) -> None:
     buffer with (32 MB fails). Its peak is the least memory a DuckDB store of the set holds."""
     import duckdb
 
-    from prism_trace.formats._json_array import split_trace_events
+    from prism_trace.formats.kineto.json_array import split_trace_events
 
     Path(db).unlink(missing_ok=True)
     with duckdb.connect(db, config={"memory_limit": "64MB", "threads": 1}) as con:
@@ -299,7 +299,7 @@ def _stored_batch_child(out: str, db: str, files: list[str]) -> None:
 
     import duckdb
 
-    from prism_trace.formats._json_array import split_trace_events
+    from prism_trace.formats.kineto.json_array import split_trace_events
 
     Path(db).unlink(missing_ok=True)
     with contextlib.ExitStack() as stack, duckdb.connect(db) as con:
@@ -315,7 +315,7 @@ def same_rows(a: Path, b: Path) -> tuple[bool, int]:
     """Whether two stores hold the same rows in every per-run table; and their event count."""
     import duckdb
 
-    from prism_trace.store_write import RUN_TABLES
+    from prism_trace.store.write import RUN_TABLES
 
     with duckdb.connect(str(a), read_only=True) as x, duckdb.connect(str(b), read_only=True) as y:
         for tbl in RUN_TABLES:
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                 n = None if tool == "wd" else int(tool[1])
                 m = run_prism(prism, ts, work / f"{tool}.duckdb", n, args.timeout)
                 if tool == "wd":  # the plan the default would take now (the load has moved)
-                    from prism_trace.ingest import reader_processes
+                    from prism_trace.ingest.pipeline import reader_processes
 
                     m.extra["plan"] = reader_processes([ts.path])
             print(

@@ -38,17 +38,17 @@ import yaml
 from _common import REPO, SHARED, host_kind, write_note
 from prism_trace.datasets.variants import kineto_variant, two_ranks_of_many
 from prism_trace.replay import CompletionConfig, EmulationConfig, emulate_run
-from prism_trace.replay.validate import validate_run
+from prism_trace.replay.validate.emulated import validate_run
 
-from prism_trace.collectives import match_comms
 from prism_trace.errors import PrismError
-from prism_trace.graph import build_graph
-from prism_trace.ingest import ingest
-from prism_trace.layout import choose_layout, declare_layout
-from prism_trace.parallel import ParallelLayout
-from prism_trace.slicing import slice_run
-from prism_trace.store import open_store
-from prism_trace.symmetry import missing_ranks, symmetric_partners
+from prism_trace.graph.build import build_graph
+from prism_trace.graph.matching import match_comms
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.layout.choice import choose_layout, declare_layout
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.layout.symmetry import missing_ranks, symmetric_partners
+from prism_trace.slicing.slicer import slice_run
+from prism_trace.store.connection import open_store
 
 SAMPLE = REPO / "datasets" / "sample"
 DLRM = SHARED / "param-dlrm-8rank" / "kineto"

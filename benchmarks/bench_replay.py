@@ -53,7 +53,7 @@ def _measure(
     wait: str = "auto",
     pairs: int = 0,
 ) -> dict[str, float]:
-    from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
+    from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
 
     opts = KernelReplayOptions(
         iterations=passes,
@@ -126,8 +126,8 @@ def main() -> None:
     from prism_trace.datasets._model import ModelConfig
     from prism_trace.datasets.generate import JobConfig, generate
 
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     tmp = Path(tempfile.mkdtemp(prefix="prism-replay-bench-"))
     store = open_store(tmp / "b.duckdb")

@@ -58,12 +58,12 @@ def _record_and_replay(
 
     from prism_trace.datasets._model import ModelConfig
     from prism_trace.datasets.generate import JobConfig, generate
-    from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
-    from prism_trace.replay.validate import validate_replayed
+    from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
+    from prism_trace.replay.validate.emulated import validate_replayed
 
-    from prism_trace.graph import build_graph
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     root.mkdir(parents=True, exist_ok=True)
     rec_dir = root / "recording"

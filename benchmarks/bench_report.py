@@ -29,7 +29,7 @@ def render_seconds(html: Path, profile: Path) -> float | None:
     """Seconds from navigation until every plotly graph of ``html`` is drawn, or None."""
     try:
         from playwright.sync_api import sync_playwright
-        from prism_trace.analysis.report import DRAWN_JS
+        from prism_trace.analysis.report.html import DRAWN_JS
     except ImportError:
         return None
     if not Path(CHROMIUM).exists():
@@ -56,14 +56,14 @@ def main() -> None:
     parser.add_argument("--note", action="store_true", help="Write a dated note to results/.")
     args = parser.parse_args()
 
-    from prism_trace.analysis.report import write_report
+    from prism_trace.analysis.report.html import write_report
     from prism_trace.replay import emulate_run
 
-    from prism_trace.export_perfetto import export_perfetto
-    from prism_trace.ingest import ingest
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
-    from prism_trace.store import open_store
+    from prism_trace.export.perfetto import export_perfetto
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
+    from prism_trace.store.connection import open_store
 
     lines = [
         "| run | lanes / world | report MiB | report s | render s | perfetto MiB | export s |",

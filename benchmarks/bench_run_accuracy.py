@@ -96,7 +96,7 @@ def main() -> None:
 
     sys.path.insert(0, str(HERE))
     from _common import host_kind, table, write_note
-    from prism_trace.replay.launch import launch
+    from prism_trace.replay.pg.launch import launch
 
     load_before = os.getloadavg()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-run-"))
@@ -129,10 +129,10 @@ def main() -> None:
         _prism("graph", str(db), "--run", "rec")
         recorded = _steps(rec / "run.json", 0)
         rerecorded = _steps(work / "rec2" / "run.json", 0)
-        from prism_trace.replay.launched_run import write_launched_run
-        from prism_trace.replay.validate import validate_replayed
+        from prism_trace.replay.pg.launched_run import write_launched_run
+        from prism_trace.replay.validate.emulated import validate_replayed
 
-        from prism_trace.store import open_store
+        from prism_trace.store.connection import open_store
 
         results: dict[str, list[tuple[float, float, list[float], list[int], float]]] = {}
         backend_err: list[float] = []

@@ -32,11 +32,11 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.graph import build_graph
-    from prism_trace.ingest import ingest
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
-    from prism_trace.store import open_store
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
+    from prism_trace.store.connection import open_store
 
     st = dataset("megatron-straggler-st-8rank")
     layout = ParallelLayout.parse(f"dp={args.dp},pp=4")

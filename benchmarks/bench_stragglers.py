@@ -31,13 +31,13 @@ from pathlib import Path
 
 import polars as pl
 from _common import dataset, host_kind, table, write_note
-from prism_trace.replay.emulate import emulate_in_memory
-from prism_trace.replay.emulate_types import EmulationConfig
-from prism_trace.replay.slowdown import slowdown
-from prism_trace.replay.whatif import WhatIfConfig
+from prism_trace.replay.emulate.config import EmulationConfig
+from prism_trace.replay.emulate.driver import emulate_in_memory
+from prism_trace.replay.emulate.slowdown import slowdown
+from prism_trace.replay.whatif.config import WhatIfConfig
 
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 
 def _emulated_steps(store: Store, run: str, **what_if: bool) -> dict[int, float]:

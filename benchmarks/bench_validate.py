@@ -48,11 +48,11 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
-    from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig
-    from prism_trace.replay.validate import validate_run
+    from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig
+    from prism_trace.replay.validate.emulated import validate_run
 
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     config = EmulationConfig(completion=CompletionConfig(rule=args.completion))
     header = (

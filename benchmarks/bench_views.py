@@ -22,9 +22,9 @@ from _common import host_kind, write_note
 from prism_trace.analysis import views
 from prism_trace.datasets import SAMPLE
 
-from prism_trace.ingest import ingest
-from prism_trace.parquet import export_parquet, open_parquet
-from prism_trace.store import open_store
+from prism_trace.export.parquet import export_parquet, open_parquet
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import open_store
 
 # The object each reader needs: a plain query of a table, and the view behind each analysis word.
 READERS: dict[str, list[str] | None] = {

@@ -27,8 +27,8 @@ from pathlib import Path
 import polars as pl
 from prism_trace.analysis import ANALYSES, idle, kernels, overlap, temporal
 
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "datasets" / "sample"

@@ -49,9 +49,9 @@ def _prism(path: Path) -> str:
     import polars as pl
     from prism_trace.analysis.critical_path import critical_path_shares, critical_path_summary
 
-    from prism_trace.graph import build_graph
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "c.duckdb") as store:
         ingest(store, [path], run="dlrm", progress=False)

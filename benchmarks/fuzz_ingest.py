@@ -92,7 +92,7 @@ def _varint(n: int) -> bytes:
 
 def _synthetic_chakra(path: Path, *, world: int, nodes: int) -> None:
     """A small Chakra ET of one rank: compute nodes, a collective, forward dependencies."""
-    from prism_trace.formats import chakra_pb2 as pb
+    from prism_trace.formats.chakra import chakra_pb2 as pb
 
     gm = pb.GlobalMetadata(version="0.0.4")
     a = gm.attr.add(name="world_size")
@@ -157,9 +157,9 @@ def _synthetic_op_timeline(folder: Path) -> None:
 
 def _prism_export(op_timeline: Path, out: Path) -> None:
     """Ingest an op timeline and export it with prism's Chakra export (4 files, ``opt.<r>.et``)."""
-    from prism_trace.export import export_chakra
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.export.chakra.writer import export_chakra
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     work = out.with_name(out.name + "-store")
     work.mkdir(parents=True, exist_ok=True)
@@ -502,7 +502,7 @@ def _frame(recs: list[bytes]) -> bytes:
 
 def mutate_chakra(kind: str, payload: bytes, rng: random.Random) -> bytes:
     """A structural mutation of a Chakra ET stream."""
-    from prism_trace.formats import chakra_pb2 as pb
+    from prism_trace.formats.chakra import chakra_pb2 as pb
 
     recs = _records(payload)
     if kind == "record_truncate":
@@ -779,8 +779,8 @@ _RUN_TABLES_SKIP = {"meta", "run", "source_file"}
 
 def store_snapshot(db: Path) -> dict[str, Any]:
     """Row counts of every table and the runs: what a refused ingest must leave as it was."""
-    from prism_trace import schema
-    from prism_trace.store import open_store
+    from prism_trace.store import schema
+    from prism_trace.store.connection import open_store
 
     with open_store(db, read_only=True) as store:
         out: dict[str, Any] = {
@@ -795,8 +795,8 @@ def run_digest(db: Path, run: str, *, strip_key: str | None = None) -> tuple[str
     """A digest of every table of ``run`` (ids, values; not paths or times), and the invariants
     the run breaks. ``strip_key``: hash ``et_op.attrs`` as if that key (a string of x) were not
     there (a host ET keeps the keys of a node it does not map in ``attrs``)."""
-    from prism_trace import schema
-    from prism_trace.store import open_store
+    from prism_trace.store import schema
+    from prism_trace.store.connection import open_store
 
     with open_store(db, read_only=True) as store:
         rid = store.run_id(run)
@@ -966,8 +966,8 @@ def _peak_mb() -> float:
 def run_inproc(files: list[Path], db: Path) -> tuple[str | None, str | None]:
     """Ingest in this process: (refusal message, crash text)."""
     from prism_trace.errors import PrismError
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     try:
         with open_store(db) as store:
@@ -1053,8 +1053,8 @@ class Harness:
     def _make_base(self) -> None:
         """A store already holding a run (another synthetic Chakra job), so that 'unchanged' is
         checked against content."""
-        from prism_trace.ingest import ingest
-        from prism_trace.store import open_store
+        from prism_trace.ingest.pipeline import ingest
+        from prism_trace.store.connection import open_store
 
         src = self.root / "base-run"
         src.mkdir(exist_ok=True)

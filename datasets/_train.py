@@ -17,7 +17,7 @@ from prism_trace.datasets._comm import Comm, CommGroup, Layout, groups_metadata,
 from prism_trace.datasets._model import ModelConfig, Stage, TensorParallel
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from prism_trace.scratch import ram_scratch_dir
+from prism_trace.profiling.scratch import ram_scratch_dir
 
 __all__ = ["ALL_RANKS", "JobConfig", "run_rank"]
 

@@ -8,15 +8,15 @@ torch, imported only when called) and ``validate_replayed`` are the entry points
 
 from __future__ import annotations
 
-from prism_trace.replay.calibrate import calibrate_run
-from prism_trace.replay.emulate import emulate_run
-from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig, EmulationReport
-from prism_trace.replay.emulator import DeadlockError, MissingParticipantError
-from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
-from prism_trace.replay.timing import TimingConfig
-from prism_trace.replay.topology import Topology
-from prism_trace.replay.validate import ValidationReport, validate_replayed, validate_run
-from prism_trace.replay.whatif import WhatIfConfig, parse_what_if
+from prism_trace.replay.des.core import DeadlockError, MissingParticipantError
+from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig, EmulationReport
+from prism_trace.replay.emulate.driver import emulate_run
+from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
+from prism_trace.replay.model.calibrate import calibrate_run
+from prism_trace.replay.model.timing import TimingConfig
+from prism_trace.replay.model.topology import Topology
+from prism_trace.replay.validate.emulated import ValidationReport, validate_replayed, validate_run
+from prism_trace.replay.whatif.config import WhatIfConfig, parse_what_if
 
 __all__ = [
     "CompletionConfig",

@@ -25,11 +25,11 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union
 
-from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig, MemoryConfig
-from prism_trace.replay.hybrid_options import KernelReplayOptions
-from prism_trace.replay.timing import TimingConfig
-from prism_trace.replay.topology import Topology
-from prism_trace.replay.whatif import WhatIfConfig, WhatIfError, parse_what_if
+from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig, MemoryConfig
+from prism_trace.replay.hybrid.options import KernelReplayOptions
+from prism_trace.replay.model.timing import TimingConfig
+from prism_trace.replay.model.topology import Topology
+from prism_trace.replay.whatif.config import WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.errors import PrismError
 

@@ -30,9 +30,9 @@ import polars as pl
 from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
-    from prism_trace.replay.emulate_types import EmulationConfig
+    from prism_trace.replay.emulate.config import EmulationConfig
 
-    from prism_trace.store import Store
+    from prism_trace.store.connection import Store
 
 __all__ = ["PeerCall", "PeerSchedule", "schedules_from_store"]
 
@@ -205,7 +205,7 @@ def schedules_from_store(
     Raises:
         PrismError: a rank that is not in the run's world.
     """
-    from prism_trace.replay.emulate import emulate_in_memory
+    from prism_trace.replay.emulate.driver import emulate_in_memory
 
     res, iters = emulate_in_memory(store, run=run, config=config)
     real = sorted({int(r) for r in (*ranks, *real_ranks)})

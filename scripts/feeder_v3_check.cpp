@@ -7,7 +7,7 @@
 // Not built by the package: it needs feeder_v3's sources (mlcommons/chakra or
 // astra-sim/chakra, src/feeder_v3/) and protobuf. See docs/export.md, "The newer feeder".
 //
-//   protoc --cpp_out=BUILD -I prism_trace/formats prism_trace/formats/et_def.proto
+//   protoc --cpp_out=BUILD -I prism_trace/formats prism_trace/formats/chakra/et_def.proto
 //   g++ -std=c++17 -O1 -I BUILD -I FEEDER_V3 scripts/feeder_v3_check.cpp FEEDER_V3/*.cpp \
 //       BUILD/et_def.pb.cc -lprotobuf -o feeder_v3_check
 //   ./feeder_v3_check DIR/PREFIX.*.et

@@ -17,7 +17,7 @@ import pytest
 from filelock import FileLock
 
 if TYPE_CHECKING:
-    from prism_trace.store import Store
+    from prism_trace.store.connection import Store
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "datasets" / "sample"
@@ -42,8 +42,8 @@ CHAKRA_RESNET = "chakra-et/astrasim_et_examples/resnet50_dp_64npus_text_converte
 
 def ingest_runs(db: Path, runs: dict[str, list[Path]]) -> object:
     """A new store at ``db`` holding each of ``runs`` (name → paths), ingested quietly."""
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
 
     store = open_store(db)
     for name, paths in runs.items():
@@ -77,7 +77,7 @@ def built_once(
 
 def _copy_of(template: Path, tmp_path_factory: pytest.TempPathFactory, name: str) -> object:
     """A writable store of the module's own, copied from a store ingested once per session."""
-    from prism_trace.store import open_store
+    from prism_trace.store.connection import open_store
 
     return open_store(copy_of_template(template, tmp_path_factory, name))
 
@@ -100,10 +100,10 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory, sample_template: Path
 
 def _slice_sample(template: Path, db: Path) -> None:
     """The sample, its graph and three `tp=2,dp=N,pp=2` slices: runs `s4`, `s2048`, `s16384`."""
-    from prism_trace.graph import build_graph
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
-    from prism_trace.store import open_store
+    from prism_trace.graph.build import build_graph
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
+    from prism_trace.store.connection import open_store
 
     shutil.copyfile(template, db)
     with open_store(db) as store:
@@ -161,7 +161,7 @@ def st_emulated_template(tmp_path_factory: pytest.TempPathFactory, shared_datase
 def sample_copy(template: Path, db: Path, run: str = "sample") -> Store:
     """A store at ``db`` holding the sample as ``run``: a copy of ``sample_template`` with the
     run renamed (the name lives in the `run` row only), instead of another 5 s ingest."""
-    from prism_trace.store import open_store
+    from prism_trace.store.connection import open_store
 
     shutil.copyfile(template, db)
     store = open_store(db)

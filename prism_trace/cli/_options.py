@@ -18,7 +18,7 @@ from prism_trace.errors import PrismError
 from prism_trace.limits import MAX_RANKS
 
 if TYPE_CHECKING:
-    from prism_trace.parallel import ParallelLayout
+    from prism_trace.layout.parallel import ParallelLayout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,7 +70,7 @@ def check_run_name_option(
     The rule is ``store_write.check_run_name``'s, which every writer applies again.
     """
     if value is not None:
-        from prism_trace.store_write import check_run_name
+        from prism_trace.store.write import check_run_name
 
         check_run_name(value, where=param.opts[0] if param.opts else "--run")
     return value
@@ -158,7 +158,7 @@ def declared_layout(spec: str | None, order: str | None) -> ParallelLayout | Non
             msg = "--order goes with --layout (it orders the axes --layout sizes)"
             raise PrismError(msg)
         return None
-    from prism_trace.parallel import ParallelLayout  # here: `prism --help` stays fast
+    from prism_trace.layout.parallel import ParallelLayout  # here: `prism --help` stays fast
 
     return ParallelLayout.parse(spec, order)
 

@@ -47,8 +47,8 @@ def export_chakra_cmd(
     as_json: bool,
 ) -> None:
     """One Chakra ET protobuf per rank, `<prefix>.<rank>.et`, streamed (8192 ranks included)."""
-    from prism_trace.export import export_chakra
-    from prism_trace.store import open_store
+    from prism_trace.export.chakra.writer import export_chakra
+    from prism_trace.store.connection import open_store
 
     with open_store(db) as store:
         report = export_chakra(
@@ -81,8 +81,8 @@ def export_chakra_cmd(
 @_one_line_errors
 def export_perfetto_cmd(db: Path, run_name: str, out: Path, ranks_text: list[int] | None) -> None:
     """A Chrome trace JSON that Perfetto and chrome://tracing open, for any run."""
-    from prism_trace.export_perfetto import export_perfetto
-    from prism_trace.store import open_store
+    from prism_trace.export.perfetto import export_perfetto
+    from prism_trace.store.connection import open_store
 
     ranks = ranks_text
     with open_store(db, read_only=True) as store:
@@ -100,8 +100,8 @@ def export_perfetto_cmd(db: Path, run_name: str, out: Path, ranks_text: list[int
 @_one_line_errors
 def export_parquet_cmd(db: Path, runs: tuple[str, ...], out_dir: Path) -> None:
     """Every table as hive-partitioned Parquet, DIR/<table>/rank=<r>/*.parquet (any engine)."""
-    from prism_trace.parquet import export_parquet
-    from prism_trace.store import open_store
+    from prism_trace.export.parquet import export_parquet
+    from prism_trace.store.connection import open_store
 
     with open_store(db, read_only=True) as store:
         report = export_parquet(store, out_dir, runs=list(runs) or None)

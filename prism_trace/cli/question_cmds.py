@@ -100,7 +100,7 @@ def analyze_cmd(
 
     from prism_trace.analysis import analyze, describe_selection
     from prism_trace.analysis.selection import exemplar_hint
-    from prism_trace.store import open_store
+    from prism_trace.store.connection import open_store
 
     ranks = ranks_text
     empty: list[str] = []
@@ -108,7 +108,7 @@ def analyze_cmd(
         msg = f"--compare goes with {', '.join(COMPARE_WORDS)}; `{what}` reads one run"
         raise PrismError(msg)
     if what == "slowdown":
-        from prism_trace.replay.slowdown import slowdown
+        from prism_trace.replay.emulate.slowdown import slowdown
 
         with open_store(db) as store:  # writable: a recorded run gets its graph first
             frames = {what: slowdown(store, run_name, by=by)}
@@ -161,8 +161,8 @@ def analyze_cmd(
 @_one_line_errors
 def report_cmd(db: Path, run_name: str, compare: str | None, out: Path) -> None:
     """A self-contained HTML report: timelines, breakdowns, waits, iteration times, memory."""
-    from prism_trace.analysis.report import write_report
-    from prism_trace.store import open_store
+    from prism_trace.analysis.report.html import write_report
+    from prism_trace.store.connection import open_store
 
     with open_store(db, read_only=True) as store:
         summary = write_report(store, run=run_name, out=out, compare=compare)

@@ -87,8 +87,8 @@ def emulate_cmd(
 
     from prism_trace.replay import EmulationConfig, emulate_run
     from prism_trace.replay.config_file import load_emulation_config
-    from prism_trace.replay.whatif import parse_what_if
-    from prism_trace.store import open_store
+    from prism_trace.replay.whatif.config import parse_what_if
+    from prism_trace.store.connection import open_store
 
     notes: list[str] = []
     config = EmulationConfig() if config_file is None else load_emulation_config(config_file, notes)
@@ -202,9 +202,9 @@ def replay_cmd(
     from dataclasses import replace as with_
 
     from prism_trace.replay.config_file import load_replay_config
-    from prism_trace.replay.emulate_types import EmulationConfig
-    from prism_trace.replay.hybrid import KernelReplayOptions, replay_run
-    from prism_trace.store import open_store
+    from prism_trace.replay.emulate.config import EmulationConfig
+    from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
+    from prism_trace.store.connection import open_store
 
     notes: list[str] = []
     options, config = (
@@ -260,10 +260,10 @@ def validate_cmd(
 ) -> None:
     """Iteration-time error of emulating RUN from all its ranks, and from a slice of them."""
     from prism_trace.replay import validate_run
-    from prism_trace.store import open_store
+    from prism_trace.store.connection import open_store
 
     if replayed is not None:
-        from prism_trace.replay.validate import validate_replayed
+        from prism_trace.replay.validate.emulated import validate_replayed
 
         with open_store(db, read_only=True) as store:
             rv = validate_replayed(store, replayed=replayed)
@@ -274,7 +274,7 @@ def validate_cmd(
         raise click.UsageError(msg)
     with open_store(db) as store:
         if slice_ranks is not None:  # here, not as a note of the slice check under its name
-            from prism_trace.info import require_ranks
+            from prism_trace.query.info import require_ranks
 
             require_ranks(store, run_name, slice_ranks, option="--slice-ranks", recorded=True)
         report = validate_run(
@@ -321,7 +321,7 @@ def run_cmd(
     command: tuple[str, ...],
 ) -> None:
     """Run an unmodified training COMMAND as --ranks of a --world job; the rest are virtual."""
-    from prism_trace.replay.launch import launch
+    from prism_trace.replay.pg.launch import launch
 
     if out_run is not None and (db is None or run_name is None):
         msg = "--out-run needs --db and --run (the replayed run's parent)"
@@ -336,8 +336,8 @@ def run_cmd(
     )
     echo_report(res, as_json, err=not as_json)
     if out_run is not None and res.returncode == 0:
-        from prism_trace.replay.launched_run import write_launched_run
-        from prism_trace.store import open_store
+        from prism_trace.replay.pg.launched_run import write_launched_run
+        from prism_trace.store.connection import open_store
 
         with open_store(db) as store:  # type: ignore[arg-type]
             write_launched_run(

@@ -98,12 +98,12 @@ def ingest_cmd(
     order: str | None,
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
-    from prism_trace.ingest import ingest, reader_processes
-    from prism_trace.ingest_memory import ingest_memory_limit
-    from prism_trace.ingest_parts import preforked
-    from prism_trace.layout import declare_layout_of_new_run
-    from prism_trace.store import open_store, removed_if_new_and_failed
-    from prism_trace.store_write import check_run_name
+    from prism_trace.ingest.memory import ingest_memory_limit
+    from prism_trace.ingest.parts import preforked
+    from prism_trace.ingest.pipeline import ingest, reader_processes
+    from prism_trace.layout.choice import declare_layout_of_new_run
+    from prism_trace.store.connection import open_store, removed_if_new_and_failed
+    from prism_trace.store.write import check_run_name
 
     ingest_memory_limit()  # a bad PRISM_INGEST_MEMORY_LIMIT stops here, before the store opens
     declared = declared_layout(layout_spec, order)
@@ -164,9 +164,9 @@ def info_cmd(
     db: Path, run_name: str | None, ranks: list[int] | None, show_config: bool, as_json: bool
 ) -> None:
     """Runs; with --run, its ranks (classes when sliced or emulated), groups and step times."""
-    from prism_trace.info import describe_run, list_runs, render_run
-    from prism_trace.jsonout import dumps
-    from prism_trace.store import open_store
+    from prism_trace.query.info import describe_run, list_runs, render_run
+    from prism_trace.query.jsonout import dumps
+    from prism_trace.store.connection import open_store
 
     if ranks is not None and run_name is None:
         msg = "--ranks goes with --run"
@@ -198,9 +198,9 @@ def info_cmd(
 
 def _show_config(db: Path, run_name: str, *, as_json: bool) -> None:
     """Print a run's stored resolved config, as TOML for the ``--config`` of its command."""
-    from prism_trace.info import CONFIGURED_BY, stored_config
-    from prism_trace.jsonout import dumps
-    from prism_trace.store import open_store
+    from prism_trace.query.info import CONFIGURED_BY, stored_config
+    from prism_trace.query.jsonout import dumps
+    from prism_trace.store.connection import open_store
 
     with open_store(db, read_only=True) as store:
         kind, config = stored_config(store, run_name)
@@ -242,14 +242,14 @@ def query_cmd(
 ) -> None:
     """Run SQL against DB (read-only), or against a Parquet export, and print or write it."""
     from prism_trace.analysis import load_views, names_in
-    from prism_trace.query import run_query
-    from prism_trace.store import open_store
+    from prism_trace.query.sql import run_query
+    from prism_trace.store.connection import open_store
 
     if len(args) != (1 if parquet else 2):
         msg = "give DB and SQL, or --parquet DIR and SQL"
         raise click.UsageError(msg)
     if parquet:
-        from prism_trace.parquet import open_parquet
+        from prism_trace.export.parquet import open_parquet
 
         opened = open_parquet(parquet)
     else:
@@ -278,8 +278,8 @@ def graph_cmd(
     db: Path, run_name: str, as_json: bool, layout_spec: str | None, order: str | None
 ) -> None:
     """Build the per-rank execution graph of a run and check collectives match across ranks."""
-    from prism_trace.graph_setup import set_up_graph
-    from prism_trace.store import open_store
+    from prism_trace.graph.set_up import set_up_graph
+    from prism_trace.store.connection import open_store
 
     declared = declared_layout(layout_spec, order)
     with open_store(db) as store:
@@ -315,9 +315,9 @@ def slice_cmd(
     as_json: bool,
 ) -> None:
     """Build the full-scale graph of WORLD ranks from the recorded ranks of RUN."""
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
-    from prism_trace.store import open_store
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
+    from prism_trace.store.connection import open_store
 
     with open_store(db) as store:
         report = slice_run(

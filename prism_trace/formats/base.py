@@ -26,9 +26,9 @@ from typing import IO, Literal
 
 import polars as pl
 
-from prism_trace import schema
 from prism_trace.errors import TraceFormatError
 from prism_trace.limits import gzip_errors, open_bounded
+from prism_trace.store import schema
 
 __all__ = [
     "ET_IO_COLUMNS",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_trace.store import Store, open_store
+from prism_trace.store.connection import Store, open_store
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import pytest
 import rawtrace
 from prism_trace.analysis import ANALYSES, idle, kernels, overlap, temporal
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 PARTS = ("compute", "comm", "memory", "other", "idle")
 

@@ -18,7 +18,7 @@ import rawtrace
 from prism_trace.analysis import ANALYSES, bubble_summary, bubbles
 from prism_trace.replay import emulate_run
 
-from prism_trace.store import Store, open_store
+from prism_trace.store.connection import Store, open_store
 
 ST = "megatron-straggler-st-8rank"
 COMPUTE = re.compile(r"-compute$|^optimizer$")
@@ -209,8 +209,8 @@ def test_sample_host_windows_equal_a_plain_sweep(sample_store: Store) -> None:
 @pytest.mark.slow
 def test_emulated_sliced_run_reports_exemplars(sample_store: Store, tmp_path: Path) -> None:
     """An emulated run of a sliced run: class members read their exemplar's events."""
-    from prism_trace.parallel import infer_layout
-    from prism_trace.slicing import slice_run
+    from prism_trace.layout.parallel import infer_layout
+    from prism_trace.slicing.slicer import slice_run
 
     db = tmp_path / "s.duckdb"
     shutil.copy(sample_store.path, db)

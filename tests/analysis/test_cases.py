@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 from prism_trace.analysis import load_views
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 EXPECTED = Path(__file__).resolve().parent / "expected"
 

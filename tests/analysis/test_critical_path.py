@@ -16,7 +16,7 @@ from prism_trace.analysis import critical_path, critical_path_shares, critical_p
 from prism_trace.replay import emulate_run
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store, open_store
+from prism_trace.store.connection import Store, open_store
 
 ST = "megatron-straggler-st-8rank"
 
@@ -99,9 +99,9 @@ def test_st_path_accounts_for_the_iteration(st_store: Store, shared_datasets: Pa
         .sort("path_ns", descending=True)
     )
     assert on_path["stage"][0] == slowest == 3
-    # Under Megatron's dependencies (prism_trace.deps_op_timeline) the path runs the pipeline's
-    # forwards down to the last stage and that stage's backwards: forward-compute leads, as in
-    # StragglerAnalysis's own decomposition of ST (S_t forward 1.087 > backward 1.074).
+    # Under Megatron's dependencies (prism_trace.graph.deps_op_timeline) the path runs the
+    # pipeline's forwards down to the last stage and that stage's backwards: forward-compute leads,
+    # as in StragglerAnalysis's own decomposition of ST (S_t forward 1.087 > backward 1.074).
     shares = critical_path_shares(st_store, "st", by="name")["name"].to_list()
     assert shares[:2] == ["forward-compute", "backward-compute"]
 
@@ -176,7 +176,7 @@ def test_slowing_an_op_on_the_path_moves_the_step(st_store: Store) -> None:
 def test_dlrm_path_crosses_ranks_through_the_all_to_all(derived: Store) -> None:
     """Recorded: a host op blocked in a copy that waited for an all-to-all, whose last arriver
     is another rank. The trace has no event flows: the copy's wait on the NCCL stream is a
-    ``wait`` edge recovered from its ``cudaStreamWaitEvent`` (prism_trace.deps_kineto)."""
+    ``wait`` edge recovered from its ``cudaStreamWaitEvent`` (prism_trace.graph.deps_kineto)."""
     path = critical_path(derived, "dlrm")
     _check_accounting(path)
     assert {"comm-last-arriver", "sync", "launch", "program", "wait"} <= set(path["reason"])

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from prism_trace.analysis import idle, kernels, overlap, temporal
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 pytestmark = [
     pytest.mark.shared_data,

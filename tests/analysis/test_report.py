@@ -15,16 +15,16 @@ from typing import Any
 
 import polars as pl
 import pytest
-from prism_trace.analysis._report_data import lane_quotas, rank_ranges
-from prism_trace.analysis._report_figures import ms_text, time_unit
-from prism_trace.analysis.report import DRAWN_JS, ReportLimits, ReportSummary, write_report
+from prism_trace.analysis.report.data import lane_quotas, rank_ranges
+from prism_trace.analysis.report.figures import ms_text, time_unit
+from prism_trace.analysis.report.html import DRAWN_JS, ReportLimits, ReportSummary, write_report
 from prism_trace.replay import emulate_run
 
 from prism_trace.errors import PrismError
-from prism_trace.ingest import ingest
-from prism_trace.parallel import ParallelLayout
-from prism_trace.slicing import slice_run
-from prism_trace.store import Store, open_store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.slicing.slicer import slice_run
+from prism_trace.store.connection import Store, open_store
 
 # Slow: writes reports and drives a headless browser; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ def test_report_lanes_colours_and_kernels(
 ) -> None:
     """Negative Kineto thread ids read unsigned; comm kernels have their own colour; an
     emulated run's kernels are weighted by class size."""
-    from prism_trace.analysis._report_data import timeline_tracks
+    from prism_trace.analysis.report.data import timeline_tracks
 
     shutil.copyfile(sample_template, tmp_path / "t.duckdb")  # the sample, ingested once per run
     with open_store(tmp_path / "t.duckdb") as s:

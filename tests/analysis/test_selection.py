@@ -21,9 +21,9 @@ from prism_trace.analysis import (
 
 from prism_trace.cli import main
 from prism_trace.errors import PrismError
-from prism_trace.graph import build_graph
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.graph.build import build_graph
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 STEP_S = 1.0
 
@@ -226,8 +226,8 @@ def test_cli_points_at_the_class_exemplar(tmp_path: Path, sample_template: Path)
     """Ranks of an emulated run that store no events: the one line names their exemplars."""
     from prism_trace.replay import emulate_run
 
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
     from tests.conftest import sample_copy
 
     db = tmp_path / "e.duckdb"

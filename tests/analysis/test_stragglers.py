@@ -10,7 +10,7 @@ import pytest
 import rawtrace
 from prism_trace.analysis import collective_skew, collective_waits, skew, straggler_ops
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 
 def _check_invariants(store: Store, run: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 from prism_trace.analysis import views
 
 from prism_trace.errors import PrismError
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "analysis.md"
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from prism_trace import schema
 from prism_trace.cli import main
 from prism_trace.errors import (
     DuplicateRankError,
@@ -23,9 +22,10 @@ from prism_trace.errors import (
     TruncatedTraceError,
     UnknownFormatError,
 )
-from prism_trace.ingest import ingest
-from prism_trace.schema import SCHEMA_VERSION
-from prism_trace.store import open_store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store import schema
+from prism_trace.store.connection import open_store
+from prism_trace.store.schema import SCHEMA_VERSION
 
 pytestmark = pytest.mark.shared_data
 
@@ -175,7 +175,7 @@ def test_replace_keeps_old_run_when_new_input_is_bad(seeded_db: Path, tmp_path: 
 def test_failure_inside_the_write_rolls_back(
     seeded_db: Path, shared_datasets: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import prism_trace.ingest as ingest_mod
+    import prism_trace.ingest.pipeline as ingest_mod
 
     real = ingest_mod.append
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prism_trace.formats import chakra_pb2 as ours
+from prism_trace.formats.chakra import chakra_pb2 as ours
 
 
 def test_bundled_schema_is_mlc_chakras() -> None:
@@ -20,15 +20,15 @@ def test_bundled_schema_is_mlc_chakras() -> None:
 
 def test_core_modules_do_not_import_mlc_chakra() -> None:
     """A core install has no mlc-chakra: the readers and the export use the bundled module."""
-    import prism_trace.export_rules
-    import prism_trace.export_template
-    import prism_trace.export_writer
-    import prism_trace.formats.chakra
+    import prism_trace.export.chakra.members
+    import prism_trace.export.chakra.rules
+    import prism_trace.export.chakra.template
+    import prism_trace.formats.chakra.reader
 
     for mod in (
-        prism_trace.export_rules,
-        prism_trace.export_template,
-        prism_trace.export_writer,
-        prism_trace.formats.chakra,
+        prism_trace.export.chakra.rules,
+        prism_trace.export.chakra.template,
+        prism_trace.export.chakra.members,
+        prism_trace.formats.chakra.reader,
     ):
         assert mod.pb is ours

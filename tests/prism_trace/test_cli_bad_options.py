@@ -75,9 +75,9 @@ def test_slice_world_above_the_rank_limit_is_refused_while_parsing(db: Path) -> 
 
 
 def test_slice_run_refuses_a_world_above_the_rank_limit(db: Path) -> None:
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import SliceError, slice_run
-    from prism_trace.store import open_store
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import SliceError, slice_run
+    from prism_trace.store.connection import open_store
 
     layout = ParallelLayout.parse("tp=2,dp=4,pp=2")
     with open_store(db) as store, pytest.raises(SliceError, match="world-size limit"):
@@ -160,8 +160,8 @@ def test_ingest_empty_run_name_is_refused_not_defaulted(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["", " ", "a\nb", "x\x00"])
 def test_claim_run_name_refuses_blank_and_control_characters(db: Path, name: str) -> None:
-    from prism_trace.store import open_store
-    from prism_trace.store_write import claim_run_name
+    from prism_trace.store.connection import open_store
+    from prism_trace.store.write import claim_run_name
 
     with open_store(db, read_only=True) as store, pytest.raises(PrismError, match="run name"):
         claim_run_name(store, name, replace=False)
@@ -283,7 +283,7 @@ def test_report_refuses_a_bad_path_before_building(
 ) -> None:
     """A folder given as `-o` is refused before the report's work (seconds on a large run),
     and no parent folder is made for a report that is not written."""
-    import prism_trace.analysis.report as report
+    import prism_trace.analysis.report.html as report
 
     def never(*_args: object, **_kwargs: object) -> object:
         raise AssertionError("the report was built before its path was checked")

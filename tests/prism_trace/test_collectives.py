@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from prism_trace.collectives import check_comms, match_comms
 from prism_trace.errors import CollectiveMismatchError
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.graph.matching import check_comms, match_comms
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ import polars as pl
 import pytest
 from prism_trace.datasets.variants import kineto_variant, two_ranks_of_many
 
-from prism_trace.collectives import UNMATCHED, match_comms, settle_order_matching
-from prism_trace.formats.kineto_sql import _op_kind_sql
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.formats.kineto.sql import _op_kind_sql
+from prism_trace.graph.matching import UNMATCHED, match_comms, settle_order_matching
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 
 def _dlrm(shared: Path) -> list[Path]:

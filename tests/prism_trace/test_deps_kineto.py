@@ -10,9 +10,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from prism_trace.graph import build_graph, kineto_graph
-from prism_trace.ingest import ingest
-from prism_trace.store import open_store
+from prism_trace.graph.build import build_graph, kineto_graph
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import open_store
 from tests.prism_trace.test_graph import EV_COLS, empty_comm, frame
 
 
@@ -72,8 +72,8 @@ def test_flows_win_when_the_trace_has_them() -> None:
 
 @pytest.mark.shared_data
 def test_hta_nccl_rank_replays_kernel_starts(shared_datasets: Path, tmp_path: Path) -> None:
-    from prism_trace.replay.emulate import emulate_in_memory
-    from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig
+    from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig
+    from prism_trace.replay.emulate.driver import emulate_in_memory
 
     store = open_store(tmp_path / "h.duckdb")
     ingest(store, [shared_datasets / "hta-nccl-rank0"], run="h", progress=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from prism_trace.deps_op_timeline import op_timeline_edges
+from prism_trace.graph.deps_op_timeline import op_timeline_edges
 
 
 def _nodes(ops: list[tuple[str, int, int]], *, step: int = 1, first_id: int = 0) -> pl.DataFrame:

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from prism_trace.export import export_chakra
-from prism_trace.ingest import ingest
-from prism_trace.parallel import ParallelLayout
-from prism_trace.slicing import slice_run
-from prism_trace.store import Store, open_store
+from prism_trace.export.chakra.writer import export_chakra
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.slicing.slicer import slice_run
+from prism_trace.store.connection import Store, open_store
 from tests.conftest import copy_of_template, sample_copy
 
 # Slow: runs ASTRA-sim; `scripts/test -m "not slow"` leaves it out.
@@ -142,7 +142,7 @@ def test_unsimulated_collectives_are_substituted_and_named(
 ) -> None:
     """REDUCE/GATHER/SCATTER/BARRIER hang this ASTRA-sim: written as simulated kinds, warned."""
     store = sample_copy(sample_template, tmp_path / "k.duckdb", run="k")
-    from prism_trace.graph import build_graph
+    from prism_trace.graph.build import build_graph
 
     build_graph(store, "k")
     # Every instance of four all-reduce groups becomes another kind on all its members.

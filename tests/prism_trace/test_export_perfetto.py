@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from prism_trace.errors import PrismError
-from prism_trace.export_perfetto import PERFETTO_SCHEMA, export_perfetto
-from prism_trace.ingest import ingest
-from prism_trace.parallel import ParallelLayout
-from prism_trace.slicing import slice_run
-from prism_trace.store import Store, open_store
+from prism_trace.export.perfetto import PERFETTO_SCHEMA, export_perfetto
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.slicing.slicer import slice_run
+from prism_trace.store.connection import Store, open_store
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 NASTY = '<script>alert(1)</script> "quotes" \\ \n tab\t é'

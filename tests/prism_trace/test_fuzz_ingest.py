@@ -24,9 +24,9 @@ from click.testing import CliRunner
 
 from prism_trace.cli import main
 from prism_trace.errors import PrismError, TruncatedTraceError
-from prism_trace.ingest import ingest
+from prism_trace.ingest.pipeline import ingest
 from prism_trace.limits import MAX_RANKS
-from prism_trace.store import open_store
+from prism_trace.store.connection import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "datasets" / "sample"
@@ -426,7 +426,7 @@ def test_chakra_corrupt_node_is_refused(tmp_path: Path, fuzz: ModuleType) -> Non
 
 
 def test_chakra_invalid_node_type_is_refused(tmp_path: Path, fuzz: ModuleType) -> None:
-    from prism_trace.formats import chakra_pb2 as pb
+    from prism_trace.formats.chakra import chakra_pb2 as pb
 
     path = _chakra(tmp_path, fuzz)
     recs = fuzz._records(path.read_bytes())
@@ -446,7 +446,7 @@ def test_chakra_huge_record(tmp_path: Path, fuzz: ModuleType) -> None:
 
 def _chakra_rank(path: Path, world: int, nodes: int) -> list[bytes]:
     """A rank's Chakra ET without forward dependencies: compute and all-reduce in turn."""
-    from prism_trace.formats import chakra_pb2 as pb
+    from prism_trace.formats.chakra import chakra_pb2 as pb
 
     gm = pb.GlobalMetadata(version="0.0.4")
     gm.attr.add(name="world_size").int64_val = world
@@ -484,7 +484,7 @@ def test_chakra_rank_cut_short_beside_its_peers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("world", [0, 10**11])
 def test_chakra_bad_world(tmp_path: Path, world: int) -> None:
-    from prism_trace.formats import chakra_pb2 as pb
+    from prism_trace.formats.chakra import chakra_pb2 as pb
 
     fz = _fuzz()
     gm = pb.GlobalMetadata(version="0.0.4")
@@ -571,7 +571,7 @@ def test_op_timeline_bad_meta(tmp_path: Path, fuzz: ModuleType, meta: bytes, nee
 def test_unexpected_error_is_one_line_and_debug_shows_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import prism_trace.ingest as ingest_mod
+    import prism_trace.ingest.pipeline as ingest_mod
 
     def boom(*args: object, **kwargs: object) -> None:
         msg = "a bug"

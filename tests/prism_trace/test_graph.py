@@ -15,9 +15,9 @@ import polars as pl
 import pytest
 
 from prism_trace.errors import PrismError
-from prism_trace.graph import build_graph, chakra_graph, kineto_graph, timeline_graph
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.graph.build import build_graph, chakra_graph, kineto_graph, timeline_graph
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -194,9 +194,10 @@ def test_timeline_dependencies_cross_lanes() -> None:
         for a, b, anchor, d in g.edges.select("src", "dst", "anchor", "delay").iter_rows()
     }
     n = by_event
-    # Megatron's dependencies (prism_trace.deps_op_timeline): the recv feeds the compute, which
-    # starts 3 ns before the recv ends (clock jitter: own delay 0, an overlap); the send follows
-    # the compute; the clip follows the last compute; step 2's clip follows step 1's optimizer.
+    # Megatron's dependencies (prism_trace.graph.deps_op_timeline): the recv feeds the compute,
+    # which starts 3 ns before the recv ends (clock jitter: own delay 0, an overlap); the send
+    # follows the compute; the clip follows the last compute; step 2's clip follows step 1's
+    # optimizer.
     assert edges == {
         (n[0], n[1]): ("end", 0),
         (n[1], n[2]): ("end", 3),

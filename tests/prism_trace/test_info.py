@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from prism_trace.cli import main
-from prism_trace.info import compact_ranks
+from prism_trace.query.info import compact_ranks
 
 
 def _cli(*args: object) -> str:
@@ -20,8 +20,8 @@ def _cli(*args: object) -> str:
 
 @pytest.fixture(scope="module")
 def sliced_db(sample_store: object) -> Path:
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
 
     layout = ParallelLayout.parse("tp=2,dp=2048,pp=2", None)
     slice_run(sample_store, run="sample", layout=layout, world=8192, out_run="big")  # type: ignore[arg-type]

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 
 from prism_trace.errors import TraceFormatError
-from prism_trace.ingest_append import Pending
-from prism_trace.store import open_store
+from prism_trace.ingest.append import Pending
+from prism_trace.store.connection import open_store
 
 
 def _steps(rank: int, iterations: list[int]) -> pl.DataFrame:

@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 from tests.conftest import copy_of_template
 
 # Slow: ingests every shared real trace; `scripts/test -m "not slow"` leaves it out.
@@ -246,7 +246,7 @@ def test_every_set_was_ingested_with_ranks(store: Store) -> None:
 
 
 def test_info_describes_the_run(store: Store) -> None:
-    from prism_trace.info import describe_run
+    from prism_trace.query.info import describe_run
 
     info = describe_run(store, "dlrm")
     assert len(info["ranks"]) == 8

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 _ANNOT = re.compile(r"^prism_comm:(.*)$")

@@ -22,9 +22,9 @@ from prism_trace.errors import (
     TruncatedTraceError,
     UnknownFormatError,
 )
-from prism_trace.formats._json_array import sniff_kineto, split_trace_events
 from prism_trace.formats.base import FRAME_SCHEMAS
-from prism_trace.formats.kineto import rank_from_file_name, read_kineto
+from prism_trace.formats.kineto.json_array import sniff_kineto, split_trace_events
+from prism_trace.formats.kineto.reader import rank_from_file_name, read_kineto
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 DLRM = "param-dlrm-8rank/kineto"
@@ -693,7 +693,7 @@ def test_freeing_work_tables_changes_no_row(
 ) -> None:
     """A large trace frees its work tables as it goes (``_Reader.free``), a small one does not:
     both give the same frames (here the same file read both ways)."""
-    import prism_trace.formats.kineto as kineto
+    import prism_trace.formats.kineto.reader as kineto
 
     path = shared_datasets / HTA
     small = read_kineto(path)
@@ -711,7 +711,7 @@ def test_out_of_memory_fetching_the_events_is_one_line(monkeypatch: pytest.Monke
     import duckdb
 
     from prism_trace.errors import OutOfMemoryError
-    from prism_trace.formats import kineto
+    from prism_trace.formats.kineto import reader as kineto
 
     real = kineto._Reader.events_sql
 

@@ -13,8 +13,8 @@ from polars.testing import assert_frame_equal
 
 from prism_trace.errors import PrismError
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
-from prism_trace.formats.kineto import read_kineto
-from prism_trace.formats.kineto_batch import read_kineto_batch, try_read_kineto_batch
+from prism_trace.formats.kineto.batch import read_kineto_batch, try_read_kineto_batch
+from prism_trace.formats.kineto.reader import read_kineto
 from tests.prism_trace.test_kineto import DLRM, HTA, LINEAR, RESNET, synthetic_events, write_trace
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
@@ -199,10 +199,10 @@ def test_ingest_stores_the_same_rows_batched_or_not(
 
     The host ETs are left out: batching changes only how Kineto files are read, and the ET
     linking reads the stored Kineto rows, so it would add seconds and no case."""
-    from prism_trace.formats import kineto_batch
-    from prism_trace.ingest import ingest
-    from prism_trace.store import open_store
-    from prism_trace.store_write import RUN_TABLES
+    from prism_trace.formats.kineto import batch as kineto_batch
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.store.connection import open_store
+    from prism_trace.store.write import RUN_TABLES
 
     job = tmp_path / "job"
     job.mkdir()

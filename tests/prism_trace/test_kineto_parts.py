@@ -16,10 +16,10 @@ from typing import Any
 import polars as pl
 import pytest
 
-import prism_trace.formats._json_array as json_array
-import prism_trace.formats.kineto as kineto
-from prism_trace.formats._json_array import split_trace_events
-from prism_trace.formats.kineto import read_kineto
+import prism_trace.formats.kineto.json_array as json_array
+import prism_trace.formats.kineto.reader as kineto
+from prism_trace.formats.kineto.json_array import split_trace_events
+from prism_trace.formats.kineto.reader import read_kineto
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample" / "rank1.kineto.json.gz"
 _FRAMES = ("events", "tracks", "flows", "iterations", "memory", "collectives", "p2p", "ranks")

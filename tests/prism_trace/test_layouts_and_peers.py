@@ -18,19 +18,19 @@ import yaml
 from click.testing import CliRunner
 from prism_trace.datasets.variants import kineto_variant
 from prism_trace.replay import CompletionConfig, EmulationConfig, emulate_run
-from prism_trace.replay.emulator import MissingParticipantError
-from prism_trace.replay.validate import validate_run
+from prism_trace.replay.des.core import MissingParticipantError
+from prism_trace.replay.validate.emulated import validate_run
 
 from prism_trace.cli import main
-from prism_trace.collectives import match_comms
-from prism_trace.graph import build_graph
-from prism_trace.info import describe_run
-from prism_trace.ingest import ingest
-from prism_trace.layout import choose_layout, declare_layout
-from prism_trace.parallel import LayoutError, ParallelLayout
-from prism_trace.slicing import SliceError, slice_run
-from prism_trace.store import Store, open_store
-from prism_trace.symmetry import missing_ranks, ranges, symmetric_partners
+from prism_trace.graph.build import build_graph
+from prism_trace.graph.matching import match_comms
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.layout.choice import choose_layout, declare_layout
+from prism_trace.layout.parallel import LayoutError, ParallelLayout
+from prism_trace.layout.symmetry import missing_ranks, ranges, symmetric_partners
+from prism_trace.query.info import describe_run
+from prism_trace.slicing.slicer import SliceError, slice_run
+from prism_trace.store.connection import Store, open_store
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
@@ -254,6 +254,6 @@ def test_two_of_eight_ranks(tmp_path: Path, shared_datasets: Path) -> None:
     ],
 )
 def test_group_descriptions_of_other_frameworks(description: str, axis: str | None) -> None:
-    from prism_trace.parallel import _described_axis
+    from prism_trace.layout.parallel import _described_axis
 
     assert _described_axis(description) == axis

@@ -14,11 +14,11 @@ import polars as pl
 import pytest
 
 from prism_trace.formats.base import FRAME_SCHEMAS
-from prism_trace.formats.host_et import read_host_et
-from prism_trace.link import link_et_to_kineto
+from prism_trace.formats.host_et.reader import read_host_et
+from prism_trace.ingest.link import link_et_to_kineto
 
 try:  # the Kineto reader lands in parallel; the raw loader below stands in until it does
-    from prism_trace.formats.kineto import read_kineto
+    from prism_trace.formats.kineto.reader import read_kineto
 except ImportError:  # pragma: no cover
     read_kineto = None
 
@@ -251,7 +251,7 @@ def test_resnet_pair(shared_datasets: Path) -> None:
 
 
 @pytest.mark.shared_data
-@pytest.mark.skipif(read_kineto is None, reason="prism_trace.formats.kineto not there yet")
+@pytest.mark.skipif(read_kineto is None, reason="prism_trace.formats.kineto.reader not there yet")
 @pytest.mark.parametrize("rank", [0, 5])
 def test_dlrm_pairs_with_kineto_reader(shared_datasets: Path, rank: int) -> None:
     et_path = shared_datasets / DLRM / "et" / f"dlrm_eg_{rank}.json.gz"

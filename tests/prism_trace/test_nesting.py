@@ -9,8 +9,8 @@ from typing import Any
 import polars as pl
 import pytest
 
-from prism_trace.formats.kineto import read_kineto
-from prism_trace.nesting import innermost_enclosing, nest_events
+from prism_trace.formats.kineto.reader import read_kineto
+from prism_trace.formats.nesting import innermost_enclosing, nest_events
 
 
 def frame(rows: list[tuple[int, int, int, int | None]]) -> pl.DataFrame:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from prism_trace.errors import PrismError
-from prism_trace.parallel import (
+from prism_trace.layout.parallel import (
     LayoutError,
     ParallelAxis,
     ParallelLayout,
@@ -19,7 +19,7 @@ from prism_trace.parallel import (
     infer_layout,
     parse_axes,
 )
-from prism_trace.store import Store, open_store
+from prism_trace.store.connection import Store, open_store
 
 
 def _new_store(

@@ -9,10 +9,10 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 
-from prism_trace import schema
 from prism_trace.cli import main
 from prism_trace.errors import PrismError
-from prism_trace.parquet import export_parquet, open_parquet
+from prism_trace.export.parquet import export_parquet, open_parquet
+from prism_trace.store import schema
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from prism_trace.query import run_query
-from prism_trace.store import open_store
+from prism_trace.query.sql import run_query
+from prism_trace.store.connection import open_store
 
 NESTED = (
     "SELECT 1 AS n, [1, 2] AS ids, {'x': 1, 'y': 'a\"b'} AS attrs, ['p,q'] AS names "

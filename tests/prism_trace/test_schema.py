@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prism_trace import schema
-from prism_trace.store import open_store
+from prism_trace.store import schema
+from prism_trace.store.connection import open_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_docs_schema_md_is_current() -> None:
     doc = (REPO / "docs" / "schema.md").read_text()
     assert doc == schema.render_markdown(), (
-        "docs/schema.md is stale: run `python -m prism_trace.schema > docs/schema.md`"
+        "docs/schema.md is stale: run `python -m prism_trace.store.schema > docs/schema.md`"
     )
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from prism_trace.errors import DuplicateRunError, PrismError
-from prism_trace.parallel import ParallelAxis, ParallelLayout
-from prism_trace.slicing import RULES, SliceError, SliceReport, slice_run
-from prism_trace.store import Store, open_store
+from prism_trace.layout.parallel import ParallelAxis, ParallelLayout
+from prism_trace.slicing.slicer import RULES, SliceError, SliceReport, slice_run
+from prism_trace.store.connection import Store, open_store
 
 
 def q(store: Store, sql: str, *params: object) -> list[tuple]:

@@ -17,7 +17,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from prism_trace.formats.host_et import read_host_et
+from prism_trace.formats.host_et.reader import read_host_et
 from tests.prism_trace.test_fuzz_ingest import _fuzz, _op, _refused
 
 # -- op timelines ---------------------------------------------------------------------------------

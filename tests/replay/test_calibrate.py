@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from prism_trace.replay.calibrate import (
+from prism_trace.replay.model.calibrate import (
     SAMPLE_SCHEMA,
     calibrate,
     calibrate_run,
@@ -16,8 +16,8 @@ from prism_trace.replay.calibrate import (
     fit_alpha_beta,
     nnls,
 )
-from prism_trace.replay.timing import ScaledTransfer, TransferQuery, collective_cost
-from prism_trace.replay.topology import Topology
+from prism_trace.replay.model.timing import ScaledTransfer, TransferQuery, collective_cost
+from prism_trace.replay.model.topology import Topology
 
 
 def test_nnls_satisfies_kkt() -> None:
@@ -147,7 +147,7 @@ def test_incomplete_instances_use_a_low_quantile() -> None:
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory, dlrm_hta_template: Path) -> object:
     """A copy of the conftest store holding param-dlrm-8rank (`dlrm`) and hta-nccl-rank0 (`hta`)."""
-    from prism_trace.store import open_store
+    from prism_trace.store.connection import open_store
     from tests.conftest import copy_of_template
 
     return open_store(copy_of_template(dlrm_hta_template, tmp_path_factory, "cal"))

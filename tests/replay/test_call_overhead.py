@@ -8,9 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.call_overhead import call_overhead, expected_events  # noqa: E402
-from prism_trace.replay.hybrid import KernelReplayOptions, replay_run  # noqa: E402
-from prism_trace.replay.kernels import build_program, select_units  # noqa: E402
+from prism_trace.replay.hybrid.call_overhead import call_overhead, expected_events  # noqa: E402
+from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.kernels.rebuild import build_program, select_units  # noqa: E402
 
 # Slow: replays real kernels; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def program(sample_store: object) -> object:
-    from prism_trace.graph import build_graph
+    from prism_trace.graph.build import build_graph
 
     con = sample_store.con  # type: ignore[attr-defined]
     if not con.execute("SELECT count(*) FROM graph_node").fetchall()[0][0]:

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prism_trace.replay import DeadlockError, emulate_run
-from prism_trace.replay.emulator import CommInstances, EmulatorGraph, emulate
+from prism_trace.replay.des.core import CommInstances, EmulatorGraph, emulate
 
-from prism_trace.export import export_chakra
-from prism_trace.graph import build_graph
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.export.chakra.writer import export_chakra
+from prism_trace.graph.build import build_graph
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 # Slow: exports, reads back and emulates whole runs; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow

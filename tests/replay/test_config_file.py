@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from prism_trace.replay.config_file import load_emulation_config, load_replay_config, to_toml
-from prism_trace.replay.emulate_types import CompletionConfig, EmulationConfig, MemoryConfig
-from prism_trace.replay.hybrid_options import KernelReplayOptions
-from prism_trace.replay.timing import TimingConfig
-from prism_trace.replay.topology import Topology
-from prism_trace.replay.whatif import parse_what_if
+from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig, MemoryConfig
+from prism_trace.replay.hybrid.options import KernelReplayOptions
+from prism_trace.replay.model.timing import TimingConfig
+from prism_trace.replay.model.topology import Topology
+from prism_trace.replay.whatif.config import parse_what_if
 
 from prism_trace.errors import PrismError
 
@@ -65,8 +65,8 @@ def test_the_bandwidth_is_scaled_in_one_place(tmp_path: Path) -> None:
     """`topology.bandwidth_scale` and `--what-if bandwidth=` are one knob: both are refused."""
     from dataclasses import replace
 
-    from prism_trace.replay.emulate import EmulationConfig, emulate_run
-    from prism_trace.replay.whatif import WhatIfError, parse_what_if
+    from prism_trace.replay.emulate.driver import EmulationConfig, emulate_run
+    from prism_trace.replay.whatif.config import WhatIfError, parse_what_if
 
     from tests.replay.test_emulate import hand_store
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prism_trace.replay.drawcheck import check_draws, ks_two_sample
+from prism_trace.replay.validate.draws import check_draws, ks_two_sample
 
-from prism_trace.store import Store
+from prism_trace.store.connection import Store
 from tests.conftest import ingest_runs
 
 
@@ -26,7 +26,7 @@ def test_ks_two_sample() -> None:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory, shared_datasets: Path) -> Store:
-    from prism_trace.graph import build_graph
+    from prism_trace.graph.build import build_graph
 
     s = ingest_runs(
         tmp_path_factory.mktemp("draws") / "d.duckdb",
@@ -60,9 +60,9 @@ def test_st_draws_keep_the_spread_of_the_recorded_steps(store: Store) -> None:
 def test_recorded_run_draws_keep_the_spread_too(store: Store) -> None:
     # A recorded run emulated with variance: every rank draws (replay.whatif.resample_durations),
     # with the same rule as the replica vector; whole steps per rank made the spread 1.35x.
-    from prism_trace.replay.emulate import emulate_in_memory
-    from prism_trace.replay.emulate_types import EmulationConfig
-    from prism_trace.replay.whatif import parse_what_if
+    from prism_trace.replay.emulate.config import EmulationConfig
+    from prism_trace.replay.emulate.driver import emulate_in_memory
+    from prism_trace.replay.whatif.config import parse_what_if
 
     rec = store.con.sql(
         "SELECT dur FROM iteration WHERE run_id = (SELECT run_id FROM run WHERE name = 'st')"

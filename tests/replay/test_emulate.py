@@ -13,7 +13,7 @@ from prism_trace.replay import (
 )
 
 from prism_trace.errors import DuplicateRunError, PrismError
-from prism_trace.store import Store, open_store
+from prism_trace.store.connection import Store, open_store
 
 
 def q(store: Store, sql: str, *params: object) -> list[tuple]:
@@ -167,7 +167,7 @@ def test_error_while_writing_rolls_everything_back(
 ) -> None:
     """The events go in on a worker thread while the memory is worked out: an error then stops
     the insert and rolls the whole run back (the replaced run stays as it was)."""
-    import prism_trace.replay.emulate as run_module
+    import prism_trace.replay.emulate.driver as run_module
 
     store = hand_store(tmp_path)
     first = emulate_run(store, run="h", out_run="e")

@@ -22,10 +22,10 @@ from prism_trace.cli import main
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory, sample_template: Path) -> Path:
     """The sample with its graph and `s16`, its slice to tp=2,dp=4,pp=2 (16 ranks), closed."""
-    from prism_trace.graph import build_graph
-    from prism_trace.parallel import ParallelLayout
-    from prism_trace.slicing import slice_run
-    from prism_trace.store import open_store
+    from prism_trace.graph.build import build_graph
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.slicing.slicer import slice_run
+    from prism_trace.store.connection import open_store
 
     path = tmp_path_factory.mktemp("bad_options") / "job.duckdb"
     shutil.copyfile(sample_template, path)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from prism_trace.replay.emulator import (
+from prism_trace.replay.des.core import (
     CommInstances,
     DeadlockError,
     EmulatorGraph,
@@ -13,13 +13,13 @@ from prism_trace.replay.emulator import (
     emulate,
     p2p_instances,
 )
-from prism_trace.replay.timing import (
+from prism_trace.replay.model.timing import (
     AlphaBetaTransfer,
     TransferQuery,
     recorded_completion,
     recorded_transfer,
 )
-from prism_trace.replay.topology import Topology
+from prism_trace.replay.model.topology import Topology
 
 from prism_trace.errors import PrismError
 
@@ -231,9 +231,9 @@ def test_core_imports_no_store_no_torch() -> None:
     import ast
     from pathlib import Path
 
-    import prism_trace.replay.emulator
+    import prism_trace.replay.des.core
 
-    tree = ast.parse(Path(prism_trace.replay.emulator.__file__).read_text())
+    tree = ast.parse(Path(prism_trace.replay.des.core.__file__).read_text())
     mods = {
         (n.module or "").split(".")[0] if isinstance(n, ast.ImportFrom) else a.name.split(".")[0]
         for n in ast.walk(tree)

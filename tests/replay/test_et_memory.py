@@ -10,8 +10,13 @@ from typing import Any
 import orjson
 import polars as pl
 import pytest
-from prism_trace.replay.et_memory import et_memory, is_derived, lifetime_events, storage_lifetimes
-from prism_trace.replay.memory import MEMORY_COLUMNS, retime_memory
+from prism_trace.replay.memory.host_et import (
+    et_memory,
+    is_derived,
+    lifetime_events,
+    storage_lifetimes,
+)
+from prism_trace.replay.memory.retime import MEMORY_COLUMNS, retime_memory
 
 # -- synthetic ETs ------------------------------------------------------------------------------
 
@@ -276,8 +281,8 @@ def test_sample_peaks_against_recorded(sample: Any) -> None:
 
 @pytest.mark.slow
 def test_emulation_falls_back_to_the_et(sample: Any) -> None:
-    from prism_trace.replay.emulate import emulate_in_memory
-    from prism_trace.replay.emulate_frames import rank_peaks
+    from prism_trace.replay.emulate.driver import emulate_in_memory
+    from prism_trace.replay.emulate.frames import rank_peaks
 
     store, run_id = sample
     con = store.con
@@ -313,8 +318,8 @@ def test_emulation_falls_back_to_the_et(sample: Any) -> None:
 @pytest.mark.slow
 @pytest.mark.shared_data
 def test_dlrm_peaks_hold_the_embedding_tables(tmp_path: Path, shared_datasets: Path) -> None:
-    from prism_trace.replay.emulate import emulate_in_memory
-    from prism_trace.replay.emulate_frames import rank_peaks
+    from prism_trace.replay.emulate.driver import emulate_in_memory
+    from prism_trace.replay.emulate.frames import rank_peaks
 
     from tests.conftest import ingest_runs
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from prism_trace.replay.emulate import emulate_in_memory
-from prism_trace.replay.emulate_types import EmulationConfig
-from prism_trace.replay.slowdown import slowdown
-from prism_trace.replay.whatif import WhatIfConfig, parse_what_if
+from prism_trace.replay.emulate.config import EmulationConfig
+from prism_trace.replay.emulate.driver import emulate_in_memory
+from prism_trace.replay.emulate.slowdown import slowdown
+from prism_trace.replay.whatif.config import WhatIfConfig, parse_what_if
 
 from prism_trace.errors import PrismError
-from prism_trace.ingest import ingest
-from prism_trace.store import Store, open_store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.store.connection import Store, open_store
 
 # Slow: records straggler jobs with torch processes; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
@@ -176,7 +176,7 @@ def test_what_if_words_and_bad_by(tmp_path: Path) -> None:
 def test_kineto_what_ifs_and_blocked_host_ops(sample_store: Store) -> None:
     """On a Kineto graph (the gloo sample): both what-ifs run and shorten the step; a host op whose
     end a ``sync`` edge holds recorded its wait, so it is left out of its name's typical time."""
-    from prism_trace.replay.typical import typical_durations
+    from prism_trace.replay.whatif.typical import typical_durations
 
     def mean_step(**what_if: bool) -> float:
         cfg = EmulationConfig(what_if=WhatIfConfig(**what_if))
@@ -280,7 +280,7 @@ def test_generated_straggler_pair(tmp_path: Path) -> None:
     from prism_trace.analysis.critical_path import critical_path_shares
     from prism_trace.analysis.stragglers import skew
 
-    from prism_trace.graph import build_graph
+    from prism_trace.graph.build import build_graph
 
     build_graph(store, "slow")
     assert skew(store, "slow")["rank"][0] == 1

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.hybrid import KernelReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
-from prism_trace.replay.validate import validate_replayed  # noqa: E402
+from prism_trace.replay.validate.emulated import validate_replayed  # noqa: E402
 
 from prism_trace.errors import PrismError  # noqa: E402
 
@@ -55,7 +55,7 @@ def test_stored_as_a_replayed_run(sample_store: object, replayed: object) -> Non
     from pathlib import Path
 
     from prism_trace.replay.config_file import load_replay_config, to_toml
-    from prism_trace.replay.emulate_types import EmulationConfig
+    from prism_trace.replay.emulate.config import EmulationConfig
 
     toml = Path(tempfile.mkdtemp()) / "rp.toml"
     toml.write_text(to_toml(cfg["config"]))
@@ -153,7 +153,7 @@ def test_peak_memory_matches_the_recording(sample_store: object, replayed: objec
 def test_cpu_levels_are_aligned_per_iteration() -> None:
     """Each replayed iteration's CPU level moves to the recorded level at that iteration's start
     (the CPU allocator counts from when profiling began); deltas within it are kept."""
-    from prism_trace.replay.hybrid_frames import _align_cpu_levels
+    from prism_trace.replay.hybrid.frames import _align_cpu_levels
 
     mem = pl.DataFrame(
         {
@@ -278,7 +278,7 @@ def test_waits_spin_when_each_process_has_its_cores() -> None:
     import os
     import time
 
-    from prism_trace.replay.hybrid_pass import _sleeps, _wait_until
+    from prism_trace.replay.hybrid.passes import _sleeps, _wait_until
 
     cpus = os.cpu_count() or 1
     assert not _sleeps(KernelReplayOptions(threads=1), cpus)

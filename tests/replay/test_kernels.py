@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.kernels import (  # noqa: E402
+from prism_trace.replay.kernels.rebuild import (  # noqa: E402
     build_program,
     check_program,
     compile_pass,
@@ -26,7 +26,7 @@ def _cpu(_: str) -> object:
 
 @pytest.fixture(scope="module")
 def rank0(sample_store: object) -> tuple[pl.DataFrame, set[int]]:
-    from prism_trace.graph import build_graph
+    from prism_trace.graph.build import build_graph
 
     con = sample_store.con  # type: ignore[attr-defined]
     if not con.execute("SELECT count(*) FROM graph_node").fetchall()[0][0]:
@@ -239,7 +239,7 @@ def test_last_stage_with_recycled_storage_ids_is_rebuilt(
     # by several later ops (cross_entropy_loss keeps its log_softmax, read by nll_loss_backward
     # and _log_softmax_backward_data).
     assert len(program.buffers) < len(program.externals) or max(views.values()) > 1
-    from prism_trace.replay.kernels import external_buffers
+    from prism_trace.replay.kernels.rebuild import external_buffers
 
     assert len(external_buffers(program, externals)) == len(program.buffers)
 
@@ -248,7 +248,7 @@ def test_views_are_built_before_the_gap_wait(rank0: tuple) -> None:
     """With gaps, a unit's views (autograd's saved views, one Python call each) are made before
     ``S(k)`` waits its recorded gap, so their cost is spent inside that gap, not added after it;
     the op's start stamp follows ``S(k)`` directly."""
-    from prism_trace.replay.kernels import render
+    from prism_trace.replay.kernels.rebuild import render
 
     ops, comm = rank0
     units, skipped = select_units(ops, comm)
@@ -270,7 +270,7 @@ def test_the_bare_pass_runs_the_same_ops_without_clock_or_hooks(rank0: tuple) ->
     """``render(timed=False)``, the baseline of the instrumentation overhead, keeps every op
     call, view, allocation and free of the timed pass and drops only the clock reads and hooks:
     run, both make the same calls in the same order with tensors of the same shapes."""
-    from prism_trace.replay.kernels import render
+    from prism_trace.replay.kernels.rebuild import render
 
     ops, comm = rank0
     units, skipped = select_units(ops, comm)

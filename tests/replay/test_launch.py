@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from prism_trace.replay.launch import launch
+from prism_trace.replay.pg.launch import launch
 
 from prism_trace.errors import PrismError
 
@@ -150,7 +150,7 @@ def test_bad_launches_fail_before_starting_anything(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Path) -> None:
     """Rank 0 of the bundled tp2 x dp2 x pp2 job, the other 7 ranks virtual, timed by the run."""
-    from prism_trace.store import open_store
+    from prism_trace.store.connection import open_store
     from tests.conftest import sample_copy
 
     db = tmp_path / "s.duckdb"
@@ -176,8 +176,8 @@ def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Pat
     assert (out / "rank0.kineto.json.gz").exists()
 
     # Stored as a replayed run, `prism validate --replayed` compares it with the recording.
-    from prism_trace.replay.launched_run import write_launched_run
-    from prism_trace.replay.validate import validate_replayed
+    from prism_trace.replay.pg.launched_run import write_launched_run
+    from prism_trace.replay.validate.emulated import validate_replayed
 
     with open_store(db) as store:
         write_launched_run(store, run="sample", out_run="launched", result=res, command=cmd)

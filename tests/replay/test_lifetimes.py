@@ -6,8 +6,8 @@ from collections import Counter
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.kernels import OpCall, Program, TensorMeta, Unit
-from prism_trace.replay.lifetimes import hold, recorded_frees
+from prism_trace.replay.kernels.rebuild import OpCall, Program, TensorMeta, Unit
+from prism_trace.replay.memory.lifetimes import hold, recorded_frees
 
 
 def _meta(tid: int, numel: int, device: str = "cpu") -> TensorMeta:

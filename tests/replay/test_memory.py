@@ -5,7 +5,7 @@ recordings carries optimizer-state sizes)."""
 from __future__ import annotations
 
 import polars as pl
-from prism_trace.replay.memory import memory_peaks, optimizer_shard_delta, retime_memory
+from prism_trace.replay.memory.retime import memory_peaks, optimizer_shard_delta, retime_memory
 
 
 def _mem(rows: list[tuple[int, int, int, int]]) -> pl.DataFrame:

@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-import prism_trace.replay.pg_timeline as ppg_timeline  # noqa: E402
-import prism_trace.replay.process_group as ppg  # noqa: E402
+import prism_trace.replay.pg.backend as ppg  # noqa: E402
+import prism_trace.replay.pg.timeline as ppg_timeline  # noqa: E402
 from prism_trace.replay.peers import PeerCall, PeerSchedule  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -78,7 +78,7 @@ def _schedule(calls: list[PeerCall], world_size: int = 2) -> PeerSchedule:
 
 def test_importing_the_module_registers_nothing() -> None:
     code = (
-        "import torch.distributed as d, prism_trace.replay.process_group as ppg\n"
+        "import torch.distributed as d, prism_trace.replay.pg.backend as ppg\n"
         "print('PRISM' in d.Backend._plugins)\n"
         "ppg.register(); ppg.register()\n"
         "print('PRISM' in d.Backend._plugins, d.Backend.backend_list.count('prism'))\n"

@@ -16,15 +16,17 @@ import polars as pl
 import pytest
 from click.testing import CliRunner
 from prism_trace.analysis.stragglers import collective_waits
-from prism_trace.replay import emulate_frames, emulate_prepare, rank_step
-from prism_trace.replay.emulate import emulate_in_memory, emulate_run
-from prism_trace.replay.emulate_types import EmulationConfig
-from prism_trace.replay.rank_step import rank_step_rows, rank_steps
-from prism_trace.replay.whatif import parse_what_if
+from prism_trace.replay.emulate import frames as emulate_frames
+from prism_trace.replay.emulate import prepare as emulate_prepare
+from prism_trace.replay.emulate import rank_step
+from prism_trace.replay.emulate.config import EmulationConfig
+from prism_trace.replay.emulate.driver import emulate_in_memory, emulate_run
+from prism_trace.replay.emulate.rank_step import rank_step_rows, rank_steps
+from prism_trace.replay.whatif.config import parse_what_if
 
 from prism_trace.cli import main
-from prism_trace.parallel import ParallelLayout
-from prism_trace.store import Store
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.store.connection import Store
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +147,7 @@ def test_every_rank_at_8192_and_the_slow_replica_is_late(store: Store) -> None:
 
 def test_skew_and_the_report_draw_on_rank_step(store: Store, tmp_path: Path) -> None:
     from prism_trace.analysis import analyze
-    from prism_trace.analysis.report import ReportLimits, write_report
+    from prism_trace.analysis.report.html import ReportLimits, write_report
 
     if store.run_id("slow8192") is None:
         cfg = EmulationConfig(what_if=parse_what_if(["slow-ranks=13@1.5"]))

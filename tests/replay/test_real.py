@@ -12,9 +12,9 @@ import polars as pl
 import pytest
 from prism_trace.replay import emulate_run, validate_run
 
-from prism_trace.parallel import ParallelLayout
-from prism_trace.slicing import slice_run
-from prism_trace.store import Store
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.slicing.slicer import slice_run
+from prism_trace.store.connection import Store
 
 
 def q(store: Store, sql: str, *params: object) -> list[tuple]:
@@ -84,9 +84,9 @@ def test_st_waits_emerge_from_dependencies(real_store: Store) -> None:
     # embedding all-reduce partner (last stage) waits longer, the grad-norm all-reduce holds every
     # rank, and the step grows by the added time. The recorded gaps alone (the old per-lane graph)
     # would have left the other ranks unchanged.
-    from prism_trace.replay.emulate import emulate_in_memory
+    from prism_trace.replay.emulate.driver import emulate_in_memory
 
-    from prism_trace.graph import build_graph
+    from prism_trace.graph.build import build_graph
 
     if not q(
         real_store,

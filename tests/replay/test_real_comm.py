@@ -15,14 +15,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.hybrid import KernelReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.hybrid.real_comm import RealSpec, agree, specs_for_rank  # noqa: E402
+from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
-from prism_trace.replay.real_comm import RealSpec, agree, specs_for_rank  # noqa: E402
-from prism_trace.replay.validate import validate_replayed  # noqa: E402
+from prism_trace.replay.validate.emulated import validate_replayed  # noqa: E402
 
 from prism_trace.errors import PrismError  # noqa: E402
-from prism_trace.parallel import ParallelLayout  # noqa: E402
-from prism_trace.slicing import slice_run  # noqa: E402
+from prism_trace.layout.parallel import ParallelLayout  # noqa: E402
+from prism_trace.slicing.slicer import slice_run  # noqa: E402
 
 # Slow: replays ranks together in torch processes; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow

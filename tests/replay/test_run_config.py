@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from prism_trace.cli import main
-from prism_trace.store import open_store
+from prism_trace.store.connection import open_store
 from tests.replay.test_emulate import hand_store
 
 # Every table an emulation writes rows to, ordered by all columns but the run id.
@@ -101,9 +101,9 @@ def test_replay_reads_its_config_and_flags_override_it(
 ) -> None:
     """`prism replay --config`: [kernel_replay] and the virtual peers' sections reach replay_run,
     a flag given on the command line wins, a flag left at its default does not."""
-    from prism_trace.replay import hybrid
-    from prism_trace.replay.emulate_types import EmulationConfig
-    from prism_trace.replay.hybrid_options import KernelReplayOptions
+    from prism_trace.replay.emulate.config import EmulationConfig
+    from prism_trace.replay.hybrid import replay as hybrid
+    from prism_trace.replay.hybrid.options import KernelReplayOptions
 
     seen: dict[str, Any] = {}
 
@@ -149,7 +149,7 @@ def test_replay_reads_its_config_and_flags_override_it(
 def test_replay_flag_defaults_are_the_option_defaults() -> None:
     """Flags override the file only when given; a flag's default must be the option's own."""
     import click
-    from prism_trace.replay.hybrid_options import KernelReplayOptions
+    from prism_trace.replay.hybrid.options import KernelReplayOptions
 
     from prism_trace.cli.time_cmds import _REPLAY_FLAGS, replay_cmd
 

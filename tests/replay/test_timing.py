@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
-from prism_trace.replay.timing import (
+from prism_trace.replay.model.timing import (
     AlphaBetaTransfer,
     RecordedTransfer,
     ScaledTransfer,
@@ -19,7 +19,7 @@ from prism_trace.replay.timing import (
     reduction_ns,
     transfer_model,
 )
-from prism_trace.replay.topology import PRESETS, Topology
+from prism_trace.replay.model.topology import PRESETS, Topology
 
 GIB = 1 << 30
 
@@ -134,7 +134,7 @@ def test_presets_and_config_round_trip() -> None:
     with pytest.raises(ValueError, match="timing `model`"):
         TimingConfig(model="magic")  # type: ignore[arg-type]
 
-    from prism_trace.replay.emulate_types import EmulationConfig
+    from prism_trace.replay.emulate.config import EmulationConfig
 
     cfg = EmulationConfig.from_dict(
         {

@@ -1,4 +1,5 @@
-"""`prism_trace.torch_profiler.profiling`: a profiler starts without loading torch's compiler."""
+"""`prism_trace.profiling.torch_profiler.profiling`: a profiler starts without loading torch's
+compiler."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 _CHILD = """
 import sys, torch
 from torch.profiler import ProfilerActivity, profile
-from prism_trace.torch_profiler import profiling
+from prism_trace.profiling.torch_profiler import profiling
 with profiling(profile(activities=[ProfilerActivity.CPU], profile_memory=True)) as prof:
     torch.ones(64).sum()
 names = {e.name for e in prof.events()}
@@ -35,7 +36,7 @@ def test_profiling_without_torch_is_the_plain_context() -> None:
     """Core code: with no torch in ``sys.modules`` it is ``with prof`` and nothing else."""
     from contextlib import nullcontext
 
-    from prism_trace.torch_profiler import profiling
+    from prism_trace.profiling.torch_profiler import profiling
 
     with profiling(nullcontext(7)) as value:
         assert value == 7

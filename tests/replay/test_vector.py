@@ -14,18 +14,19 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from prism_trace.replay import emulate_frames, emulate_prepare
-from prism_trace.replay.emulate import emulate_in_memory, emulate_run
-from prism_trace.replay.emulate_types import EmulationConfig
-from prism_trace.replay.emulator import CommInstances, DeadlockError, EmulatorGraph
-from prism_trace.replay.emulator import emulate as emulate_scalar
-from prism_trace.replay.timing import TimingConfig
-from prism_trace.replay.vector import emulate_replicas, replica_grid
-from prism_trace.replay.whatif import parse_what_if
+from prism_trace.replay.des.core import CommInstances, DeadlockError, EmulatorGraph
+from prism_trace.replay.des.core import emulate as emulate_scalar
+from prism_trace.replay.des.vector import emulate_replicas, replica_grid
+from prism_trace.replay.emulate import frames as emulate_frames
+from prism_trace.replay.emulate import prepare as emulate_prepare
+from prism_trace.replay.emulate.config import EmulationConfig
+from prism_trace.replay.emulate.driver import emulate_in_memory, emulate_run
+from prism_trace.replay.model.timing import TimingConfig
+from prism_trace.replay.whatif.config import parse_what_if
 
 from prism_trace.cli import main
-from prism_trace.parallel import ParallelLayout
-from prism_trace.store import Store
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.store.connection import Store
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def test_vector_core_matches_the_scalar_core_per_column() -> None:
 
 def test_blocks_of_a_wide_level_and_a_deadlock(monkeypatch: pytest.MonkeyPatch) -> None:
     """A level split into many blocks gives the same times; a cycle raises the core's error."""
-    from prism_trace.replay import vector
+    from prism_trace.replay.des import vector
 
     rng = np.random.default_rng(0)
     n = 40  # 40 independent chains of 2 nodes feeding one shared instance

@@ -13,15 +13,15 @@ import numpy as np
 import polars as pl
 import pytest
 from click.testing import CliRunner
-from prism_trace.replay.emulate import emulate_in_memory, emulate_run
-from prism_trace.replay.emulate_types import EmulationConfig
-from prism_trace.replay.whatif import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
+from prism_trace.replay.emulate.config import EmulationConfig
+from prism_trace.replay.emulate.driver import emulate_in_memory, emulate_run
+from prism_trace.replay.whatif.config import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.cli import main
-from prism_trace.ingest import ingest
-from prism_trace.parallel import ParallelLayout
-from prism_trace.slicing import slice_run
-from prism_trace.store import Store
+from prism_trace.ingest.pipeline import ingest
+from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.slicing.slicer import slice_run
+from prism_trace.store.connection import Store
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,8 @@ def store(sample_store: Store, shared_datasets: Path) -> Store:
     s = sample_store
     ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
     for run in ("st", "sample"):
-        from prism_trace.graph import build_graph
-        from prism_trace.parallel import assign_axes, infer_layout
+        from prism_trace.graph.build import build_graph
+        from prism_trace.layout.parallel import assign_axes, infer_layout
 
         build_graph(s, run)
         assign_axes(s, run, infer_layout(s, run))

@@ -1,0 +1,3 @@
+"""The Kineto reader: torch.profiler Chrome-trace JSON of one rank, alone or in batches."""
+
+__all__: list[str] = []

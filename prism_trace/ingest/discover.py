@@ -1,0 +1,148 @@
+"""Find the trace files under the paths a user gives, and tell each file's format from its bytes.
+
+Detection looks at content, not names, so renamed files still work: a Kineto trace is a JSON object
+with ``traceEvents``, a host execution trace one with ``nodes`` and ``schema``, a Chakra ET a
+length-delimited protobuf whose first record is ``GlobalMetadata``, an op timeline a parquet file
+(with its ``meta*.yaml`` beside it). Inside folders, files of no known kind (READMEs, sidecar JSON,
+ASTRA-sim XML) are skipped and listed; a file named explicitly must be a trace.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from prism_trace.errors import TraceFormatError, UnknownFormatError
+from prism_trace.formats.base import FormatName
+from prism_trace.limits import check_regular_file, gzip_errors
+
+__all__ = ["TraceFile", "detect_format", "discover", "fingerprint"]
+
+_HEAD_BYTES = 1 << 16
+_OP_TIMELINE_SIDECARS = re.compile(r"^(meta|result|timeline)[-_].*", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """One input: its path and detected (or forced) format."""
+
+    path: Path
+    format: FormatName
+
+
+def _head(path: Path) -> bytes:
+    with path.open("rb") as fh:
+        raw = fh.read(_HEAD_BYTES)
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    with gzip_errors(path), gzip.open(path, "rb") as gz:
+        return gz.read(_HEAD_BYTES)
+
+
+def detect_format(path: Path) -> FormatName | None:
+    """The format of ``path`` from its first bytes, or None when it is of no known kind.
+
+    Raises:
+        TraceFormatError: the file is a gzip that cannot even be opened.
+    """
+    check_regular_file(path)  # a FIFO would block, /dev/zero would never end
+    if path.suffix == ".parquet":
+        return "op_timeline"
+    head = _head(path)
+    if head[:4] == b"PAR1":
+        return "op_timeline"
+    text = head.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()  # a UTF-8 BOM is allowed
+    if text[:1] == b"{":
+        if b'"traceEvents"' in head:
+            return "kineto"
+        if b'"nodes"' in head and b'"schema"' in head:
+            return "host_et"
+        return None
+    from prism_trace.formats.chakra.reader import sniff_chakra
+
+    return "chakra" if sniff_chakra(path) else None
+
+
+def _is_regular(path: Path) -> bool:
+    """Whether ``path`` is (or links to) a regular file."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def _is_op_timeline_dir(folder: Path) -> bool:
+    return any(folder.glob("*.parquet")) and any(folder.glob("meta*.yaml"))
+
+
+def discover(
+    paths: list[Path],
+    *,
+    format: Literal["auto", "kineto", "host_et", "chakra", "op_timeline"] = "auto",
+) -> tuple[list[TraceFile], list[Path]]:
+    """Expand files and folders into trace files.
+
+    Args:
+        paths: files or folders (folders are searched recursively, in sorted order).
+        format: force one format for every file instead of detecting it.
+
+    Returns:
+        The trace files, and the files inside folders that were skipped as not traces.
+
+    Raises:
+        UnknownFormatError: a file given by name is of no known kind.
+        TraceFormatError: a path does not exist.
+    """
+    found: list[TraceFile] = []
+    skipped: list[Path] = []
+    for p in paths:
+        if not p.exists():
+            msg = f"{p}: no such file or folder"
+            raise TraceFormatError(msg)
+        if p.is_dir():
+            if format in ("auto", "op_timeline") and _is_op_timeline_dir(p):
+                for f in sorted(p.glob("*.parquet")):
+                    check_regular_file(f)
+                    found.append(TraceFile(f, "op_timeline"))
+                skipped += [f for f in sorted(p.iterdir()) if f.suffix != ".parquet"]
+                continue
+            for f in sorted(x for x in p.rglob("*") if not x.is_dir()):
+                if not _is_regular(f):  # FIFOs, devices, dangling links: listed as skipped
+                    skipped.append(f)
+                    continue
+                fmt = detect_format(f) if format == "auto" else format
+                if fmt is None:
+                    skipped.append(f)
+                else:
+                    found.append(TraceFile(f, fmt))
+            continue
+        check_regular_file(p)
+        fmt = detect_format(p) if format == "auto" else format
+        if fmt is None:
+            if _OP_TIMELINE_SIDECARS.match(p.name) and _is_op_timeline_dir(p.parent):
+                skipped.append(p)
+                continue
+            msg = (
+                f"{p}: unknown trace format (not a Kineto trace, host execution trace, Chakra ET"
+                " or op-timeline parquet); pass --format to force one"
+            )
+            raise UnknownFormatError(msg)
+        found.append(TraceFile(p, fmt))
+    return found, skipped
+
+
+def fingerprint(path: Path, *, edge_bytes: int = 4 << 20) -> str:
+    """sha256 of the size and the first and last ``edge_bytes``: cheap for multi-GB traces."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with path.open("rb") as fh:
+        h.update(fh.read(edge_bytes))
+        if size > 2 * edge_bytes:
+            fh.seek(size - edge_bytes)
+        h.update(fh.read(edge_bytes))
+    return h.hexdigest()

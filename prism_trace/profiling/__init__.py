@@ -1,0 +1,3 @@
+"""Instrumentation helpers: starting torch's profiler cheaply and where its throwaway files go."""
+
+__all__: list[str] = []

@@ -1,0 +1,171 @@
+"""The DuckDB file: opening it safely, its schema version, and one transaction per write."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from prism_trace import __version__
+from prism_trace.errors import PrismError, SchemaVersionError, StoreLockedError
+from prism_trace.store import schema
+
+__all__ = ["RunLink", "Store", "open_store", "removed_if_new_and_failed"]
+
+
+@dataclass(frozen=True)
+class RunLink:
+    """One run on a run's line of descent (see ``Store.run_ancestry``)."""
+
+    run_id: int
+    name: str
+    kind: str
+    depth: int  # 0: the run itself, 1: its parent, ...
+
+
+@dataclass
+class Store:
+    """An open store: the DuckDB connection plus the path, for messages."""
+
+    con: duckdb.DuckDBPyConnection
+    path: Path
+    read_only: bool
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """All-or-nothing write: commit on success, roll back on any exception (then re-raise)."""
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            yield self.con
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        self.con.execute("COMMIT")
+
+    def run_id(self, name: str) -> int | None:
+        """The id of the run called ``name``, or None."""
+        rows = self.con.execute("SELECT run_id FROM run WHERE name = ?", [name]).fetchall()
+        return int(rows[0][0]) if rows else None
+
+    def require_run(self, name: str) -> int:
+        """The id of run ``name``; a clear error listing the runs when it does not exist."""
+        rid = self.run_id(name)
+        if rid is None:
+            names = [
+                r[0] for r in self.con.execute("SELECT name FROM run ORDER BY run_id").fetchall()
+            ]
+            msg = f"{self.path}: no run named {name!r} (runs: {', '.join(names) or 'none'})"
+            raise PrismError(msg)
+        return rid
+
+    def run_ancestry(self, run_id: int) -> list[RunLink]:
+        """The run and its ancestors, nearest first: an emulation, the slice it came from, the
+        recording that was sliced. The one way every module walks ``run.parent_run_id``."""
+        rows = self.con.execute(
+            "WITH RECURSIVE up(run_id, depth) AS (SELECT ?::INTEGER, 0"
+            " UNION ALL SELECT r.parent_run_id, u.depth + 1 FROM run r JOIN up u USING (run_id)"
+            " WHERE r.parent_run_id IS NOT NULL AND u.depth < 64)"
+            " SELECT u.run_id, r.name, r.kind, u.depth FROM up u JOIN run r USING (run_id)"
+            " ORDER BY u.depth",
+            [run_id],
+        ).fetchall()
+        return [RunLink(int(i), str(n), str(k), int(d)) for i, n, k, d in rows]
+
+    def recorded_ancestor(self, run_id: int) -> RunLink | None:
+        """The nearest recorded run on ``run_id``'s line (itself when it is recorded)."""
+        return next((r for r in self.run_ancestry(run_id) if r.kind == "recorded"), None)
+
+    def close(self) -> None:
+        """Close the connection (checkpointing the WAL)."""
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def removed_if_new_and_failed(path: Path) -> Iterator[None]:
+    """Delete the store at ``path`` (and its WAL) when the block fails and the file did not
+    exist before it: a refused ingest into a new path leaves nothing behind. A store that
+    existed is never touched; its transactions already undo a failed write.
+
+    Close the store inside the block, so the file is closed before it is removed.
+    """
+    existed = path.exists() or path.is_symlink()
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            for leftover in (path, path.with_name(path.name + ".wal")):
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
+        raise
+
+
+def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            msg = f"{path}: the database is locked by another process; close it and retry"
+            raise StoreLockedError(msg) from exc
+        msg = f"{path}: cannot open the database: {text.splitlines()[0]}"
+        raise PrismError(msg) from exc
+    except duckdb.Error as exc:
+        msg = f"{path}: not a prism-trace DuckDB store: {str(exc).splitlines()[0]}"
+        raise PrismError(msg) from exc
+
+
+def open_store(path: str | Path, *, read_only: bool = False) -> Store:
+    """Open (and, when writable and new, create) a store.
+
+    Args:
+        path: the DuckDB file.
+        read_only: open without a write lock, so readers never block each other.
+
+    Returns:
+        The open store.
+
+    Raises:
+        StoreLockedError: another process holds the file.
+        SchemaVersionError: the file was written with another schema version.
+        PrismError: the path is not a DuckDB database, or (read-only) does not exist.
+    """
+    path = Path(path)
+    if read_only and not path.exists():
+        msg = f"{path}: no such database"
+        raise PrismError(msg)
+    con = _connect(path, read_only=read_only)
+    store = Store(con, path, read_only)
+    has_meta = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'meta' AND schema_name = 'main'"
+    ).fetchall()
+    if has_meta[0][0]:
+        rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
+        found = rows[0][0] if rows else None
+        if found != str(schema.SCHEMA_VERSION):
+            con.close()
+            msg = (
+                f"{path}: store has schema version {found}, this prism-trace reads"
+                f" {schema.SCHEMA_VERSION}; re-ingest into a new file (see docs/schema-changes.md)"
+            )
+            raise SchemaVersionError(msg)
+        return store
+    if read_only:
+        con.close()
+        msg = f"{path}: not a prism-trace store (no `meta` table)"
+        raise PrismError(msg)
+    with store.transaction():
+        schema.create_all(con)
+        con.execute(
+            "INSERT INTO meta VALUES ('schema_version', ?), ('created_by', ?)",
+            [str(schema.SCHEMA_VERSION), f"prism-trace {__version__}"],
+        )
+    return store

@@ -1,0 +1,308 @@
+"""The emulator's I/O shell: a run's graph in the store → ``replay.emulator`` → an emulated run.
+
+``emulate_run`` reads the execution graph of a recorded or sliced run, resolves its communication
+instances (collectives by ``(group, seq)``, sends with their receives), takes each instance's
+transfer time from the recording (``replay.timing``), runs the core once per *unit* (a recorded
+rank, or a class exemplar of a sliced run) and writes a run of kind ``emulated`` in the same
+schema: ``rank`` (every rank of the world, with ``class_id``), ``comm_group``, ``track``, ``event``,
+``collective``/``p2p`` and ``memory`` (units only; memory re-timed by ``replay.memory``),
+``iteration`` (every rank). See docs/emulator.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+from prism_trace.replay.emulate.config import (
+    CompletionConfig,
+    EmulationConfig,
+    EmulationReport,
+    MemoryConfig,
+)
+from prism_trace.replay.emulate.frames import _all_iterations, _memory, _recorded_iterations
+from prism_trace.replay.emulate.load import _Inputs
+from prism_trace.replay.emulate.prepare import (
+    _apply_what_if,
+    _prepare,
+    _run_layout,
+    check_rank_targets,
+)
+from prism_trace.replay.emulate.run import _emulate, _Result
+from prism_trace.replay.emulate.write import _writing
+from prism_trace.replay.memory.retime import memory_peaks
+from prism_trace.replay.whatif.config import WhatIfError
+
+from prism_trace.errors import PrismError
+from prism_trace.store.write import claim_run_name, drop_run
+
+if TYPE_CHECKING:
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.store.connection import Store
+
+__all__ = ["CompletionConfig", "EmulationConfig", "EmulationReport", "MemoryConfig", "emulate_run"]
+
+
+# -- loading -------------------------------------------------------------------------------------
+# -- emulating -----------------------------------------------------------------------------------
+# -- results as frames ---------------------------------------------------------------------------
+# -- writing -------------------------------------------------------------------------------------
+# -- the entry point -----------------------------------------------------------------------------
+def _iteration_summary(iters: pl.DataFrame) -> list[dict[str, Any]]:
+    if iters.is_empty():
+        return []
+    s = (
+        iters.group_by("iteration")
+        .agg(
+            pl.col("dur").mean().alias("mean_ns"),
+            pl.col("dur").max().alias("max_ns"),
+            pl.len().alias("ranks"),
+        )
+        .sort("iteration")
+    )
+    return [
+        {
+            "iteration": int(r["iteration"]),
+            "mean_ns": float(r["mean_ns"]),
+            "max_ns": int(r["max_ns"]),
+            "ranks": int(r["ranks"]),
+        }
+        for r in s.iter_rows(named=True)
+    ]
+
+
+def emulate_in_memory(
+    store: Store, *, run: str, config: EmulationConfig | None = None
+) -> tuple[_Result, pl.DataFrame]:
+    """Emulate ``run`` without writing: the result and every rank's iterations.
+
+    Args:
+        store: an open store (writable if a recorded run has no graph yet).
+        run: a recorded or sliced run.
+        config: the emulation config (default ``EmulationConfig()``).
+
+    Returns:
+        The internal result and the ``iteration`` rows (``rank, iteration, ts, dur, name``).
+    """
+    config = config or EmulationConfig()
+    with _dp_what_if(store, run, config) as target:
+        inputs = _prepare_what_if(store, target, config, input_run=run)
+        res = _emulate(store, inputs, config)
+        res.memory = _memory(store, res, config)
+        return res, _all_iterations(res, _recorded_iterations(store, inputs))
+
+
+def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_run: str) -> _Inputs:
+    """``_prepare`` plus the what-ifs; ``run`` may be the temporary re-slice of ``input_run``.
+
+    The ranks the config names are checked against the run's world first, so a refused config
+    writes nothing, not even the graph ``_prepare`` builds for a recorded run without one.
+    """
+    if run == input_run:
+        ((world,),) = store.con.execute(
+            "SELECT world_size FROM run WHERE run_id = ?", [store.require_run(run)]
+        ).fetchall()
+        config.check_world(world, input_run)
+        check_rank_targets(config, world, input_run)
+    inputs = _prepare(store, run)
+    if run != input_run:  # the dp what-if: report against the run the user named
+        inputs.parent_run_id = store.require_run(input_run)
+        inputs.run = input_run
+        config.check_world(inputs.world_size, input_run)  # the re-slice's world
+    if config.what_if.active:
+        _apply_what_if(store, inputs, config)
+    return inputs
+
+
+@contextlib.contextmanager
+def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str]:
+    """The run to emulate: ``run`` itself, or, for the ``dp`` what-if, a temporary re-slice.
+
+    A recorded run is sliced to its inferred layout with the new dp; a sliced run is re-sliced
+    from its parent with the same representatives. The temporary run is deleted afterwards.
+    """
+    dp = config.what_if.dp
+    if dp is None:
+        yield run
+        return
+    from dataclasses import replace
+
+    from prism_trace.layout.parallel import infer_layout
+
+    run_id = store.require_run(run)
+    line = store.run_ancestry(run_id)
+    kind = line[0].kind
+    from_ranks: list[int] | None = None
+    if kind == "sliced":
+        layout = _run_layout(store, run_id)
+        source = line[1].name
+        from_ranks = sorted(
+            int(r)
+            for (r,) in store.con.execute(
+                "SELECT DISTINCT represented_by FROM rank WHERE run_id = ?", [run_id]
+            ).fetchall()
+        )
+    elif kind == "recorded":
+        layout, source = infer_layout(store, run), run
+    else:
+        msg = f"{store.path}: run {run!r} is {kind}; the dp what-if needs a recorded or sliced run"
+        raise WhatIfError(msg)
+    if layout is None:
+        msg = f"{store.path}: run {run!r} has no layout to change dp in"
+        raise WhatIfError(msg)
+    target = replace(layout, dp=dp)
+    _check_dp_world(run, layout.world_size // layout.dp, dp)
+    with temporary_slice(
+        store,
+        run=source,
+        layout=target,
+        from_ranks=from_ranks,
+        name=f"_what_if_dp{dp}_{run}",
+    ) as tmp:
+        yield tmp
+
+
+def _check_dp_world(run: str, per_replica: int, dp: int) -> None:
+    """Refuse a dp what-if whose world passes ``MAX_RANKS``, before the re-slice allocates it
+    (``dp=99999999`` on a 16-rank slice grew to 24 GB before it was killed).
+
+    Raises:
+        WhatIfError: ``per_replica * dp > MAX_RANKS``.
+    """
+    from prism_trace.limits import MAX_RANKS
+
+    if per_replica * dp > MAX_RANKS:
+        msg = (
+            f"what-if dp={dp}: run {run!r} has {per_replica} ranks per replica, so the world"
+            f" would be {per_replica * dp} ranks, past the limit of {MAX_RANKS}"
+        )
+        raise WhatIfError(msg)
+
+
+@contextlib.contextmanager
+def temporary_slice(
+    store: Store,
+    *,
+    run: str,
+    layout: ParallelLayout,
+    from_ranks: list[int] | None,
+    name: str,
+) -> Iterator[str]:
+    """Slice ``run`` to ``layout`` as run ``name`` for the duration of the block, then delete it
+    (also on error): the dp what-if and the validation's slice check leave nothing behind."""
+    from prism_trace.slicing.slicer import slice_run
+
+    try:
+        slice_run(
+            store,
+            run=run,
+            layout=layout,
+            world=layout.world_size,
+            from_ranks=from_ranks,
+            out_run=name,
+            replace=True,
+        )
+        yield name
+    finally:
+        tmp_id = store.run_id(name)
+        if tmp_id is not None:
+            with store.transaction() as con:
+                drop_run(con, tmp_id)
+
+
+def emulate_run(
+    store: Store,
+    *,
+    run: str,
+    out_run: str,
+    replace: bool = False,
+    config: EmulationConfig | None = None,
+) -> EmulationReport:
+    """Emulate a recorded or sliced run and store the result as a run of kind ``emulated``.
+
+    Every unit (recorded rank, or class exemplar of a sliced run) executes its graph in
+    dependency order with recorded durations; collectives complete when every participant has
+    arrived plus the instance's transfer time, sends/receives when both sides have. See
+    docs/emulator.md.
+
+    Args:
+        store: an open, writable store.
+        run: the recorded or sliced run (a recorded run without a graph gets one first).
+        out_run: name of the new run.
+        replace: overwrite an existing emulated run of that name.
+        config: the emulation config (default ``EmulationConfig()``), stored in
+            ``run.config_json``.
+
+    Returns:
+        What was emulated and written.
+
+    Raises:
+        MissingParticipantError: a collective or send/recv that some participant never issues.
+        DeadlockError: the graph cannot make progress (communication out of order).
+        DuplicateRunError: ``out_run`` exists and ``replace`` is false.
+        PrismError: no such run, a run without a graph, or ``out_run`` names a non-emulated run.
+    """
+    t0 = time.perf_counter()
+    config = config or EmulationConfig()
+    if out_run == run:
+        msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
+        raise PrismError(msg)
+    old_id = claim_run_name(store, out_run, replace=replace, over=("emulated",))
+    with _dp_what_if(store, run, config) as target:
+        inputs = _prepare_what_if(store, target, config, input_run=run)
+        t_load = time.perf_counter() - t0
+        res = _emulate(store, inputs, config)
+        t1 = time.perf_counter()
+        # The events are written while the memory and iterations are worked out (`_writing`).
+        with _writing(store, res, out_run=out_run, old_id=old_id, config=config) as w:
+            res.memory = _memory(w.reader, res, config)
+            w.memory()
+            iters = _all_iterations(res, _recorded_iterations(w.reader, inputs))
+            n_iter = w.finish(iters)
+        run_id, n_events = w.run_id, w.n_events
+        t_write = time.perf_counter() - t1
+    members = inputs.rank_unit.filter(pl.col("unit") >= 0).group_by("unit").len()
+    per_unit_nodes = inputs.nodes.group_by("unit").len().rename({"len": "nodes"})
+    represented = int(
+        per_unit_nodes.join(members, on="unit", how="left")
+        .select((pl.col("nodes") * pl.col("len").fill_null(1)).sum())
+        .item()
+    )
+    total = time.perf_counter() - t0
+    return EmulationReport(
+        run=out_run,
+        run_id=run_id,
+        input_run=run,
+        input_run_id=inputs.parent_run_id or inputs.run_id,
+        input_kind=inputs.kind,
+        world_size=inputs.world_size,
+        units=int(inputs.unit_rank.size),
+        nodes=inputs.nodes.height,
+        edges=inputs.edges.height,
+        collective_instances=res.n_collective,
+        p2p_instances=res.n_p2p,
+        rounds=res.timeline.rounds,
+        events_written=n_events,
+        iteration_rows=n_iter,
+        rank_step_rows=w.n_rank_step,
+        represented_events=represented,
+        seconds={
+            "load": t_load,
+            "emulate": res.seconds,
+            "prepare_and_emulate": t1 - t0 - t_load,
+            "write": t_write,  # with the memory and iterations, worked out while events go in
+            "rank_step": w.rank_step_s,  # of which the rank_step rows
+            "total": total,
+        },
+        iterations=_iteration_summary(iters),
+        peak_memory={
+            int(inputs.unit_rank[u]): int(p)
+            for u, p in memory_peaks(res.memory, by="unit").iter_rows()
+        }
+        if res.memory is not None
+        else {},
+        notes=list(inputs.notes),
+    )

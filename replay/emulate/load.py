@@ -1,0 +1,317 @@
+"""Emulation, loading: a recorded or sliced run's graph, ranks, groups and recorded transfers from
+the store, as arrays the core takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import polars as pl
+from prism_trace.replay.des.core import collective_instances, p2p_instances
+from prism_trace.replay.des.vector import Replicas
+from prism_trace.replay.emulate.config import _COMM, _DEFAULT_CATEGORY
+from prism_trace.replay.model.timing import recorded_completion
+
+from prism_trace.errors import PrismError
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from prism_trace.store.connection import Store
+
+
+@dataclass
+class _Inputs:
+    """A run's graph and everything the core needs, as frames and arrays."""
+
+    run: str
+    run_id: int
+    kind: str
+    source_run_id: int
+    world_size: int
+    source_format: str | None
+    unit_rank: np.ndarray  # rank (exemplar) of each unit
+    unit_source: np.ndarray  # recorded rank whose events/iterations each unit replays
+    rank_unit: pl.DataFrame  # rank, unit (every rank of the world that maps to a unit)
+    nodes: pl.DataFrame  # sorted by (rank, node_id); + unit, idx, category
+    edges: pl.DataFrame  # + s, d (node indices)
+    origin: int
+    notes: list[str] = field(default_factory=list)
+    # What-ifs (replay.whatif): ranks left out of the results, with why, and group sizes that
+    # differ from the communicator's for the transfer model.
+    left_out: dict[int, str] = field(default_factory=dict)
+    size_override: dict[int, int] = field(default_factory=dict)
+    parent_run_id: int | None = None  # the dp what-if: the run the user named, not the re-slice
+    # no-stragglers: nodes that keep their recorded time (a slowdown group, replay.slowdown)
+    keep_recorded: np.ndarray | None = None
+    # replicas distinct on the class graph (replay.vector): the data-parallel replicas as
+    # columns; None: one unit per class, or expanded units
+    grid: Replicas | None = None
+    # remove-gpu on the replica vector: the failed replica's column, its tp groups' sizes (class
+    # graph group ids) and the factor on its compute and transfers (replay.vector.class_groups)
+    failed_column: tuple[int, dict[int, int], float] | None = None
+
+
+def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
+    return con.sql(sql, params=params).pl()
+
+
+def _node_index(nodes: pl.DataFrame, unit_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted keys of ``(unit, node_id)`` for looking nodes up, and each node's unit."""
+    unit = np.searchsorted(unit_rank, nodes["rank"].to_numpy()).astype(np.int64)
+    keys = (unit << 32) | nodes["node_id"].to_numpy().astype(np.int64)
+    return keys, unit
+
+
+def _lookup(keys: np.ndarray, unit: np.ndarray, node_id: np.ndarray, what: str) -> np.ndarray:
+    want = (unit.astype(np.int64) << 32) | node_id.astype(np.int64)
+    pos = np.searchsorted(keys, want)
+    pos = np.minimum(pos, max(keys.size - 1, 0))
+    bad = keys[pos] != want if keys.size else np.ones(want.size, dtype=bool)
+    if bad.any():
+        i = int(np.argmax(bad))
+        msg = f"graph_edge: {what} node {int(node_id[i])} does not exist (unit {int(unit[i])})"
+        raise PrismError(msg)
+    return pos
+
+
+def _load(store: Store, run_id: int, *, name: str) -> _Inputs:
+    con = store.con
+    ((kind, parent, world, fmt),) = con.execute(
+        "SELECT kind, parent_run_id, world_size, source_format FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    if kind not in ("recorded", "sliced"):
+        msg = (
+            f"{store.path}: run {name!r} is {kind}; only a recorded or sliced run has a graph"
+            " to emulate"
+        )
+        raise PrismError(msg)
+    source = int(parent) if kind == "sliced" else run_id
+    nodes = _fetch(
+        con,
+        "SELECT n.rank, n.node_id, n.kind, n.track_id, n.event_id, n.name, n.ts, n.dur,"
+        " n.iteration, n.group_id, n.seq, n.peer, n.msg_bytes, n.comm_kind,"
+        " coalesce(r.represented_by, n.rank) AS source_rank, ev.category"
+        " FROM graph_node n"
+        " LEFT JOIN rank r ON r.run_id = n.run_id AND r.rank = n.rank"
+        " LEFT JOIN event ev ON ev.run_id = $2 AND ev.rank = coalesce(r.represented_by, n.rank)"
+        " AND ev.event_id = n.event_id"
+        " WHERE n.run_id = $1 ORDER BY n.rank, n.node_id",
+        [run_id, source],
+    )
+    if nodes.is_empty():
+        msg = f"{store.path}: run {name!r} has no graph (run `prism graph` or slice it first)"
+        raise PrismError(msg)
+    edges = _fetch(
+        con,
+        "SELECT rank, src, dst, kind, anchor, delay FROM graph_edge WHERE run_id = $1",
+        [run_id],
+    )
+    ranks = _fetch(
+        con,
+        "SELECT rank, coalesce(class_id, rank) AS cls FROM rank WHERE run_id = $1 ORDER BY rank",
+        [run_id],
+    )
+    unit_rank = np.unique(nodes["rank"].to_numpy()).astype(np.int64)
+    src_of = nodes.group_by("rank").agg(pl.col("source_rank").first()).sort("rank")
+    unit_source = src_of["source_rank"].to_numpy().astype(np.int64)
+
+    keys, unit = _node_index(nodes, unit_rank)
+    nodes = nodes.with_columns(
+        pl.Series("unit", unit),
+        pl.Series("idx", np.arange(nodes.height, dtype=np.int64)),
+        pl.col("category").fill_null(
+            pl.col("kind").replace_strict(_DEFAULT_CATEGORY, default="other")
+        ),
+    )
+    e_unit = np.searchsorted(unit_rank, edges["rank"].to_numpy()).astype(np.int64)
+    s = _lookup(keys, e_unit, edges["src"].to_numpy(), "source")
+    d = _lookup(keys, e_unit, edges["dst"].to_numpy(), "destination")
+    edges = edges.with_columns(pl.Series("s", s), pl.Series("d", d))
+
+    cls = ranks["cls"].to_numpy().astype(np.int64)
+    pos = np.minimum(np.searchsorted(unit_rank, cls), unit_rank.size - 1)
+    r_unit = np.where(unit_rank[pos] == cls, pos, -1)
+    rank_unit = pl.DataFrame(
+        {"rank": ranks["rank"].to_numpy().astype(np.int64), "unit": r_unit.astype(np.int64)}
+    )
+    notes: list[str] = []
+    if kind == "recorded":
+        rank_unit, notes = _with_symmetric_peers(store, name, rank_unit)
+    ts = nodes["ts"]
+    origin = int(ts.min()) if ts.null_count() < ts.len() else 0  # type: ignore[arg-type]
+    return _Inputs(
+        run=name,
+        run_id=run_id,
+        kind=str(kind),
+        source_run_id=source,
+        world_size=int(world) if world else int(ranks.height),
+        source_format=fmt,
+        unit_rank=unit_rank,
+        unit_source=unit_source,
+        rank_unit=rank_unit,
+        nodes=nodes,
+        edges=edges,
+        origin=origin,
+        notes=notes,
+    )
+
+
+def _with_symmetric_peers(
+    store: Store, name: str, rank_unit: pl.DataFrame
+) -> tuple[pl.DataFrame, list[str]]:
+    """``rank_unit`` plus the unrecorded TP/CP peers of recorded ranks, each on its partner's
+    unit (``prism_trace.layout.symmetry``): a recording of one rank per TP/CP group is complete."""
+    from prism_trace.layout.parallel import infer_layout
+    from prism_trace.layout.symmetry import symmetric_partners
+
+    try:
+        layout = infer_layout(store, name)
+    except PrismError:
+        return rank_unit, []
+    copies, partners = symmetric_partners(layout, rank_unit["rank"].to_numpy())
+    if copies.size == 0:
+        return rank_unit, []
+    unit = _rank_lookup(rank_unit, partners)
+    extra = pl.DataFrame({"rank": copies, "unit": unit}).filter(pl.col("unit") >= 0)
+    note = (
+        f"{extra.height} unrecorded ranks run as copies of their recorded TP/CP peer"
+        f" (layout {layout.spec})"
+    )
+    return pl.concat([rank_unit, extra]).sort("rank"), [note]
+
+
+def _sync_frame(nodes: pl.DataFrame, edges: pl.DataFrame) -> pl.DataFrame:
+    """One row per communication node: the node where it synchronises and what it carries.
+
+    A communication host node with a ``comm`` edge to a device kernel synchronises at that kernel
+    (the host op only launches it); otherwise the host node itself is the sync node.
+    """
+    comm = nodes.filter(pl.col("kind").is_in(_COMM))
+    kern = (
+        edges.filter(pl.col("kind") == "comm")
+        .group_by("s")
+        .agg(pl.col("d").min().alias("kernel_idx"))
+    )
+    return comm.join(kern, left_on="idx", right_on="s", how="left").with_columns(
+        pl.col("idx").alias("host_idx"),
+        pl.coalesce("kernel_idx", "idx").alias("sync_idx"),
+    )
+
+
+def _rank_lookup(rank_unit: pl.DataFrame, ranks: np.ndarray) -> np.ndarray:
+    """Unit of each rank (-1 when the rank is not in the run or has no unit)."""
+    r = rank_unit["rank"].to_numpy()
+    u = rank_unit["unit"].to_numpy()
+    ranks = np.asarray(ranks, dtype=np.int64)
+    if r.size == 0:
+        return np.full(ranks.size, -1, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(r, ranks), r.size - 1)
+    return np.where(r[pos] == ranks, u[pos], -1).astype(np.int64)
+
+
+def _recorded_transfers(store: Store, inputs: _Inputs) -> pl.DataFrame:
+    """Per sync node of the *source* run: its instance's recorded transfer and its skew.
+
+    Returns ``source_rank, node_id, transfer, skew`` for every communication node of every
+    recorded rank of the source run (the parent for a sliced run): the last arriver's duration,
+    and how much later than the last arriver this node completed (``replay.timing``).
+    """
+    if inputs.kind == "recorded":
+        nodes, edges = inputs.nodes, inputs.edges
+    else:
+        src = _load(store, inputs.source_run_id, name=f"parent of {inputs.run}")
+        nodes, edges = src.nodes, src.edges
+    sync = _sync_frame(nodes, edges)
+    if sync.is_empty():
+        return pl.DataFrame(
+            schema={
+                "source_rank": pl.Int64,
+                "node_id": pl.Int64,
+                "transfer": pl.Int64,
+                "skew": pl.Int64,
+                "rec_size": pl.Int64,
+                "rec_lo": pl.Int64,
+                "rec_hi": pl.Int64,
+                "rec_bytes": pl.Int64,
+            }
+        )
+    k_ts = nodes["ts"].fill_null(0).to_numpy()
+    k_dur = nodes["dur"].fill_null(0).to_numpy()
+    sidx = sync["sync_idx"].to_numpy()
+    start, dur = k_ts[sidx], k_dur[sidx]
+    rank = sync["rank"].to_numpy().astype(np.int64)
+    group = sync["group_id"].fill_null(-1).to_numpy().astype(np.int64)
+    seq = sync["seq"].fill_null(-1).to_numpy().astype(np.int64)
+    peer = sync["peer"].fill_null(-1).to_numpy().astype(np.int64)
+    is_coll = (sync["kind"] == "collective").to_numpy()
+    is_send = (sync["kind"] == "send").to_numpy()
+    inst = np.zeros(sync.height, dtype=np.int64)
+    c = np.flatnonzero(is_coll & (group >= 0))
+    ci, nc = collective_instances(
+        c, rank[c], group[c], seq[c], expected={}, unit_rank=rank, allow_partial=True
+    )
+    inst[c] = ci
+    p = np.flatnonzero(~is_coll)
+    pi, npp = p2p_instances(
+        p,
+        rank[p],
+        peer[p],
+        is_send[p],
+        group[p],
+        seq[p],
+        unit_rank=rank,
+        peer_rank=peer[p],
+        allow_partial=True,
+    )
+    inst[p] = pi + nc
+    lone = np.flatnonzero(is_coll & (group < 0))  # no communicator: its own instance
+    inst[lone] = nc + npp + np.arange(lone.size)
+    n_inst = nc + npp + lone.size
+    transfer, skew = recorded_completion(inst, start, dur, n_inst)
+    # The recorded shape of each node's instance (group size, member range), for the transfer
+    # model's ratio at a changed scale; a send/recv is a group of its two ranks.
+    src_id = inputs.run_id if inputs.kind == "recorded" else inputs.source_run_id
+    groups = _groups(store, src_id, sorted({int(g) for g in group[group >= 0]})).select(
+        pl.col("group_id").cast(pl.Int64),
+        pl.col("size").cast(pl.Int64).alias("g_size"),
+        pl.col("ranks").list.min().cast(pl.Int64).alias("g_lo"),
+        pl.col("ranks").list.max().cast(pl.Int64).alias("g_hi"),
+    )
+    peer_or_self = np.where(peer >= 0, peer, rank)
+    shape = (
+        pl.DataFrame({"group_id": group, "is_coll": is_coll})
+        .join(groups, on="group_id", how="left", maintain_order="left")
+        .select(
+            pl.when(pl.col("is_coll")).then(pl.col("g_size").fill_null(2)).otherwise(2),
+            pl.when(pl.col("is_coll"))
+            .then(pl.col("g_lo"))
+            .fill_null(pl.Series(np.minimum(rank, peer_or_self))),
+            pl.when(pl.col("is_coll"))
+            .then(pl.col("g_hi"))
+            .fill_null(pl.Series(np.maximum(rank, peer_or_self))),
+        )
+    )
+    rec_size, rec_lo, rec_hi = (shape.to_series(i).to_numpy() for i in range(3))
+    return pl.DataFrame(
+        {
+            "source_rank": rank,
+            "node_id": sync["node_id"].to_numpy().astype(np.int64),
+            "transfer": transfer[inst],
+            "skew": skew,
+            "rec_size": rec_size,
+            "rec_lo": rec_lo.astype(np.int64),
+            "rec_hi": rec_hi.astype(np.int64),
+            "rec_bytes": sync["msg_bytes"].fill_null(-1).to_numpy().astype(np.int64),
+        }
+    )
+
+
+def _groups(store: Store, run_id: int, group_ids: list[int]) -> pl.DataFrame:
+    return _fetch(
+        store.con,
+        "SELECT group_id, size, ranks, axis FROM comm_group"
+        " WHERE run_id = $1 AND list_contains($2, group_id)",
+        [run_id, group_ids],
+    )

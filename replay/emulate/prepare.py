@@ -1,0 +1,302 @@
+"""Emulation, preparing the inputs: loading a run and applying the what-ifs that change the graph
+(slow ranks, a removed GPU, re-indexed replicas)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import numpy as np
+import polars as pl
+from prism_trace.replay.des.vector import class_groups, replica_grid, vector_eligible
+from prism_trace.replay.emulate.config import _COMM, EmulationConfig
+from prism_trace.replay.emulate.load import _fetch, _Inputs, _load, _lookup, _node_index
+from prism_trace.replay.whatif.config import (
+    WhatIfError,
+    check_slow_matches,
+    expand_replicas,
+    resample_durations,
+    slow_factors,
+    spans_dp,
+)
+
+from prism_trace.errors import PrismError
+
+if TYPE_CHECKING:
+    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.store.connection import Store
+
+
+def _prepare(store: Store, run: str) -> _Inputs:
+    run_id = store.require_run(run)
+    ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [run_id]).fetchall()
+    if kind == "recorded":
+        ((n,),) = store.con.execute(
+            "SELECT count(*) FROM graph_node WHERE run_id = ?", [run_id]
+        ).fetchall()
+        if not n:
+            if store.read_only:
+                msg = f"{store.path}: run {run!r} has no graph; open the store writable to build it"
+                raise PrismError(msg)
+            from prism_trace.graph.build import build_graph
+
+            build_graph(store, run)
+    return _load(store, run_id, name=run)
+
+
+def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLayout | None:
+    """A layout a sliced run's ``config_json`` records: ``layout`` (the target) or
+    ``recorded_layout`` (the recording's), with its order; None when absent."""
+    from prism_trace.layout.parallel import ParallelLayout
+
+    rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
+    order_key = "order" if key == "layout" else key.replace("layout", "order")
+    try:
+        cfg = json.loads(rows[0][0] or "{}")
+        return ParallelLayout.parse(cfg[key], cfg.get(order_key))
+    except (KeyError, ValueError, TypeError, IndexError, PrismError):
+        return None
+
+
+def _reindex(
+    inputs: _Inputs,
+    nodes: pl.DataFrame,
+    edges: pl.DataFrame,
+    follow: np.ndarray,
+    edge_rows: tuple[np.ndarray, np.ndarray] | None = None,
+) -> None:
+    """Recompute units, node indices and edge endpoints after the units changed (in place).
+
+    ``edge_rows``: the edges' ends as rows of ``nodes`` when known (``Expansion.edge_rows``);
+    used when ``nodes`` is sorted by ``(rank, node_id)`` already, else looked up.
+    """
+    rank = nodes["rank"].to_numpy().astype(np.int64)
+    n_id = nodes["node_id"].to_numpy().astype(np.int64)
+    step = np.diff(rank)
+    if not ((step > 0) | ((step == 0) & (np.diff(n_id) > 0))).all():  # expand_replicas sorts
+        nodes = nodes.sort("rank", "node_id")
+        rank = nodes["rank"].to_numpy().astype(np.int64)
+        edge_rows = None
+    first = np.flatnonzero(np.diff(rank, prepend=rank[:1] - 1) != 0)
+    unit_rank = rank[first]
+    unit = np.repeat(np.arange(first.size, dtype=np.int64), np.diff(np.append(first, rank.size)))
+    nodes = nodes.with_columns(
+        pl.Series("unit", unit), pl.Series("idx", np.arange(nodes.height, dtype=np.int64))
+    )
+    if edge_rows is not None:
+        s, d = edge_rows
+    else:
+        keys, _ = _node_index(nodes, unit_rank)
+        e_unit = np.searchsorted(unit_rank, edges["rank"].to_numpy()).astype(np.int64)
+        s = _lookup(keys, e_unit, edges["src"].to_numpy(), "source")
+        d = _lookup(keys, e_unit, edges["dst"].to_numpy(), "destination")
+    pos = np.minimum(np.searchsorted(unit_rank, follow), unit_rank.size - 1)
+    r_unit = np.where(unit_rank[pos] == follow, pos, -1)
+    inputs.nodes = nodes
+    inputs.edges = edges.with_columns(pl.Series("s", s), pl.Series("d", d))
+    inputs.unit_rank = unit_rank
+    inputs.unit_source = nodes["source_rank"].to_numpy()[first].astype(np.int64)
+    inputs.rank_unit = pl.DataFrame(
+        {"rank": np.arange(follow.size, dtype=np.int64), "unit": r_unit.astype(np.int64)}
+    )
+
+
+def _coords(store: Store, run_id: int) -> pl.DataFrame:
+    return _fetch(
+        store.con,
+        "SELECT rank, coalesce(class_id, rank) AS class_id, tp, dp FROM rank WHERE run_id = $1"
+        " ORDER BY rank",
+        [run_id],
+    )
+
+
+def check_rank_targets(config: EmulationConfig, world: int, run: str) -> None:
+    """Refuse what-if ranks (``slow-ranks``, ``remove-gpu``) outside ``run``'s world.
+
+    Raises:
+        WhatIfError: the first such rank.
+    """
+    bad = sorted(r for r in config.what_if.rank_targets() if not 0 <= r < world)
+    if bad:
+        msg = f"what-if rank {bad[0]} is outside the world of {world} ranks of run {run!r}"
+        raise WhatIfError(msg)
+
+
+def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> None:
+    """Turn ``config.what_if`` into units, durations and group sizes (in place).
+
+    Expands the data-parallel replicas that a rank-targeted what-if or the variance mode makes
+    distinct (sliced runs only: a recorded run's units are its ranks already), then sets each
+    node's ``emu_dur`` (drawn, then scaled) and ``factor`` (multiplies a communication node's
+    transfer). See ``replay.whatif``.
+    """
+    w = config.what_if
+    targets = w.rank_targets()
+    check_rank_targets(config, inputs.world_size, inputs.run)
+    coords = _coords(store, inputs.run_id)
+    layout = None
+    dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].fill_null(0).to_list(), strict=True))
+    if inputs.kind == "sliced" and (targets or w.variance):
+        layout = _run_layout(store, inputs.run_id)
+        if layout is None:
+            msg = f"run {inputs.run!r}: sliced run without a layout in its config"
+            raise WhatIfError(msg)
+        if vector_eligible(w):
+            distinct = None if w.variance else {int(dp_of[r]) for r in targets}
+            inputs.grid = replica_grid(layout, inputs.unit_rank, distinct)
+    if inputs.grid is not None:
+        assert layout is not None
+        n_dp, n_col = inputs.grid.grid.shape[1], inputs.grid.n_columns
+        inputs.notes.append(
+            f"{n_dp} data-parallel replicas simulated as {n_col} distinct columns of a vector"
+            f" over the {inputs.unit_rank.size} class graphs (replay.vector); events are the"
+            " class exemplars' (replica 0), iterations every rank's"
+        )
+    elif inputs.kind == "sliced" and (targets or w.variance):
+        assert layout is not None
+        replicas = set(range(layout.dp)) if w.variance else {int(dp_of[r]) for r in targets}
+        groups = _fetch(
+            store.con,
+            "SELECT group_id, axis, ranks FROM comm_group WHERE run_id = $1",
+            [inputs.run_id],
+        )
+        exp = expand_replicas(
+            inputs.nodes.drop("unit", "idx"),
+            inputs.edges.drop("s", "d"),
+            ranks=coords.select("rank", "class_id"),
+            groups=groups,
+            layout=layout,
+            replicas=replicas,
+        )
+        _reindex(inputs, exp.nodes, exp.edges, exp.rank_unit_rank, exp.edge_rows)
+        inputs.notes += exp.notes
+
+    nodes = inputs.nodes
+    unit_rank = inputs.unit_rank
+    check_slow_matches(nodes, w.slow, inputs.run)
+    extra = np.ones(nodes.height)
+    if w.remove_gpu is not None:
+        extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
+        if inputs.grid is not None:  # the failed replica is a column: replay.vector
+            n_tp = int(coords["tp"].max()) + 1  # type: ignore[arg-type]  # an Int column's max
+            f = n_tp / (n_tp - 1)
+            extra = _failed_column(store, inputs, int(dp_of[w.remove_gpu]), f, extra)
+    dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
+    if w.variance and inputs.grid is not None:
+        inputs.notes.append(
+            f"variance ({w.variance_mode} mode, seed {config.seed}): every replica but 0 (the"
+            " recording) draws its durations from its class's recorded iterations"
+        )
+    elif w.variance:
+        draw = np.ones(unit_rank.size, dtype=bool)
+        if inputs.kind == "sliced":
+            # The representative replica (dp 0, the class exemplars) keeps its recorded timing:
+            # it *is* the recording; every other replica is a virtual peer and draws.
+            draw = np.array([dp_of.get(int(r), 0) != 0 for r in unit_rank], dtype=bool)
+        dur = resample_durations(nodes, draw, seed=config.seed, mode=w.variance_mode)
+        inputs.notes.append(
+            f"variance ({w.variance_mode} mode, seed {config.seed}): {int(draw.sum())} of"
+            f" {draw.size} units draw their durations from their representative's iterations"
+        )
+    # with the replica vector, a slow rank is a column of replay.vector's durations instead
+    slow = w.slow if inputs.grid is None else tuple(s for s in w.slow if not s.ranks)
+    factor = slow_factors(nodes, slow, extra=extra)
+    is_comm = nodes["kind"].is_in(_COMM).to_numpy()
+    # the rank-targeted slow-downs the replica vector applies: at most their product per node
+    on_columns = float(np.prod([s.factor for s in w.slow if s not in slow]))
+    _check_scaled(inputs, dur, np.where(is_comm, 1.0, factor) * on_columns)
+    if inputs.grid is not None:  # scaled per replica column (replay.vector.scale_replicas)
+        inputs.nodes = nodes.with_columns(
+            pl.Series("emu_dur", dur),
+            pl.Series("factor", np.where(is_comm, factor, 1.0)),
+            pl.Series("scale", np.where(is_comm, 1.0, factor)),
+        )
+        return
+    emu = np.where(is_comm, dur, np.rint(dur * factor)).astype(np.int64)
+    inputs.nodes = nodes.with_columns(
+        pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
+    )
+
+
+_MAX_UNIT_NS = 2.0**62
+"""The most nanoseconds a unit's scaled durations may add up to: half of int64's range, leaving
+the other half for the recorded gaps, the transfers and the start time."""
+
+
+def _check_scaled(inputs: _Inputs, dur: np.ndarray, factor: np.ndarray) -> None:
+    """Refuse slow-downs whose scaled durations could overflow int64 ns on this run.
+
+    Each factor is bounded (``whatif.MAX_SLOW_FACTOR``), but a long run times a large factor
+    still overflows: the durations wrapped to -2**63 and the timeline ran backwards. A unit's
+    timeline moves by at most the sum of its scaled durations, so that sum is checked.
+
+    Raises:
+        WhatIfError: a unit whose scaled durations add up past ``_MAX_UNIT_NS``.
+    """
+    if dur.size == 0:
+        return
+    unit = inputs.nodes["unit"].to_numpy().astype(np.int64)
+    total = np.bincount(unit, weights=np.abs(dur.astype(np.float64)) * factor)
+    worst = int(np.argmax(total))
+    if not total[worst] <= _MAX_UNIT_NS:
+        msg = (
+            f"run {inputs.run!r}: the slow-downs make rank {int(inputs.unit_rank[worst])}'s"
+            f" durations add up to {total[worst]:.3g} ns, past what int64 ns can hold"
+            f" ({_MAX_UNIT_NS:.3g}); use smaller factors"
+        )
+        raise WhatIfError(msg)
+
+
+def _failed_column(
+    store: Store, inputs: _Inputs, replica: int, f: float, extra: np.ndarray
+) -> np.ndarray:
+    """remove-gpu on the replica vector: the failed replica's column gets the compute and
+    transfer factor and its smaller tp groups (``inputs.failed_column``), instead of the per-node
+    factor and the group sizes ``_remove_gpu`` set for every column; returns factors of 1."""
+    assert inputs.grid is not None
+    groups = _fetch(
+        store.con, "SELECT group_id, ranks FROM comm_group WHERE run_id = $1", [inputs.run_id]
+    )
+    sizes = class_groups(inputs.grid, replica, groups, inputs.size_override)
+    inputs.size_override = {}
+    inputs.failed_column = (int(inputs.grid.column[replica]), sizes, f)
+    return np.ones_like(extra)
+
+
+def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) -> np.ndarray:
+    """The failed-GPU what-if: per-node compute factor; fills ``left_out``/``size_override``."""
+    c = coords.filter(pl.col("rank") == rank)
+    if c.is_empty() or c["tp"][0] is None or c["dp"][0] is None:
+        msg = (
+            f"run {inputs.run!r}: rank {rank} has no tp/dp coordinates (run `prism graph` so the"
+            " layout is inferred)"
+        )
+        raise WhatIfError(msg)
+    tp_of, dp_of = int(c["tp"][0]), int(c["dp"][0])
+    n_tp = int(coords["tp"].max()) + 1  # type: ignore[arg-type]  # an Int column's max
+    if n_tp < 2:
+        msg = (
+            f"run {inputs.run!r}: removing rank {rank} leaves tp = 0 in its replica; with tp = 1"
+            " a failed GPU removes the whole replica: use the what-if dp=N-1 instead"
+        )
+        raise WhatIfError(msg)
+    replica = coords.filter(pl.col("dp") == dp_of)
+    slot = replica.filter(pl.col("tp") == tp_of)["rank"].to_list()
+    inputs.left_out = {int(r): ("removed" if r == rank else "idle") for r in slot}
+    scale = n_tp / (n_tp - 1)
+    in_replica = np.isin(inputs.nodes["rank"].to_numpy(), replica["rank"].to_numpy())
+    groups = _fetch(
+        store.con,
+        "SELECT group_id, size, ranks, axis FROM comm_group WHERE run_id = $1",
+        [inputs.run_id],
+    )
+    for gid, size, members, axis in groups.iter_rows():
+        tp_group = axis is not None and "tp" in str(axis).split("-") and not spans_dp(axis)
+        if tp_group and members and any(int(m) in inputs.left_out for m in members):
+            inputs.size_override[int(gid)] = int(size) - 1
+    inputs.notes.append(
+        f"remove-gpu {rank}: replica dp={dp_of} runs at tp={n_tp - 1}; its compute x{scale:.4f},"
+        f" {len(inputs.size_override)} tp groups at {n_tp - 1} members; ranks"
+        f" {sorted(inputs.left_out)} (tp slot {tp_of}) leave the results"
+    )
+    return np.where(in_replica, scale, 1.0)

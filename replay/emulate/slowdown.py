@@ -1,0 +1,126 @@
+"""Straggler slowdown: how much faster the step would be if every op took its typical time, and
+which ops, ranks, stages or data-parallel ranks the difference comes from.
+
+After StragglerAnalysis's what-if analysis. Three emulations of the same graph:
+
+- the recording with every own delay set to 0 (``no-launch-delay``, their ``step_t_nodelay``),
+- every op at its typical time (``no-stragglers``, ``replay.typical``; ``step_t_noblk``),
+- per group G: every op typical except G's, which keep their recorded times.
+
+The slowdown is the ratio of mean step times, ``S = T(no-launch-delay) / T(no-stragglers)``,
+and a group's share ``S_G = T(typical except G) / T(no-stragglers)``: how slow the job would be
+if G were its only straggler (1.0: G costs nothing; StragglerAnalysis's ``S_t`` for op types and
+``S_w`` for workers). Groups are not additive: two stragglers on one pipeline overlap. The own
+delays (CPU time, launches) are left out of both sides, like StragglerAnalysis's blocking
+slowdown (``no-stragglers`` keeps the own time before computations, see ``replay.typical``);
+``emulated / no-stragglers`` (with every own delay) is reported beside it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import polars as pl
+from prism_trace.replay.emulate.config import EmulationConfig
+from prism_trace.replay.emulate.frames import _iteration_frame, _recorded_iterations
+from prism_trace.replay.emulate.load import _Inputs
+from prism_trace.replay.emulate.prepare import _prepare
+from prism_trace.replay.emulate.run import _emulate
+from prism_trace.replay.whatif.config import WhatIfConfig
+
+from prism_trace.errors import PrismError
+from prism_trace.store.connection import Store
+
+__all__ = ["BY", "slowdown"]
+
+By = Literal["optype", "rank", "stage", "dp_rank"]
+BY: tuple[str, ...] = ("optype", "rank", "stage", "dp_rank")
+
+_PP_COMM = {  # StragglerAnalysis groups a direction's sends and receives as one op type
+    "forward-send": "forward-pp-comm",
+    "forward-recv": "forward-pp-comm",
+    "backward-send": "backward-pp-comm",
+    "backward-recv": "backward-pp-comm",
+}
+
+
+def _mean_step(store: Store, inputs: _Inputs, config: EmulationConfig) -> float:
+    """Mean over iterations of the emulated step time (mean over units per iteration), ns."""
+    res = _emulate(store, inputs, config)
+    it = _iteration_frame(res, _recorded_iterations(store, inputs))
+    per = it.group_by("iteration").agg(pl.col("dur").mean())
+    return float(per["dur"].mean())  # type: ignore[arg-type]
+
+
+def _labels(store: Store, inputs: _Inputs, by: str) -> pl.Series:
+    """The group of every node for ``by``."""
+    nodes = inputs.nodes
+    if by == "optype":
+        return nodes["name"].replace(_PP_COMM)
+    rank = nodes["rank"].cast(pl.Int64)
+    if by == "rank":
+        return rank.cast(pl.Utf8)
+    col = {"stage": "pp", "dp_rank": "dp"}[by]
+    coords = store.con.sql(
+        f"SELECT rank, {col} FROM rank WHERE run_id = $1 AND {col} IS NOT NULL",
+        params=[inputs.run_id],
+    ).pl()
+    if coords.is_empty():
+        msg = (
+            f"{store.path}: run {inputs.run!r} has no {by} coordinates"
+            " (run `prism graph` to infer the layout)"
+        )
+        raise PrismError(msg)
+    return (
+        pl.DataFrame({"rank": rank})
+        .join(coords.cast({"rank": pl.Int64}), on="rank", how="left")[col]
+        .cast(pl.Utf8)
+    )
+
+
+def slowdown(store: Store, run: str, *, by: str | None = None) -> pl.DataFrame:
+    """The straggler slowdown of a recorded run, overall and per group.
+
+    Args:
+        store: an open store (writable if the run has no graph yet).
+        run: a recorded run.
+        by: ``optype``, ``rank``, ``stage`` or ``dp_rank``; None: overall only.
+
+    Returns:
+        ``by, group, slowdown, step_ns``: first the overall rows (group ``all``: no-launch-delay
+        over no-stragglers; ``all+own delays``: the emulated recording over no-stragglers), then
+        one row per group, slowest first.
+
+    Raises:
+        PrismError: an unknown ``by``, no such run, or no coordinates for ``stage``/``dp_rank``.
+    """
+    if by is not None and by not in BY:
+        msg = f"slowdown --by must be one of {', '.join(BY)}, got {by!r}"
+        raise PrismError(msg)
+    inputs = _prepare(store, run)
+    ideal_cfg = EmulationConfig(what_if=WhatIfConfig(no_stragglers=True))
+    ideal = _mean_step(store, inputs, ideal_cfg)
+    nodelay = _mean_step(store, inputs, EmulationConfig(what_if=WhatIfConfig(no_launch_delay=True)))
+    emulated = _mean_step(store, inputs, EmulationConfig())
+    rows: list[tuple[str, str, float, float]] = [
+        ("", "all", nodelay / ideal, nodelay),
+        ("", "all+own delays", emulated / ideal, emulated),
+    ]
+    if by is not None:
+        labels = _labels(store, inputs, by)
+        per: list[tuple[str, str, float, float]] = []
+        for group in sorted({g for g in labels.to_list() if g is not None}):
+            inputs.keep_recorded = (labels == group).fill_null(value=False).to_numpy()
+            t = _mean_step(store, inputs, ideal_cfg)
+            per.append((by, group, t / ideal, t))
+        inputs.keep_recorded = None
+        rows += sorted(per, key=lambda r: -r[2])
+    return pl.DataFrame(
+        {
+            "by": [r[0] for r in rows],
+            "group": [r[1] for r in rows],
+            "slowdown": np.array([r[2] for r in rows], dtype=np.float64),
+            "step_ns": np.array([r[3] for r in rows], dtype=np.float64),
+        }
+    )

@@ -1,0 +1,642 @@
+"""Validation: how close emulated iteration times come to a fully recorded run's.
+
+Two checks on a run whose ranks were all recorded: *replay fidelity* (emulate the graphs of every
+recorded rank) and *slice fidelity* (slice the run from a few ranks to its own layout with
+``prism_trace.slicing.slicer.slice_run``, emulate the full world from the classes, compare).
+Nothing is left in the store: the temporary sliced run is deleted again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import polars as pl
+from prism_trace.replay.emulate.config import EmulationConfig
+from prism_trace.replay.emulate.driver import emulate_in_memory, temporary_slice
+from prism_trace.replay.emulate.frames import rank_peaks
+from prism_trace.replay.validate.inside_step import InsideStep, inside_step
+from prism_trace.replay.whatif.config import WhatIfConfig
+
+from prism_trace.errors import PrismError
+from prism_trace.layout.parallel import ParallelAxis, infer_layout
+
+if TYPE_CHECKING:
+    from prism_trace.store.connection import Store
+
+__all__ = [
+    "IterationError",
+    "RankPeak",
+    "ReplayValidation",
+    "ValidationReport",
+    "validate_replayed",
+    "validate_run",
+]
+
+
+@dataclass(frozen=True)
+class IterationError:
+    """One iteration: recorded and emulated time (mean over ranks) and the error.
+
+    Attributes:
+        iteration: the step.
+        recorded_ns: mean over ranks of the recorded iteration duration.
+        emulated_ns: mean over ranks of the emulated iteration duration.
+        error_pct: ``100 * (emulated - recorded) / recorded`` (signed).
+        max_rank_error_pct: the largest ``|error|`` of one rank's iteration, percent.
+    """
+
+    iteration: int
+    recorded_ns: float
+    emulated_ns: float
+    error_pct: float
+    max_rank_error_pct: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "iteration": self.iteration,
+            "recorded_ns": round(self.recorded_ns, 1),
+            "emulated_ns": round(self.emulated_ns, 1),
+            "error_pct": round(self.error_pct, 6),
+            "max_rank_error_pct": round(self.max_rank_error_pct, 6),
+        }
+
+
+@dataclass(frozen=True)
+class RankPeak:
+    """One rank: recorded and emulated peak ``total_allocated`` and the error.
+
+    Attributes:
+        rank: the rank.
+        recorded: recorded peak (max ``total_allocated`` over its memory events), bytes.
+        emulated: emulated peak (the re-timed timeline, ``replay.memory``), bytes.
+        error_pct: ``100 * (emulated - recorded) / recorded`` (signed).
+    """
+
+    rank: int
+    recorded: int
+    emulated: int
+    error_pct: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "rank": self.rank,
+            "recorded": self.recorded,
+            "emulated": self.emulated,
+            "error_pct": round(self.error_pct, 6),
+        }
+
+
+def _mem_mean(errors: list[RankPeak] | None) -> float | None:
+    if not errors:
+        return None
+    return float(np.mean([abs(e.error_pct) for e in errors]))
+
+
+def _compare_memory(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[RankPeak] | None:
+    """Per rank with a recorded peak > 0: emulated vs recorded peak (None without memory)."""
+    if recorded.is_empty():
+        return None
+    j = recorded.filter(pl.col("peak") > 0).join(
+        emulated.cast({"rank": recorded.schema["rank"]}),
+        on="rank",
+        how="left",
+        suffix="_emu",
+    )
+    return [
+        RankPeak(
+            rank=int(r),
+            recorded=int(rec),
+            emulated=int(emu or 0),
+            error_pct=100.0 * ((emu or 0) - rec) / rec,
+        )
+        for r, rec, emu in j.sort("rank").select("rank", "peak", "peak_emu").iter_rows()
+    ]
+
+
+def _mean_abs(errors: list[IterationError] | None) -> float | None:
+    if not errors:
+        return None
+    return float(np.mean([abs(e.error_pct) for e in errors]))
+
+
+def _mean_time_error(errors: list[IterationError] | None) -> float | None:
+    if not errors:
+        return None
+    rec = float(np.mean([e.recorded_ns for e in errors]))
+    emu = float(np.mean([e.emulated_ns for e in errors]))
+    return 100.0 * (emu - rec) / rec if rec else None
+
+
+def _max_rank(errors: list[IterationError] | None) -> float | None:
+    if not errors:
+        return None
+    return float(max(e.max_rank_error_pct for e in errors))
+
+
+@dataclass
+class ValidationReport:
+    """What ``validate_run`` measured."""
+
+    run: str
+    world_size: int
+    layout: str | None
+    slice_ranks: list[int] | None
+    replay: list[IterationError]
+    slice: list[IterationError] | None
+    replay_memory: list[RankPeak] | None = None
+    slice_memory: list[RankPeak] | None = None
+    variance: list[IterationError] | None = None
+    variance_mode: str | None = None
+    variance_seeds: int = 0
+    notes: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    replay_inside: InsideStep | None = None  # op starts and communication time, replay
+    slice_inside: InsideStep | None = None  # the same for the slice's emulated exemplars
+
+    @property
+    def replay_iteration_time_error_pct(self) -> float | None:
+        """Mean over iterations of ``|error_pct|`` of the replay from every recorded rank."""
+        return _mean_abs(self.replay)
+
+    @property
+    def slice_iteration_time_error_pct(self) -> float | None:
+        """Mean over iterations of ``|error_pct|`` of the emulation from the sliced run."""
+        return _mean_abs(self.slice)
+
+    @property
+    def slice_mean_iteration_time_error_pct(self) -> float | None:
+        """Signed error of the sliced emulation's mean iteration time over all iterations."""
+        return _mean_time_error(self.slice)
+
+    @property
+    def variance_iteration_time_error_pct(self) -> float | None:
+        """Mean over iterations of ``|error_pct|`` of the sliced emulation in variance mode
+        (each iteration's emulated time averaged over the seeds)."""
+        return _mean_abs(self.variance)
+
+    @property
+    def variance_mean_iteration_time_error_pct(self) -> float | None:
+        """Signed error of the variance-mode mean iteration time over all iterations."""
+        return _mean_time_error(self.variance)
+
+    @property
+    def peak_memory_error_pct(self) -> float | None:
+        """Mean over ranks of ``|error|`` of the replayed peak memory (None: no memory events)."""
+        return _mem_mean(self.replay_memory)
+
+    @property
+    def slice_peak_memory_error_pct(self) -> float | None:
+        """Mean over ranks of ``|error|`` of the peak memory emulated from the sliced run."""
+        return _mem_mean(self.slice_memory)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (memory errors are null when the run has no memory events)."""
+
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 6)
+
+        return {
+            "run": self.run,
+            "world_size": self.world_size,
+            "layout": self.layout,
+            "slice_ranks": self.slice_ranks,
+            "replay_iteration_time_error_pct": r(self.replay_iteration_time_error_pct),
+            "replay_max_rank_error_pct": r(_max_rank(self.replay)),
+            "slice_iteration_time_error_pct": r(self.slice_iteration_time_error_pct),
+            "slice_max_rank_error_pct": r(_max_rank(self.slice)),
+            "slice_mean_iteration_time_error_pct": r(self.slice_mean_iteration_time_error_pct),
+            "variance_mode": self.variance_mode,
+            "variance_seeds": self.variance_seeds,
+            "variance_iteration_time_error_pct": r(self.variance_iteration_time_error_pct),
+            "variance_mean_iteration_time_error_pct": r(
+                self.variance_mean_iteration_time_error_pct
+            ),
+            "peak_memory_error_pct": r(self.peak_memory_error_pct),
+            "slice_peak_memory_error_pct": r(self.slice_peak_memory_error_pct),
+            **_inside_dict(self.replay_inside, "replay"),
+            **_inside_dict(self.slice_inside, "slice"),
+            "replay": [e.as_dict() for e in self.replay],
+            "slice": None if self.slice is None else [e.as_dict() for e in self.slice],
+            "variance": None if self.variance is None else [e.as_dict() for e in self.variance],
+            "replay_memory": None
+            if self.replay_memory is None
+            else [e.as_dict() for e in self.replay_memory],
+            "slice_memory": None
+            if self.slice_memory is None
+            else [e.as_dict() for e in self.slice_memory],
+            "notes": self.notes,
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+        }
+
+    def summary(self) -> str:
+        """A few lines for the CLI."""
+
+        def pct(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.4f} %"
+
+        lines = [
+            f"validation of {self.run!r} ({self.world_size} ranks, layout {self.layout}):",
+            "  replay from all recorded ranks: mean |error|"
+            f" {pct(self.replay_iteration_time_error_pct)}"
+            f" over {len(self.replay)} iterations (worst rank {pct(_max_rank(self.replay))})",
+        ]
+        if self.slice is not None:
+            lines.append(
+                f"  sliced from ranks {self.slice_ranks}: mean |error|"
+                f" {pct(self.slice_iteration_time_error_pct)} (worst rank"
+                f" {pct(_max_rank(self.slice))}); mean iteration"
+                f" {pct(self.slice_mean_iteration_time_error_pct)}"
+            )
+        if self.variance is not None:
+            lines.append(
+                f"  sliced, variance mode ({self.variance_mode}, {self.variance_seeds} seeds):"
+                f" mean |error| {pct(self.variance_iteration_time_error_pct)}; mean iteration"
+                f" {pct(self.variance_mean_iteration_time_error_pct)}"
+            )
+        for label, inside in (("replay", self.replay_inside), ("slice", self.slice_inside)):
+            if inside is not None:
+                lines.append(
+                    f"  inside the step ({label}): op start |error| p50"
+                    f" {pct(inside.op_start_error_p50_pct)}, p99"
+                    f" {pct(inside.op_start_error_p99_pct)} of the iteration over {inside.ops} ops;"
+                    f" communication time {pct(inside.comm_time_error_pct)}"
+                )
+        if self.replay_memory is None:
+            lines.append("  peak memory: n/a (no memory events recorded)")
+        else:
+            lines.append(
+                f"  peak memory: replay mean |error| {pct(self.peak_memory_error_pct)}"
+                + (
+                    f", sliced {pct(self.slice_peak_memory_error_pct)}"
+                    if self.slice_memory is not None
+                    else ""
+                )
+                + f" over {len(self.replay_memory)} ranks"
+            )
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _inside_dict(inside: InsideStep | None, prefix: str) -> dict[str, Any]:
+    if inside is None:
+        return InsideStep(None, None, None, 0).as_dict(prefix)
+    return inside.as_dict(prefix)
+
+
+def _compare(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[IterationError]:
+    j = emulated.select("rank", "iteration", pl.col("dur").alias("emu")).join(
+        recorded.select("rank", "iteration", pl.col("dur").alias("rec")),
+        on=["rank", "iteration"],
+    )
+    j = j.with_columns(
+        ((pl.col("emu") - pl.col("rec")).abs() / pl.col("rec") * 100.0).alias("rank_err")
+    )
+    per = (
+        j.group_by("iteration")
+        .agg(
+            pl.col("rec").mean().alias("rec"),
+            pl.col("emu").mean().alias("emu"),
+            pl.col("rank_err").max().alias("worst"),
+        )
+        .sort("iteration")
+    )
+    return [
+        IterationError(
+            iteration=int(row["iteration"]),
+            recorded_ns=float(row["rec"]),
+            emulated_ns=float(row["emu"]),
+            error_pct=100.0 * (row["emu"] - row["rec"]) / row["rec"] if row["rec"] else 0.0,
+            max_rank_error_pct=float(row["worst"]),
+        )
+        for row in per.iter_rows(named=True)
+    ]
+
+
+def _symmetric_copies(store: Store, run: str, ranks: list[int]) -> int:
+    """How many unrecorded ranks copy a recorded TP/CP peer (0 without a layout)."""
+    from prism_trace.layout.symmetry import symmetric_partners
+
+    try:
+        layout = infer_layout(store, run)
+    except PrismError:
+        return 0
+    return int(symmetric_partners(layout, ranks)[0].size)
+
+
+def validate_run(
+    store: Store,
+    *,
+    run: str,
+    slice_ranks: list[int] | None = None,
+    config: EmulationConfig | None = None,
+    variance: Literal["iteration", "op"] | None = None,
+    seeds: int = 5,
+    allow_partial: bool = False,
+) -> ValidationReport:
+    """Measure emulation fidelity on a run whose every rank was recorded.
+
+    (a) Replay: emulate the graphs of all recorded ranks and compare each rank's iteration
+    durations with the recorded ones (the ``iteration`` table). (b) Slice: slice the run from
+    ``slice_ranks`` to its own inferred layout (``slice_run``), emulate the full world from the
+    class exemplars, compare the same way; the sliced run is deleted afterwards. Errors are per
+    iteration on the mean over ranks, then averaged (absolute) over iterations.
+
+    Args:
+        store: an open store; writable for the slice check (and to build a missing graph).
+        run: a recorded run with every rank of its world recorded.
+        slice_ranks: ranks to slice from (default: the ranks with data-parallel coordinate 0
+            under the inferred layout, i.e. one replica).
+        config: the emulation config for both checks (its what-ifs are ignored: validation
+            compares with the recording as it happened).
+        variance: also emulate the slice in this variance mode (``replay.whatif``), once per
+            seed ``0 .. seeds-1``, and compare the per-iteration mean over seeds.
+        seeds: number of seeds of the variance check.
+        allow_partial: a run missing ranks is replayed from the ranks it has (collectives and
+            sends resolved over the participants present, ``CompletionConfig.allow_partial``) and
+            compared on those ranks; the slice check is skipped.
+
+    Returns:
+        The per-iteration errors of both checks.
+
+    Raises:
+        PrismError: no such run, not a recorded run, ranks missing, or no iterations recorded.
+    """
+    t0 = time.perf_counter()
+    config = dataclasses.replace(config or EmulationConfig(), what_if=WhatIfConfig())
+    run_id = store.require_run(run)
+    ((kind, world),) = store.con.execute(
+        "SELECT kind, world_size FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    if kind != "recorded":
+        msg = f"{store.path}: run {run!r} is {kind}; validation needs a recorded run"
+        raise PrismError(msg)
+    ranks = [
+        r
+        for (r,) in store.con.execute(
+            "SELECT rank FROM rank WHERE run_id = ? ORDER BY rank", [run_id]
+        ).fetchall()
+    ]
+    world = int(world or len(ranks))
+    notes: list[str] = []
+    partial = False
+    if len(ranks) != world:
+        copies = _symmetric_copies(store, run, ranks)
+        if len(ranks) + copies == world:
+            notes.append(
+                f"{copies} unrecorded ranks are TP/CP peers of recorded ones (copies);"
+                f" compared on the {len(ranks)} recorded ranks"
+            )
+        elif not allow_partial:
+            msg = (
+                f"{store.path}: run {run!r} recorded {len(ranks)} of {world} ranks; validation"
+                " needs every rank as ground truth, or one per TP/CP group (--partial"
+                " replays the recorded ones)"
+            )
+            raise PrismError(msg)
+        else:
+            partial = True
+    if partial:
+        config = dataclasses.replace(
+            config, completion=dataclasses.replace(config.completion, allow_partial=True)
+        )
+    recorded = store.con.sql(
+        "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]
+    ).pl()
+    if recorded.is_empty():
+        msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
+        raise PrismError(msg)
+    rec_peaks = store.con.sql(
+        "SELECT rank, max(total_allocated)::BIGINT AS peak FROM memory WHERE run_id = $1"
+        " GROUP BY rank",
+        params=[run_id],
+    ).pl()
+
+    res, emulated = emulate_in_memory(store, run=run, config=config)
+    replay = _compare(emulated, recorded)
+    replay_memory = _compare_memory(rank_peaks(res), rec_peaks)
+    replay_inside = inside_step(res, recorded, emulated)
+    slice_inside: InsideStep | None = None
+    slice_memory: list[RankPeak] | None = None
+    t_replay = time.perf_counter() - t0
+
+    layout_spec: str | None = None
+    sliced: list[IterationError] | None = None
+    variance_errors: list[IterationError] | None = None
+    layout = None
+    if partial:
+        notes.append(
+            f"{len(ranks)} of {world} ranks recorded: replayed with partial instances;"
+            " slice check skipped"
+        )
+    else:
+        try:
+            layout = infer_layout(store, run)
+            layout_spec = layout.spec
+        except PrismError as exc:
+            notes.append(f"slice check skipped: no layout ({exc})")
+    if layout is not None and slice_ranks is None:
+        dp = layout.coords(np.asarray(ranks))[ParallelAxis.DP]
+        slice_ranks = [r for r, d in zip(ranks, dp.tolist(), strict=True) if d == 0]
+    if layout is not None and store.read_only:
+        notes.append("slice check skipped: the store is read-only")
+    elif layout is not None:
+        try:
+            with temporary_slice(
+                store, run=run, layout=layout, from_ranks=slice_ranks, name=f"_validate_{run}_slice"
+            ) as tmp:
+                res_s, emulated_s = emulate_in_memory(store, run=tmp, config=config)
+                sliced = _compare(emulated_s, recorded)
+                slice_memory = _compare_memory(rank_peaks(res_s), rec_peaks)
+                slice_inside = inside_step(res_s, recorded, emulated_s)
+                if variance is not None:
+                    draws = []
+                    for seed in range(seeds):
+                        cfg = dataclasses.replace(
+                            config,
+                            what_if=WhatIfConfig(variance=True, variance_mode=variance),
+                            seed=seed,
+                        )
+                        draws.append(emulate_in_memory(store, run=tmp, config=cfg)[1])
+                    mean = pl.concat(draws).group_by("rank", "iteration").agg(pl.col("dur").mean())
+                    variance_errors = _compare(mean, recorded)
+        except PrismError as exc:
+            notes.append(f"slice check failed: {exc}")
+    return ValidationReport(
+        run=run,
+        world_size=world,
+        layout=layout_spec,
+        slice_ranks=slice_ranks,
+        replay=replay,
+        slice=sliced,
+        replay_memory=replay_memory,
+        slice_memory=slice_memory,
+        variance=variance_errors,
+        variance_mode=variance,
+        variance_seeds=seeds if variance_errors is not None else 0,
+        notes=notes,
+        seconds={"replay": t_replay, "total": time.perf_counter() - t0},
+        replay_inside=replay_inside,
+        slice_inside=slice_inside,
+    )
+
+
+# -- replayed runs (``replay.hybrid``) ---------------------------------------------------------
+
+
+@dataclass
+class ReplayValidation:
+    """A ``replayed`` run against the recording of the same ranks.
+
+    Attributes:
+        replayed: the replayed run.
+        recorded: the recorded run that is the ground truth (the replayed run's parent, or the
+            parent of a sliced parent).
+        ranks: the replayed ranks (``rank.represented_by`` is compared when they differ).
+        iterations: per iteration, replayed vs recorded duration (mean over the ranks).
+        memory: per rank, replayed vs recorded peak ``total_allocated`` (None without memory).
+    """
+
+    replayed: str
+    recorded: str
+    ranks: list[int]
+    iterations: list[IterationError]
+    memory: list[RankPeak] | None
+
+    @property
+    def iteration_time_error_pct(self) -> float | None:
+        """Mean over iterations of ``|error_pct|``."""
+        return _mean_abs(self.iterations)
+
+    @property
+    def mean_iteration_error_pct(self) -> float | None:
+        """Signed error of the mean iteration time over all iterations."""
+        if not self.iterations:
+            return None
+        rec = sum(e.recorded_ns for e in self.iterations)
+        rep = sum(e.emulated_ns for e in self.iterations)
+        return 100.0 * (rep - rec) / rec if rec else None
+
+    @property
+    def peak_memory_error_pct(self) -> float | None:
+        """Mean over ranks of ``|error|`` of the peak memory."""
+        return _mem_mean(self.memory)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 6)
+
+        return {
+            "replayed": self.replayed,
+            "recorded": self.recorded,
+            "ranks": self.ranks,
+            "iteration_time_error_pct": r(self.iteration_time_error_pct),
+            "mean_iteration_error_pct": r(self.mean_iteration_error_pct),
+            "max_rank_error_pct": r(_max_rank(self.iterations)),
+            "peak_memory_error_pct": r(self.peak_memory_error_pct),
+            "iterations": [e.as_dict() for e in self.iterations],
+            "memory": None if self.memory is None else [m.as_dict() for m in self.memory],
+        }
+
+    def summary(self) -> str:
+        """A few lines for the CLI."""
+
+        def pct(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.3f} %"
+
+        lines = [
+            f"replayed run {self.replayed!r} against recorded {self.recorded!r}, ranks"
+            f" {self.ranks}:",
+            f"  iteration time: mean |error| {pct(self.iteration_time_error_pct)} over"
+            f" {len(self.iterations)} iterations, error of the mean"
+            f" {pct(self.mean_iteration_error_pct)}, worst rank {pct(_max_rank(self.iterations))}",
+        ]
+        for e in self.iterations:
+            lines.append(
+                f"    iteration {e.iteration}: replayed {e.emulated_ns / 1e6:.3f} ms, recorded"
+                f" {e.recorded_ns / 1e6:.3f} ms ({e.error_pct:+.3f} %)"
+            )
+        if self.memory is None:
+            lines.append("  peak memory: n/a (no memory events)")
+        else:
+            lines.append(f"  peak memory: mean |error| {pct(self.peak_memory_error_pct)}")
+            for m in self.memory:
+                lines.append(
+                    f"    rank {m.rank}: replayed {m.emulated} B, recorded {m.recorded} B"
+                    f" ({m.error_pct:+.3f} %)"
+                )
+        return "\n".join(lines)
+
+
+def validate_replayed(store: Store, *, replayed: str) -> ReplayValidation:
+    """Compare a ``replayed`` run (``prism replay``) with the recording of its ranks.
+
+    Per iteration, the replayed duration of each rank against the recorded duration of the rank
+    it replays (``rank.represented_by``), averaged over the ranks; peak memory per rank: the
+    replayed run's largest ``total_allocated`` against the recorded one.
+
+    Args:
+        store: an open store.
+        replayed: a run of kind ``replayed``.
+
+    Returns:
+        The errors.
+
+    Raises:
+        PrismError: not a replayed run, or no recorded run behind it.
+    """
+    run_id = store.require_run(replayed)
+    kind = store.run_ancestry(run_id)[0].kind
+    if kind != "replayed":
+        msg = f"{store.path}: run {replayed!r} is {kind}; --replayed needs a replayed run"
+        raise PrismError(msg)
+    recorded = store.recorded_ancestor(run_id)
+    if recorded is None:
+        msg = f"{store.path}: run {replayed!r} has no recorded run behind it to compare with"
+        raise PrismError(msg)
+    rec_id, rec_name = recorded.run_id, recorded.name
+    ranks = store.con.sql(
+        "SELECT rank, coalesce(represented_by, rank) AS src FROM rank WHERE run_id = $1"
+        " ORDER BY rank",
+        params=[run_id],
+    ).pl()
+    mapping = ranks.select(pl.col("rank"), pl.col("src"))
+    rep = (
+        store.con.sql(
+            "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]
+        )
+        .pl()
+        .join(mapping, on="rank")
+        .select(pl.col("src").alias("rank"), "iteration", "dur")
+    )
+    srcs = ranks["src"].to_list()
+    rec = store.con.sql(
+        "SELECT rank, iteration, dur FROM iteration WHERE run_id = $1 AND list_contains($2, rank)",
+        params=[rec_id, srcs],
+    ).pl()
+    peaks_sql = (
+        "SELECT rank, max(total_allocated)::BIGINT AS peak FROM memory WHERE run_id = $1"
+        " GROUP BY rank"
+    )
+    rep_peaks = (
+        store.con.sql(peaks_sql, params=[run_id])
+        .pl()
+        .join(mapping, on="rank")
+        .select(pl.col("src").alias("rank"), "peak")
+    )
+    rec_peaks = store.con.sql(peaks_sql, params=[rec_id]).pl().filter(pl.col("rank").is_in(srcs))
+    memory = _compare_memory(rep_peaks, rec_peaks) if not rep_peaks.is_empty() else None
+    return ReplayValidation(
+        replayed=replayed,
+        recorded=rec_name,
+        ranks=ranks["rank"].to_list(),
+        iterations=_compare(rep, rec),
+        memory=memory,
+    )
