@@ -13,6 +13,7 @@ from prism_trace.errors import (
     TruncatedTraceError,
     UnknownFormatError,
 )
+from prism_trace.version import __version__
 
 __all__ = [
     "CollectiveMismatchError",
@@ -26,5 +27,5 @@ __all__ = [
     "TraceFormatError",
     "TruncatedTraceError",
     "UnknownFormatError",
+    "__version__",
 ]
-__version__ = "0.1.0"

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
-from prism_trace import __version__
 from prism_trace.errors import PrismError, SchemaVersionError, StoreLockedError
 from prism_trace.store import schema
+from prism_trace.version import __version__
 
 __all__ = ["RunLink", "Store", "open_store", "removed_if_new_and_failed"]
 
@@ -33,17 +33,40 @@ class Store:
     con: duckdb.DuckDBPyConnection
     path: Path
     read_only: bool
+    _depth: int = field(default=0, repr=False)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """All-or-nothing write: commit on success, roll back on any exception (then re-raise)."""
+        """All-or-nothing write: commit on success, roll back on any exception (then re-raise).
+
+        A transaction opened inside another joins it, so a command that calls several writers
+        (build a graph, slice, emulate) commits once, at the end, or leaves the store as it was.
+        DuckDB has no savepoints: an error inside a joined block aborts the whole transaction,
+        so it must reach the outermost block (catching it halfway cannot keep the writes).
+        """
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self.con
+            finally:
+                self._depth -= 1
+            return
         self.con.execute("BEGIN TRANSACTION")
+        self._depth = 1
         try:
             yield self.con
         except BaseException:
             self.con.execute("ROLLBACK")
             raise
+        finally:
+            self._depth = 0
         self.con.execute("COMMIT")
+
+    @property
+    def in_transaction(self) -> bool:
+        """Whether a ``transaction()`` block is open (a writer may then skip its own checks
+        that only matter between commands)."""
+        return self._depth > 0
 
     def run_id(self, name: str) -> int | None:
         """The id of the run called ``name``, or None."""

@@ -179,9 +179,11 @@ def _pythonpath(shim: Path, env: Mapping[str, str]) -> str:
 
 def _package_root() -> str:
     """The folder that holds the installed ``prism_trace`` package (the shim's fallback)."""
-    import prism_trace
-
-    return str(Path(prism_trace.__file__).resolve().parents[1])
+    spec = importlib.util.find_spec("prism_trace")  # found, not imported: no cycle through it
+    if spec is None or spec.origin is None:  # pragma: no cover - this module runs inside it
+        msg = "prism_trace is not importable from this interpreter"
+        raise RuntimeError(msg)
+    return str(Path(spec.origin).resolve().parents[1])
 
 
 def _rank_env(
