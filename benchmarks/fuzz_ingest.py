@@ -779,13 +779,13 @@ _RUN_TABLES_SKIP = {"meta", "run", "source_file"}
 
 def store_snapshot(db: Path) -> dict[str, Any]:
     """Row counts of every table and the runs: what a refused ingest must leave as it was."""
-    from prism_trace.store import schema
     from prism_trace.store.connection import open_store
+    from prism_trace.store.tables import TABLES
 
     with open_store(db, read_only=True) as store:
         out: dict[str, Any] = {
             t.name: store.con.execute(f"SELECT count(*) FROM {t.name}").fetchone()[0]  # type: ignore[index]
-            for t in schema.TABLES
+            for t in TABLES
         }
         out["runs"] = store.con.execute("SELECT run_id, name FROM run ORDER BY run_id").fetchall()
     return out
@@ -795,13 +795,13 @@ def run_digest(db: Path, run: str, *, strip_key: str | None = None) -> tuple[str
     """A digest of every table of ``run`` (ids, values; not paths or times), and the invariants
     the run breaks. ``strip_key``: hash ``et_op.attrs`` as if that key (a string of x) were not
     there (a host ET keeps the keys of a node it does not map in ``attrs``)."""
-    from prism_trace.store import schema
     from prism_trace.store.connection import open_store
+    from prism_trace.store.tables import TABLES
 
     with open_store(db, read_only=True) as store:
         rid = store.run_id(run)
         h = hashlib.sha256()
-        for t in schema.TABLES:
+        for t in TABLES:
             if t.name in _RUN_TABLES_SKIP:
                 continue
             cols = "* EXCLUDE (run_id)"

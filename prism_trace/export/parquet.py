@@ -20,8 +20,11 @@ import duckdb
 
 from prism_trace.errors import PrismError
 from prism_trace.outputs import output_dir
-from prism_trace.store import schema
 from prism_trace.store.connection import Store
+from prism_trace.store.declaration import Table
+from prism_trace.store.schema import SCHEMA_VERSION
+from prism_trace.store.tables import TABLES
+from prism_trace.store.views import VIEWS
 
 __all__ = ["ParquetExport", "export_parquet", "open_parquet"]
 
@@ -34,7 +37,7 @@ _MARKER = "_prism.json"
 _ONE_FILE = frozenset({"meta", "run", "rank", "source_file", "comm_group", "iteration"})
 
 
-def _partitioned(table: schema.Table) -> bool:
+def _partitioned(table: Table) -> bool:
     return table.name not in _ONE_FILE and "rank" in {c.name for c in table.columns}
 
 
@@ -89,7 +92,7 @@ def export_parquet(
     output_dir(out_dir)
     rows: dict[str, int] = {}
     id_list = ", ".join(map(str, ids)) or "NULL"
-    for t in schema.TABLES:
+    for t in TABLES:
         cols = {c.name for c in t.columns}
         where = "" if t.name == "run" or "run_id" not in cols else f" WHERE run_id IN ({id_list})"
         n = store.con.execute(f"SELECT count(*) FROM {t.name}{where}").fetchall()[0][0]
@@ -105,12 +108,12 @@ def export_parquet(
             f" (FORMAT parquet, COMPRESSION zstd{part})"
         )
     (out_dir / _MARKER).write_text(
-        json.dumps({"schema_version": schema.SCHEMA_VERSION, "runs": names}, indent=1) + "\n"
+        json.dumps({"schema_version": SCHEMA_VERSION, "runs": names}, indent=1) + "\n"
     )
     return ParquetExport(out_dir, names, rows, time.perf_counter() - t0)
 
 
-def _empty_select(table: schema.Table) -> str:
+def _empty_select(table: Table) -> str:
     cols = ", ".join(f"NULL::{c.type} AS {c.name}" for c in table.columns)
     return f"SELECT {cols} WHERE false"
 
@@ -135,15 +138,15 @@ def open_parquet(root: str | Path) -> Store:
             msg = f"{text}: not a prism Parquet export (no {_MARKER}; see `prism export parquet`)"
             raise PrismError(msg)
         found = json.loads(marker.read_text()).get("schema_version")
-        if found != schema.SCHEMA_VERSION:
+        if found != SCHEMA_VERSION:
             con.close()
             msg = (
                 f"{text}: Parquet export has schema version {found}, this prism-trace reads"
-                f" {schema.SCHEMA_VERSION}; export it again (docs/schema-changes.md)"
+                f" {SCHEMA_VERSION}; export it again (docs/schema-changes.md)"
             )
             raise PrismError(msg)
     base, remote = text.rstrip("/"), _is_remote(text)
-    for t in schema.TABLES:
+    for t in TABLES:
         pattern = f"{base}/{t.name}/" + ("*/*.parquet" if _partitioned(t) else "*.parquet")
         casts = ", ".join(f"{c.name}::{c.type} AS {c.name}" for c in t.columns)
         src = f"read_parquet({_sql_str(pattern)}, hive_partitioning = {_partitioned(t)})"
@@ -155,6 +158,6 @@ def open_parquet(root: str | Path) -> Store:
                 if not remote:
                     raise
         con.execute(f"CREATE VIEW {t.name} AS {_empty_select(t)}")  # no rows of this table
-    for v in schema.VIEWS:
+    for v in VIEWS:
         con.execute(f"CREATE VIEW {v.name} AS {v.sql}")
     return Store(con, Path(text), read_only=True)

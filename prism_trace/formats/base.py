@@ -28,7 +28,7 @@ import polars as pl
 
 from prism_trace.errors import TraceFormatError
 from prism_trace.limits import gzip_errors, open_bounded
-from prism_trace.store import schema
+from prism_trace.store import tables
 
 __all__ = [
     "ET_IO_COLUMNS",
@@ -56,7 +56,7 @@ _DUCK_TO_POLARS: dict[str, pl.DataType] = {
 
 def _frame_schema(table_name: str, *, group_name: bool = False) -> dict[str, pl.DataType]:
     out: dict[str, pl.DataType] = {}
-    for c in schema.table(table_name).columns:
+    for c in tables.table(table_name).columns:
         if c.name == "run_id":
             continue
         if group_name and c.name == "group_id":

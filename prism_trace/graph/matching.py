@@ -5,7 +5,7 @@ it with one kind and one size. A missing member is a *mismatch* only when that r
 the run at all: a run may hold a few ranks of a larger job, and then the others are simply absent.
 A send ``(rank → peer, group, seq)`` pairs with the receive ``(peer ← rank, group, seq)``; an
 unpaired side is a mismatch when both ranks were recorded. The SQL lives in the
-``comm_mismatch`` and ``p2p_pair`` views (``schema.VIEWS``); this module runs it for one run.
+``comm_mismatch`` and ``p2p_pair`` views (``store.views.VIEWS``); this module runs it for one run.
 
 Matching is only as good as what the trace says. Group name and sequence number come from the
 trace where it gives them (``record_param_comms`` args, the NCCL kernel's args, the host ET's
@@ -28,8 +28,8 @@ import polars as pl
 
 from prism_trace.errors import CollectiveMismatchError
 from prism_trace.layout.symmetry import ranges
-from prism_trace.store import schema
 from prism_trace.store.connection import Store
+from prism_trace.store.views import VIEWS
 
 __all__ = [
     "SIZED_KINDS",
@@ -55,7 +55,7 @@ _SHOW = 4  # ranks named in a one-line message before "..."
 
 
 def _view_sql(name: str) -> str:
-    for v in schema.VIEWS:
+    for v in VIEWS:
         if v.name == name:
             return v.sql
     msg = f"no view named {name!r}"

@@ -27,7 +27,7 @@ import polars as pl
 from prism_trace.errors import OutOfMemoryError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.ingest.read import _quote
-from prism_trace.store import schema
+from prism_trace.store import tables
 from prism_trace.store.write import append
 
 __all__ = ["FLUSH_ROWS", "Pending"]
@@ -138,7 +138,7 @@ def _first_refused(table: str, items: list[tuple[Path, pl.DataFrame]], run_id: i
     """The first file whose rows a fresh ``table`` refuses, the files appended one by one (so a
     key two files give is refused at the second); the first file when none is refused."""
     with contextlib.closing(duckdb.connect()) as scratch:
-        scratch.execute(schema.table(table).ddl())
+        scratch.execute(tables.table(table).ddl())
         for path, df in items:
             try:
                 append(scratch, table, run_id=run_id, df=df)

@@ -19,8 +19,8 @@ import duckdb
 import polars as pl
 
 from prism_trace.errors import DuplicateRunError, PrismError
-from prism_trace.store import schema
 from prism_trace.store.connection import Store
+from prism_trace.store.tables import TABLES, table
 
 __all__ = [
     "RUN_TABLES",
@@ -32,7 +32,7 @@ __all__ = [
     "next_run_id",
 ]
 
-RUN_TABLES = tuple(t.name for t in schema.TABLES if t.name not in ("meta", "run"))
+RUN_TABLES = tuple(t.name for t in TABLES if t.name not in ("meta", "run"))
 """The tables whose rows belong to one run (keyed by ``run_id``)."""
 
 _frames = itertools.count()
@@ -47,14 +47,14 @@ def append(
 
     Args:
         con: the connection of the open transaction.
-        table_name: a table of ``prism_trace.store.schema``.
+        table_name: a table of ``prism_trace.store.tables``.
         df: rows; columns the table lacks are ignored, columns it has but ``df`` lacks get their
             default (NULL).
         run_id: the run the rows belong to, when ``df`` has no ``run_id`` column.
     """
     if df.is_empty():
         return 0
-    cols = [c for c in schema.table(table_name).column_names if c in df.columns]
+    cols = [c for c in table(table_name).column_names if c in df.columns]
     if run_id is not None:
         cols = [c for c in cols if c != "run_id"]
     name = f"_prism_frame_{next(_frames)}"

@@ -23,9 +23,9 @@ from prism_trace.errors import (
     UnknownFormatError,
 )
 from prism_trace.ingest.pipeline import ingest
-from prism_trace.store import schema
 from prism_trace.store.connection import open_store
 from prism_trace.store.schema import SCHEMA_VERSION
+from prism_trace.store.tables import TABLES
 
 pytestmark = pytest.mark.shared_data
 
@@ -35,7 +35,7 @@ def snapshot(db: Path) -> dict[str, int | str]:
     with open_store(db, read_only=True) as store:
         out: dict[str, int | str] = {
             t.name: store.con.execute(f"SELECT count(*) FROM {t.name}").fetchone()[0]  # type: ignore[index]
-            for t in schema.TABLES
+            for t in TABLES
         }
         out["schema_version"] = store.con.execute(
             "SELECT value FROM meta WHERE key = 'schema_version'"

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from prism_trace.cli import main
 from prism_trace.errors import PrismError
 from prism_trace.export.parquet import export_parquet, open_parquet
-from prism_trace.store import schema
+from prism_trace.store.schema import SCHEMA_VERSION
+from prism_trace.store.tables import TABLES
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def exported(sample_store: object, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def test_every_table_round_trips(sample_store: object, exported: Path) -> None:
     pq = open_parquet(exported)
-    for t in schema.TABLES:
+    for t in TABLES:
         cols = ", ".join(c.name for c in t.columns)
         order = ", ".join(str(i + 1) for i in range(len(t.columns)))
         want = sample_store.con.sql(f"SELECT {cols} FROM {t.name} ORDER BY {order}").pl()  # type: ignore[attr-defined]
@@ -37,10 +38,7 @@ def test_layout_is_hive_by_rank_and_polars_reads_it(exported: Path) -> None:
     assert (exported / "iteration" / "data.parquet").is_file()
     df = pl.read_parquet(exported / "event" / "**" / "*.parquet", hive_partitioning=True)
     assert sorted(df["rank"].unique().to_list()) == list(range(8))
-    assert (
-        json.loads((exported / "_prism.json").read_text())["schema_version"]
-        == schema.SCHEMA_VERSION
-    )
+    assert json.loads((exported / "_prism.json").read_text())["schema_version"] == SCHEMA_VERSION
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from prism_trace.store import schema
 from prism_trace.store.connection import open_store
+from prism_trace.store.tables import TABLES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,13 +25,13 @@ def test_every_column_is_created_with_its_comment(tmp_path: Path) -> None:
             " WHERE schema_name = 'main'"
         ).fetchall()
     found = {(t, c): doc for t, c, doc in rows}
-    for t in schema.TABLES:
+    for t in TABLES:
         for c in t.columns:
             assert found.get((t.name, c.name)) == c.doc, (t.name, c.name)
 
 
 def test_every_per_rank_table_is_keyed_by_run() -> None:
-    for t in schema.TABLES:
+    for t in TABLES:
         if t.name != "meta":
             assert t.columns[0].name == "run_id", t.name
 
