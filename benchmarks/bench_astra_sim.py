@@ -146,7 +146,7 @@ def st_slice(binary: Path, store, tmp: Path) -> str:
     from prism_trace.export.chakra.writer import export_chakra
     from prism_trace.graph.build import build_graph
     from prism_trace.ingest.pipeline import ingest
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
 
     ingest(store, [dataset("megatron-straggler-st-8rank")], run="st", progress=False)

@@ -28,7 +28,7 @@ def main() -> None:
 
     from prism_trace.export.chakra.writer import export_chakra
     from prism_trace.ingest.pipeline import ingest
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store
 

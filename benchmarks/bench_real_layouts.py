@@ -44,8 +44,9 @@ from prism_trace.errors import PrismError
 from prism_trace.graph.build import build_graph
 from prism_trace.graph.matching import match_comms
 from prism_trace.ingest.pipeline import ingest
-from prism_trace.layout.choice import choose_layout, declare_layout
-from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.layout.choice import choose_layout
+from prism_trace.layout.declare import declare_layout
+from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.layout.symmetry import missing_ranks, symmetric_partners
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import open_store

@@ -101,7 +101,7 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory, sample_template: Path
 def _slice_sample(template: Path, db: Path) -> None:
     """The sample, its graph and three `tp=2,dp=N,pp=2` slices: runs `s4`, `s2048`, `s16384`."""
     from prism_trace.graph.build import build_graph
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store
 
@@ -228,3 +228,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (-seconds.get(file, 0.0), not every_slow[file])
 
     items.sort(key=cost)
+
+
+def store_contents(store: Store) -> dict[str, list[tuple]]:
+    """Every row of every table, sorted: what a refused command must leave exactly as it was."""
+    from prism_trace.store.tables import TABLES
+
+    return {
+        t.name: store.con.execute(f"SELECT * FROM {t.name} ORDER BY ALL").fetchall() for t in TABLES
+    }

@@ -18,7 +18,7 @@ from prism_trace.errors import PrismError
 from prism_trace.limits import MAX_RANKS
 
 if TYPE_CHECKING:
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -158,7 +158,7 @@ def declared_layout(spec: str | None, order: str | None) -> ParallelLayout | Non
             msg = "--order goes with --layout (it orders the axes --layout sizes)"
             raise PrismError(msg)
         return None
-    from prism_trace.layout.parallel import ParallelLayout  # here: `prism --help` stays fast
+    from prism_trace.layout.mesh import ParallelLayout  # here: `prism --help` stays fast
 
     return ParallelLayout.parse(spec, order)
 

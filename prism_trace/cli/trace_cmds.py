@@ -101,7 +101,7 @@ def ingest_cmd(
     from prism_trace.ingest.memory import ingest_memory_limit
     from prism_trace.ingest.parts import preforked
     from prism_trace.ingest.pipeline import ingest, reader_processes
-    from prism_trace.layout.choice import declare_layout_of_new_run
+    from prism_trace.layout.declare import declare_layout_of_new_run
     from prism_trace.store.connection import open_store, removed_if_new_and_failed
     from prism_trace.store.write import check_run_name
 
@@ -315,7 +315,7 @@ def slice_cmd(
     as_json: bool,
 ) -> None:
     """Build the full-scale graph of WORLD ranks from the recorded ranks of RUN."""
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store
 

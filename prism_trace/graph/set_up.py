@@ -11,12 +11,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from prism_trace.errors import PrismError
-from prism_trace.graph.build import GraphReport, build_graph
+from prism_trace.graph.base import GraphReport
+from prism_trace.graph.build import build_graph
 from prism_trace.graph.matching import CommMatchReport, match_comms
-from prism_trace.layout.choice import LayoutChoice, choose_layout, declare_layout
-from prism_trace.layout.parallel import ParallelLayout, assign_axes
+from prism_trace.layout.assign import assign_axes
+from prism_trace.layout.choice import LayoutChoice, choose_layout
+from prism_trace.layout.declare import declare_layout
+from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.layout.symmetry import missing_ranks, symmetric_partners
 from prism_trace.store.connection import Store
+
+__all__ = ["GraphSetup", "set_up_graph"]
 
 
 @dataclass
@@ -30,6 +35,7 @@ class GraphSetup:
     layout_text: str
 
     def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``prism graph --json``)."""
         return {
             "graph": self.graph.as_dict(),
             "comms": self.comms.as_dict(),
@@ -84,27 +90,33 @@ class GraphSetup:
 def set_up_graph(store: Store, run: str, *, declared: ParallelLayout | None = None) -> GraphSetup:
     """Build RUN's graph and give every rank its role and every group its axis, when they allow.
 
+    One transaction: a refused command (a declared layout the run cannot hold, a rank without a
+    timeline) leaves the store exactly as it was, graph rows included. A layout the groups do
+    not fit is no refusal: the graph is kept and ``layout.error`` says why.
+
     Args:
         store: a writable store.
         run: a recorded run.
         declared: a layout the user states (``--layout``); it overrides the inferred one.
     """
-    if declared is not None:
-        declare_layout(store, run, declared)
-    report = build_graph(store, run)
-    choice = choose_layout(store, run)
-    copies: list[int] = []
-    if choice.layout is not None:
-        copies = symmetric_partners(choice.layout, list(report.ranks))[0].tolist()
-    match = match_comms(store, run, copies=copies)
-    if choice.layout is not None:
-        try:
-            assign_axes(store, run, choice.layout)
-        except PrismError as exc:
-            choice.error = str(exc).splitlines()[0]
-            choice.layout = None
-    ((world,),) = store.con.execute(
-        "SELECT world_size FROM run WHERE run_id = ?", [report.run_id]
-    ).fetchall()
+    with store.transaction():
+        if declared is not None:
+            declare_layout(store, run, declared)
+        report = build_graph(store, run)
+        choice = choose_layout(store, run)
+        copies: list[int] = []
+        if choice.layout is not None:
+            copies = symmetric_partners(choice.layout, list(report.ranks))[0].tolist()
+        match = match_comms(store, run, copies=copies)
+        if choice.layout is not None:
+            try:
+                # Checks every group before its first write, so a refusal leaves no half.
+                assign_axes(store, run, choice.layout)
+            except PrismError as exc:
+                choice.error = str(exc).splitlines()[0]
+                choice.layout = None
+        ((world,),) = store.con.execute(
+            "SELECT world_size FROM run WHERE run_id = ?", [report.run_id]
+        ).fetchall()
     missing = missing_ranks(int(world or 0), list(report.ranks), choice.layout)
     return GraphSetup(report, match, choice, missing, choice.text())

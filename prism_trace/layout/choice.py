@@ -1,11 +1,13 @@
 """Where a run's parallel layout comes from: declared by the user, or inferred with its reasons.
 
+Read only: declaring a layout lives in ``declare``, writing its axes onto the run in ``assign``.
+
 A trace often does not say its layout. A Megatron TP8 job whose NCCL trace shows only
 ``default_pg`` looks exactly like an 8-way data-parallel one; only the user knows. So a layout
 can be *declared* (``prism ingest --layout``, ``prism graph --layout``): it is stored in
 ``run.config_json`` (``layout``: spec, order, source) and every later step (``infer_layout``, so
 slicing, emulation, validation) takes it as it is, after checking that the run's groups and
-rank coordinates fit it. Otherwise the layout is *inferred* (``parallel``'s rules: group
+rank coordinates fit it. Otherwise the layout is *inferred* (``infer``'s rules: group
 descriptions of Megatron, torchtitan and DeepSpeed, the ranks' coordinates in the trace
 headers), and ``choose_layout`` says why and when the answer is ambiguous:
 
@@ -20,33 +22,26 @@ headers), and ``choose_layout`` says why and when the answer is ambiguous:
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from prism_trace.errors import PrismError
-from prism_trace.layout.parallel import (
-    AXES,
-    DEFAULT_ORDER,
-    LayoutError,
-    ParallelAxis,
-    ParallelLayout,
-    _check,
-    _described_axis,
-    _infer,
-    _parse_order,
-    _read_coords,
-    _read_groups,
-    _sizes,
-    _write_axes,
+from prism_trace.layout.infer import (
+    RecordedGroup,
+    axis_sizes,
+    fit_layout,
+    misfit,
+    orderings,
+    read_coords,
+    read_groups,
 )
+from prism_trace.layout.mesh import AXES, LayoutError, ParallelAxis, ParallelLayout
+from prism_trace.layout.roles import described_axis
 from prism_trace.store.connection import Store
-from prism_trace.store.write import drop_run
 
-__all__ = ["LayoutChoice", "choose_layout", "declare_layout", "declared_layout"]
+__all__ = ["LayoutChoice", "choose_layout", "declared_layout", "infer_layout", "run_config"]
 
 _FORWARD_SHARE = 1 / 3
 """All-reduces starting in this first share of their step run inside the forward compute."""
@@ -98,7 +93,9 @@ class LayoutChoice:
         return out
 
 
-def _config(store: Store, run_id: int) -> dict[str, Any]:
+def run_config(store: Store, run_id: int) -> dict[str, Any]:
+    """The run's ``config_json`` as a dict (empty when unset or not an object): where a declared
+    layout is kept."""
     rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
     try:
         data = json.loads(rows[0][0] or "{}") if rows else {}
@@ -110,113 +107,10 @@ def _config(store: Store, run_id: int) -> dict[str, Any]:
 def declared_layout(store: Store, run: str) -> ParallelLayout | None:
     """The layout declared for ``run`` (``declare_layout``), or None."""
     run_id = store.require_run(run)
-    got = _config(store, run_id).get("layout")
+    got = run_config(store, run_id).get("layout")
     if not isinstance(got, dict) or got.get("source") != "declared":
         return None
     return ParallelLayout.parse(str(got["spec"]), got.get("order"))
-
-
-def declare_layout(store: Store, run: str, layout: ParallelLayout) -> LayoutChoice:
-    """Declare the recorded layout of ``run``: check it against the run, store it, assign axes.
-
-    A layout larger than the run's world (a recording of some ranks of a larger job, or of one
-    rank per TP group) widens the world, and the default group with it.
-
-    Args:
-        store: an open, writable store.
-        run: a recorded run.
-        layout: what the user says the job was.
-
-    Returns:
-        The choice (source ``declared``).
-
-    Raises:
-        LayoutError: a recorded rank lies outside the layout, the layout is smaller than the
-            recorded world, or a group or a rank's recorded coordinates do not fit it (the
-            message names which).
-    """
-    run_id = store.require_run(run)
-    con = store.con
-    ((kind, world),) = con.execute(
-        "SELECT kind, world_size FROM run WHERE run_id = ?", [run_id]
-    ).fetchall()
-    if kind != "recorded":
-        msg = f"run {run!r} is {kind}; a layout is declared for a recorded run"
-        raise LayoutError(msg)
-    ranks, coords = _trace_coords(store, run_id)
-    world = int(world or 0)
-    config = _config(store, run_id)
-    # The world the trace recorded, before any declaration widened it.
-    traced = int(config.get("recorded_world") or world)
-    if layout.world_size < traced:
-        msg = (
-            f"run {run!r}: layout {layout.spec} has {layout.world_size} ranks, but the trace"
-            f" records a world of {traced}"
-        )
-        raise LayoutError(msg)
-    groups = _read_groups(con, run_id)
-    grown = layout.world_size != world
-    if grown:  # the default group spans the world: widen it with the world
-        old = list(range(world))
-        groups = [
-            g if list(g.ranks) != old else type(g)(g.group_id, g.name, g.description, ())
-            for g in groups
-        ]
-    reason = _check(layout, groups, ranks, coords)
-    if reason is not None:
-        msg = f"run {run!r}: declared layout {layout} does not fit: {reason}"
-        raise LayoutError(msg)
-    config["recorded_world"] = traced
-    config["layout"] = {"spec": layout.spec, "order": layout.order_spec, "source": "declared"}
-    with store.transaction() as tx:
-        if grown:
-            new = list(range(layout.world_size))
-            tx.execute(
-                "UPDATE comm_group SET ranks = ?, size = ? WHERE run_id = ? AND ranks = ?",
-                [new, len(new), run_id, list(range(world))],
-            )
-            tx.execute(
-                "UPDATE run SET world_size = ? WHERE run_id = ?", [layout.world_size, run_id]
-            )
-        tx.execute("UPDATE run SET config_json = ? WHERE run_id = ?", [json.dumps(config), run_id])
-        _write_axes(tx, run_id, layout, run=run)
-    return LayoutChoice(layout, "declared", [f"declared {layout.spec}"])
-
-
-def declare_layout_of_new_run(
-    store: Store, run: str, layout: ParallelLayout, *, run_id: int
-) -> LayoutChoice:
-    """`ingest --layout`: declare the layout of a run just ingested, or drop the run.
-
-    All or nothing, like the ingest itself: a layout the recording contradicts leaves no run
-    behind (the store is as before the command).
-    """
-    try:
-        return declare_layout(store, run, layout)
-    except PrismError:
-        with store.transaction() as con:
-            drop_run(con, run_id)
-        raise
-
-
-def _trace_coords(store: Store, run_id: int) -> tuple[np.ndarray, dict[ParallelAxis, np.ndarray]]:
-    """The ranks and the coordinates their trace headers give (``rank.args``), -1 where none.
-
-    Not the ``rank`` table's ``tp..pp`` columns: an earlier layout (inferred, or declared and
-    now corrected) overwrote those.
-    """
-    cols = ", ".join(
-        f"coalesce(TRY_CAST(args->>'{a}' AS INTEGER),"
-        f" TRY_CAST(args->'prism_layout'->>'{a}_rank' AS INTEGER), -1)"
-        for a in AXES
-    )
-    rows = store.con.execute(
-        f"SELECT rank, {cols} FROM rank WHERE run_id = ? ORDER BY rank", [run_id]
-    ).fetchall()
-    ranks = np.array([r[0] for r in rows], dtype=np.int64)
-    return ranks, {
-        a: np.array([r[i + 1] for r in rows], dtype=np.int64) for i, a in enumerate(AXES)
-    }
 
 
 def _phase_reading(store: Store, run_id: int) -> tuple[float, int, float] | None:
@@ -251,23 +145,22 @@ def choose_layout(store: Store, run: str, *, order: str | None = None) -> Layout
         The choice; ``layout`` is None (and ``error`` set) when no layout fits.
     """
     run_id = store.require_run(run)
-    got = _config(store, run_id).get("layout")
-    if isinstance(got, dict) and got.get("source") == "declared":
-        layout = ParallelLayout.parse(str(got["spec"]), got.get("order"))
-        return LayoutChoice(layout, "declared", [f"declared {layout.spec}"])
+    declared = declared_layout(store, run)
+    if declared is not None:
+        return LayoutChoice(declared, "declared", [f"declared {declared.spec}"])
     con = store.con
     (row,) = con.execute("SELECT world_size FROM run WHERE run_id = ?", [run_id]).fetchall()
-    groups = _read_groups(con, run_id)
-    ranks, coords = _read_coords(con, run_id)
+    groups = read_groups(con, run_id)
+    ranks, coords = read_coords(con, run_id)
     world = int(row[0] if row and row[0] else (int(ranks.max()) + 1 if ranks.size else 1))
     try:
-        sizes = _sizes(world, groups, coords, run)
-        layout = _infer(world, groups, ranks, coords, run=run, order=order)
+        sizes = axis_sizes(world, groups, coords, run)
+        layout = fit_layout(world, groups, ranks, coords, run=run, order=order)
     except LayoutError as exc:
         return LayoutChoice(None, "inferred", error=str(exc).splitlines()[0])
     reasons = _size_reasons(groups, coords, sizes, world)
     ambiguous = _other_orders(layout, groups, ranks, coords)
-    described = {_described_axis(g.description) for g in groups if g.ranks}
+    described = {described_axis(g.description) for g in groups if g.ranks}
     only_world = described <= {"world", None} and all(len(g.ranks) in (0, 1, world) for g in groups)
     if only_world and world > 1 and not (coords[ParallelAxis.TP] > 0).any():
         reading = _phase_reading(store, run_id)
@@ -292,7 +185,7 @@ def choose_layout(store: Store, run: str, *, order: str | None = None) -> Layout
 
 
 def _size_reasons(
-    groups: list[Any],
+    groups: list[RecordedGroup],
     coords: dict[ParallelAxis, np.ndarray],
     sizes: dict[ParallelAxis, int],
     world: int,
@@ -302,7 +195,7 @@ def _size_reasons(
     for a in AXES:
         if sizes[a] <= 1:
             continue
-        g = next((g for g in groups if _described_axis(g.description) == a.value and g.ranks), None)
+        g = next((g for g in groups if described_axis(g.description) == a.value and g.ranks), None)
         if g is not None:
             out.append(f"{a}={sizes[a]}: group {g.name!r} is described {g.description!r}")
         elif int(coords[a].max(initial=-1)) + 1 == sizes[a]:
@@ -315,19 +208,49 @@ def _size_reasons(
 
 
 def _other_orders(
-    layout: ParallelLayout, groups: list[Any], ranks: np.ndarray, coords: dict[Any, np.ndarray]
+    layout: ParallelLayout,
+    groups: list[RecordedGroup],
+    ranks: np.ndarray,
+    coords: dict[ParallelAxis, np.ndarray],
 ) -> str | None:
     """Another rank order that fits as well, in words, or None."""
-    big = [a for a in _parse_order(None) if layout.size(a) > 1]
-    if len(big) < 2:
+    if sum(layout.size(a) > 1 for a in AXES) < 2:
         return None
-    fits: list[str] = []
-    for perm in itertools.permutations(big):
-        it = iter(perm)
-        full = tuple(next(it) if layout.size(a) > 1 else a for a in DEFAULT_ORDER)
-        other = ParallelLayout(**{a.value: layout.size(a) for a in AXES}, order=full)
-        if _check(other, groups, ranks, coords) is None:
-            fits.append(other.order_spec)
+    fits = [
+        other.order_spec
+        for other in orderings(layout.sizes)
+        if misfit(other, groups, ranks, coords) is None
+    ]
     if len(fits) > 1:
         return f"rank orders {', '.join(fits)} all fit the groups"
     return None
+
+
+def infer_layout(store: Store, run: str, *, order: str | None = None) -> ParallelLayout:
+    """The parallel layout of a recorded run: the declared one, else from its groups and ranks.
+
+    ``choose_layout`` without the reasons, for the steps that only need the layout (slicing,
+    emulation, validation). Sizes come from groups whose description names one axis (``tp``,
+    ``data``, ``dp_stage0``, ...), else from the largest coordinate in the ``rank`` table; ``dp``
+    takes whatever part of the world no other axis explains (so a plain data-parallel job with
+    only ``default_pg`` is ``dp=world``). The order is the first permutation (starting from
+    ``order``, default Megatron's) under which every rank's recorded coordinates and every group
+    fit.
+
+    Args:
+        store: the store.
+        run: a run name.
+        order: the order to try first (``tp-cp-ep-dp-pp`` by default).
+
+    Returns:
+        The layout.
+
+    Raises:
+        LayoutError: sizes that do not multiply to the world, or a group that fits no axis
+            combination under any order (the message names the group).
+        PrismError: no such run.
+    """
+    choice = choose_layout(store, run, order=order)
+    if choice.layout is None:
+        raise LayoutError(choice.error or f"run {run!r}: no layout fits")
+    return choice.layout

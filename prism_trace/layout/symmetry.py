@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from prism_trace.layout.parallel import ParallelAxis, ParallelLayout
+from prism_trace.layout.mesh import ParallelAxis, ParallelLayout
 
 __all__ = ["missing_ranks", "ranges", "symmetric_partners"]
 

@@ -1,9 +1,9 @@
-"""Every write of a run to the store: minting its id and row, appending rows, dropping it.
+"""Every write of a run to the store: minting its id and row, updating it, its rows, dropping it.
 
-The only module that writes `run` rows. Ingest, slicing, emulation and replay call these inside
-one ``Store.transaction()``, so a run appears whole or not at all, and each rule (ids are
-``max + 1``; a name is taken only with ``--replace`` and only over a run of the same kind;
-rows match the table by column name) lives in one place.
+The only module that writes `run` rows. Ingest, slicing, emulation, replay and declaring a
+layout call these inside one ``Store.transaction()``, so a run appears whole or not at all, and
+each rule (ids are ``max + 1``; a name is taken only with ``--replace`` and only over a run of
+the same kind; rows match the table by column name) lives in one place.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ __all__ = [
     "drop_run",
     "new_run",
     "next_run_id",
+    "set_run_config",
+    "set_run_world_size",
 ]
 
 RUN_TABLES = tuple(t.name for t in TABLES if t.name not in ("meta", "run"))
@@ -107,6 +109,23 @@ def new_run(
         [run_id, name, kind, parent_run_id, world_size, source_format, now, json.dumps(config)],
     )
     return run_id
+
+
+def set_run_config(con: duckdb.DuckDBPyConnection, run_id: int, config: dict[str, Any]) -> None:
+    """Replace a run's ``config_json`` (declaring a layout keeps it there, beside the rest).
+
+    Args:
+        con: the connection of the open transaction.
+        run_id: the run.
+        config: the whole new configuration (read it, change it, write it back).
+    """
+    con.execute("UPDATE run SET config_json = ? WHERE run_id = ?", [json.dumps(config), run_id])
+
+
+def set_run_world_size(con: duckdb.DuckDBPyConnection, run_id: int, world_size: int) -> None:
+    """Set a run's ``world_size``: a declared layout larger than the recorded world widens it (a
+    recording of some ranks of a larger job)."""
+    con.execute("UPDATE run SET world_size = ? WHERE run_id = ?", [world_size, run_id])
 
 
 def next_run_id(con: duckdb.DuckDBPyConnection) -> int:

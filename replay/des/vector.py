@@ -34,10 +34,10 @@ import polars as pl
 from prism_trace.replay.des.core import CommInstances, EmulatorGraph, emulate
 from prism_trace.replay.whatif.config import SlowDown, WhatIfConfig, draw_table, spans_dp
 
-from prism_trace.layout.parallel import ParallelAxis
+from prism_trace.layout.mesh import ParallelAxis
 
 if TYPE_CHECKING:
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
 
 __all__ = [
     "ReplicaTimeline",

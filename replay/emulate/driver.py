@@ -40,7 +40,7 @@ from prism_trace.errors import PrismError
 from prism_trace.store.write import claim_run_name, drop_run
 
 if TYPE_CHECKING:
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.store.connection import Store
 
 __all__ = ["CompletionConfig", "EmulationConfig", "EmulationReport", "MemoryConfig", "emulate_run"]
@@ -130,7 +130,7 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
         return
     from dataclasses import replace
 
-    from prism_trace.layout.parallel import infer_layout
+    from prism_trace.layout.choice import infer_layout
 
     run_id = store.require_run(run)
     line = store.run_ancestry(run_id)

@@ -163,7 +163,7 @@ def _with_symmetric_peers(
 ) -> tuple[pl.DataFrame, list[str]]:
     """``rank_unit`` plus the unrecorded TP/CP peers of recorded ranks, each on its partner's
     unit (``prism_trace.layout.symmetry``): a recording of one rank per TP/CP group is complete."""
-    from prism_trace.layout.parallel import infer_layout
+    from prism_trace.layout.choice import infer_layout
     from prism_trace.layout.symmetry import symmetric_partners
 
     try:

@@ -23,7 +23,7 @@ from prism_trace.replay.whatif.config import (
 from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.store.connection import Store
 
 
@@ -47,7 +47,7 @@ def _prepare(store: Store, run: str) -> _Inputs:
 def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLayout | None:
     """A layout a sliced run's ``config_json`` records: ``layout`` (the target) or
     ``recorded_layout`` (the recording's), with its order; None when absent."""
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
 
     rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
     order_key = "order" if key == "layout" else key.replace("layout", "order")

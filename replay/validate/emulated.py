@@ -22,7 +22,8 @@ from prism_trace.replay.validate.inside_step import InsideStep, inside_step
 from prism_trace.replay.whatif.config import WhatIfConfig
 
 from prism_trace.errors import PrismError
-from prism_trace.layout.parallel import ParallelAxis, infer_layout
+from prism_trace.layout.choice import infer_layout
+from prism_trace.layout.mesh import ParallelAxis
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store

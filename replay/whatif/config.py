@@ -38,7 +38,7 @@ import polars as pl
 
 from prism_trace.errors import PrismError
 from prism_trace.graph.base import NODE_KINDS
-from prism_trace.layout.parallel import AXES, ParallelAxis, ParallelLayout
+from prism_trace.layout.mesh import AXES, ParallelAxis, ParallelLayout
 from prism_trace.limits import MAX_RANKS
 
 __all__ = [

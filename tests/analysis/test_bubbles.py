@@ -209,7 +209,7 @@ def test_sample_host_windows_equal_a_plain_sweep(sample_store: Store) -> None:
 @pytest.mark.slow
 def test_emulated_sliced_run_reports_exemplars(sample_store: Store, tmp_path: Path) -> None:
     """An emulated run of a sliced run: class members read their exemplar's events."""
-    from prism_trace.layout.parallel import infer_layout
+    from prism_trace.layout.choice import infer_layout
     from prism_trace.slicing.slicer import slice_run
 
     db = tmp_path / "s.duckdb"

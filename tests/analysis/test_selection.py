@@ -226,7 +226,7 @@ def test_cli_points_at_the_class_exemplar(tmp_path: Path, sample_template: Path)
     """Ranks of an emulated run that store no events: the one line names their exemplars."""
     from prism_trace.replay import emulate_run
 
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from tests.conftest import sample_copy
 

@@ -75,8 +75,9 @@ def test_slice_world_above_the_rank_limit_is_refused_while_parsing(db: Path) -> 
 
 
 def test_slice_run_refuses_a_world_above_the_rank_limit(db: Path) -> None:
-    from prism_trace.layout.parallel import ParallelLayout
-    from prism_trace.slicing.slicer import SliceError, slice_run
+    from prism_trace.layout.mesh import ParallelLayout
+    from prism_trace.slicing.plan import SliceError
+    from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store
 
     layout = ParallelLayout.parse("tp=2,dp=4,pp=2")

@@ -19,7 +19,7 @@ import pytest
 
 from prism_trace.export.chakra.writer import export_chakra
 from prism_trace.ingest.pipeline import ingest
-from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store, open_store
 from tests.conftest import copy_of_template, sample_copy

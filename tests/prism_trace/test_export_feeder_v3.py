@@ -33,7 +33,8 @@ import pytest
 from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 
-from prism_trace.export.chakra.writer import START_NAME, export_chakra
+from prism_trace.export.chakra.rules import START_NAME
+from prism_trace.export.chakra.writer import export_chakra
 from tests.conftest import sample_copy
 
 # Slow: exports and checks every node of a run; `scripts/test -m "not slow"` leaves it out.

@@ -20,7 +20,7 @@ def _cli(*args: object) -> str:
 
 @pytest.fixture(scope="module")
 def sliced_db(sample_store: object) -> Path:
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
 
     layout = ParallelLayout.parse("tp=2,dp=2048,pp=2", None)

@@ -22,15 +22,20 @@ from prism_trace.replay.des.core import MissingParticipantError
 from prism_trace.replay.validate.emulated import validate_run
 
 from prism_trace.cli import main
+from prism_trace.errors import PrismError
 from prism_trace.graph.build import build_graph
 from prism_trace.graph.matching import match_comms
+from prism_trace.graph.set_up import set_up_graph
 from prism_trace.ingest.pipeline import ingest
-from prism_trace.layout.choice import choose_layout, declare_layout
-from prism_trace.layout.parallel import LayoutError, ParallelLayout
+from prism_trace.layout.choice import choose_layout
+from prism_trace.layout.declare import declare_layout
+from prism_trace.layout.mesh import LayoutError, ParallelLayout
 from prism_trace.layout.symmetry import missing_ranks, ranges, symmetric_partners
 from prism_trace.query.info import describe_run
-from prism_trace.slicing.slicer import SliceError, slice_run
+from prism_trace.slicing.plan import SliceError
+from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store, open_store
+from tests.conftest import store_contents
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 
@@ -208,6 +213,47 @@ def test_declared_layout_is_checked(tp_pair: Path, tmp_path: Path) -> None:
     assert store.con.execute("SELECT world_size FROM run").fetchall() == [(2,)]
 
 
+def _without_timelines(tmp_path: Path) -> Path:
+    """A recorded dp=2 x pp=2 run `h` (rank = dp + 2 pp) with its groups but no events: its
+    layout can be declared, its graph cannot be built."""
+    db = tmp_path / "h.duckdb"
+    with open_store(db) as s, s.transaction() as con:
+        con.execute(
+            "INSERT INTO run (run_id, name, kind, world_size, config_json)"
+            " VALUES (1, 'h', 'recorded', 4, '{}')"
+        )
+        con.executemany("INSERT INTO rank (run_id, rank) VALUES (1, ?)", [[r] for r in range(4)])
+        groups = [("default_pg", [0, 1, 2, 3]), ("dp", [0, 1]), ("dp", [2, 3]), ("pp", [0, 2])]
+        con.executemany(
+            "INSERT INTO comm_group (run_id, group_id, name, description, size, ranks)"
+            " VALUES (1, ?, ?, ?, ?, ?)",
+            [[g, str(g), d, len(r), r] for g, (d, r) in enumerate(groups)],
+        )
+    return db
+
+
+@pytest.mark.parametrize(
+    ("spec", "error"),
+    [
+        ("dp=2,pp=2", r"rank 0 has no timeline"),  # declared, then the graph fails
+        ("dp=4,pp=2", r"declared layout .* does not fit"),
+        ("dp=2", r"records a world of 4"),
+    ],
+)
+def test_a_refused_graph_command_leaves_every_row(tmp_path: Path, spec: str, error: str) -> None:
+    """`prism graph` is one transaction: a declared layout is taken back with the graph."""
+    db = _without_timelines(tmp_path)
+    with open_store(db) as store:
+        before = store_contents(store)
+        with pytest.raises(PrismError, match=error):
+            set_up_graph(store, "h", declared=ParallelLayout.parse(spec))
+        assert store_contents(store) == before
+    res = CliRunner().invoke(main, ["graph", str(db), "--run", "h", "--layout", spec])
+    assert res.exit_code != 0
+    with open_store(db) as store:
+        assert store_contents(store) == before
+
+
 @pytest.mark.slow
 def test_two_of_eight_ranks(tmp_path: Path, shared_datasets: Path) -> None:
     src = sorted((shared_datasets / "param-dlrm-8rank" / "kineto").glob("*.json.gz"))[:2]
@@ -254,6 +300,6 @@ def test_two_of_eight_ranks(tmp_path: Path, shared_datasets: Path) -> None:
     ],
 )
 def test_group_descriptions_of_other_frameworks(description: str, axis: str | None) -> None:
-    from prism_trace.layout.parallel import _described_axis
+    from prism_trace.layout.roles import described_axis
 
-    assert _described_axis(description) == axis
+    assert described_axis(description) == axis

@@ -9,17 +9,12 @@ import numpy as np
 import pytest
 
 from prism_trace.errors import PrismError
-from prism_trace.layout.parallel import (
-    LayoutError,
-    ParallelAxis,
-    ParallelLayout,
-    assign_axes,
-    axis_name,
-    group_axis,
-    infer_layout,
-    parse_axes,
-)
+from prism_trace.layout.assign import assign_axes
+from prism_trace.layout.choice import infer_layout
+from prism_trace.layout.mesh import LayoutError, ParallelAxis, ParallelLayout, axis_name, parse_axes
+from prism_trace.layout.roles import group_axis
 from prism_trace.store.connection import Store, open_store
+from tests.conftest import store_contents
 
 
 def _new_store(
@@ -225,6 +220,17 @@ def test_infer_layout_rejects_a_misfit_group(tmp_path: Path) -> None:
     with pytest.raises(LayoutError, match=r"group 'bad'"):
         assign_axes(store, "h", ParallelLayout.parse("tp=2,dp=2"))
     assert store.con.execute("SELECT count(axis) FROM comm_group").fetchall() == [(0,)]
+
+
+def test_refused_axes_write_nothing_inside_a_larger_transaction(tmp_path: Path) -> None:
+    """A command's transaction joins `assign_axes`'s: a refusal must come before any write, or
+    the command that catches it (`prism graph`) would commit half the axes."""
+    store = _new_store(tmp_path, 4, [("d0", "dp", [0, 1]), ("d1", "dp", [2, 3])])
+    store.con.execute("INSERT INTO rank (run_id, rank) VALUES (1, 7)")  # outside dp=2,pp=2
+    before = store_contents(store)
+    with store.transaction(), pytest.raises(LayoutError, match="rank 7 is outside"):
+        assign_axes(store, "h", ParallelLayout.parse("dp=2,pp=2"))
+    assert store_contents(store) == before
 
 
 def test_infer_layout_world_mismatch(tmp_path: Path) -> None:

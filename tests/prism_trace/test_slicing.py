@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from prism_trace.errors import DuplicateRunError, PrismError
-from prism_trace.layout.parallel import ParallelAxis, ParallelLayout
-from prism_trace.slicing.slicer import RULES, SliceError, SliceReport, slice_run
+from prism_trace.layout.mesh import ParallelAxis, ParallelLayout
+from prism_trace.slicing.plan import RULES, SliceError
+from prism_trace.slicing.report import SliceReport
+from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store, open_store
+from tests.conftest import sample_copy, store_contents
 
 
 def q(store: Store, sql: str, *params: object) -> list[tuple]:
@@ -246,6 +249,7 @@ def test_replace(sample_store: Store) -> None:
         ),
         ("tp=2,dp=4,pp=2", 16, [], SliceError, "no representative for the roles"),
         ("tp=2,dp=4,pp=2", 16, [0, 1, 4, 9], SliceError, "--from-ranks [9] are not recorded"),
+        ("tp=2,dp=2,pp=2", 0, None, SliceError, "--world 0 is outside [1, "),
     ],
 )
 def test_refusals_leave_the_store_unchanged(
@@ -256,7 +260,7 @@ def test_refusals_leave_the_store_unchanged(
     error: type[Exception],
     fragment: str,
 ) -> None:
-    before = row_counts(sample_store)
+    before = store_contents(sample_store)
     with pytest.raises(error) as exc:
         slice_run(
             sample_store,
@@ -268,7 +272,7 @@ def test_refusals_leave_the_store_unchanged(
         )
     assert fragment in str(exc.value)
     assert isinstance(exc.value, PrismError)
-    assert row_counts(sample_store) == before
+    assert store_contents(sample_store) == before
     assert sample_store.run_id("bad") is None
 
 
@@ -389,11 +393,11 @@ def test_hand_built_graph_to_dp8(tmp_path: Path) -> None:
 )
 def test_unmappable_ops_are_errors(tmp_path: Path, node: tuple, fragment: str) -> None:
     store = _hand_store(tmp_path, [*GOOD, node])
-    before = row_counts(store)
+    before = store_contents(store)
     with pytest.raises(SliceError) as exc:
         slice_run(store, run="h", layout=ParallelLayout.parse("dp=4,pp=2"), world=8, out_run="x")
     assert fragment in str(exc.value)
-    assert row_counts(store) == before
+    assert store_contents(store) == before
     assert q(store, "SELECT count(axis) FROM comm_group")[0][0] == 0  # rolled back
 
 
@@ -519,6 +523,25 @@ def test_refusal_comes_before_building_the_graph(tmp_path: Path) -> None:
             out_run="x",
         )
     assert q(store, "SELECT count(*) FROM graph_node") == [(0,)]
+
+
+def test_a_slice_refused_after_building_the_graph_leaves_every_row(
+    sample_template: Path, tmp_path: Path
+) -> None:
+    """The recorded graph is built inside the slice's transaction: a slice refused once the graph
+    exists (an op it cannot map) takes the graph, the recorded run's axes and all back."""
+    store = sample_copy(sample_template, tmp_path / "s.duckdb")
+    # Rank 0's dp group without its member list: inference still reads dp from the other dp
+    # groups, but rank 0's gradient all-reduces on it cannot be mapped.
+    store.con.execute("UPDATE comm_group SET ranks = NULL WHERE group_id = 5")
+    before = store_contents(store)
+    assert not before["graph_node"]
+    with pytest.raises(SliceError, match=r"group 5 \('5', description 'dp'\) has no axis"):
+        slice_run(
+            store, run="sample", layout=ParallelLayout.parse("tp=2,dp=2,pp=2"), world=8, out_run="x"
+        )
+    assert store_contents(store) == before
+    store.close()
 
 
 def test_target_order_may_differ(sample_store: Store) -> None:

@@ -23,7 +23,7 @@ from prism_trace.cli import main
 def db(tmp_path_factory: pytest.TempPathFactory, sample_template: Path) -> Path:
     """The sample with its graph and `s16`, its slice to tp=2,dp=4,pp=2 (16 ranks), closed."""
     from prism_trace.graph.build import build_graph
-    from prism_trace.layout.parallel import ParallelLayout
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store
 

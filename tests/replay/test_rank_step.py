@@ -25,7 +25,7 @@ from prism_trace.replay.emulate.rank_step import rank_step_rows, rank_steps
 from prism_trace.replay.whatif.config import parse_what_if
 
 from prism_trace.cli import main
-from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.store.connection import Store
 
 

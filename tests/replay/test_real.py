@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from prism_trace.replay import emulate_run, validate_run
 
-from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store
 

@@ -21,7 +21,7 @@ from prism_trace.replay.peers import PeerSchedule  # noqa: E402
 from prism_trace.replay.validate.emulated import validate_replayed  # noqa: E402
 
 from prism_trace.errors import PrismError  # noqa: E402
-from prism_trace.layout.parallel import ParallelLayout  # noqa: E402
+from prism_trace.layout.mesh import ParallelLayout  # noqa: E402
 from prism_trace.slicing.slicer import slice_run  # noqa: E402
 
 # Slow: replays ranks together in torch processes; `scripts/test -m "not slow"` leaves it out.

@@ -19,7 +19,7 @@ from prism_trace.replay.whatif.config import SlowDown, WhatIfConfig, WhatIfError
 
 from prism_trace.cli import main
 from prism_trace.ingest.pipeline import ingest
-from prism_trace.layout.parallel import ParallelLayout
+from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store
 
@@ -32,7 +32,8 @@ def store(sample_store: Store, shared_datasets: Path) -> Store:
     ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
     for run in ("st", "sample"):
         from prism_trace.graph.build import build_graph
-        from prism_trace.layout.parallel import assign_axes, infer_layout
+        from prism_trace.layout.assign import assign_axes
+        from prism_trace.layout.choice import infer_layout
 
         build_graph(s, run)
         assign_axes(s, run, infer_layout(s, run))
