@@ -64,6 +64,7 @@ class RankList(click.ParamType):
     name = "ranks"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """Parse a rank list option (click's hook); a malformed one fails with its message."""
         if isinstance(value, list):
             return value
         try:

@@ -8,6 +8,29 @@ from typing import Literal, NamedTuple
 
 import polars as pl
 
+__all__ = [
+    "DEVICE_CATEGORIES",
+    "EDGE_KINDS",
+    "EDGE_SCHEMA",
+    "LAUNCH_CATEGORIES",
+    "NODE_KINDS",
+    "NODE_SCHEMA",
+    "STAT_COLUMNS",
+    "SYNC_CALLS",
+    "GraphFrames",
+    "GraphReport",
+    "RankGraph",
+    "comm_rows",
+    "edge_frame",
+    "empty_edges",
+    "empty_nodes",
+    "mint_node_ids",
+    "node_frame",
+    "program_order_edges",
+    "rank_stats",
+    "typed_events",
+]
+
 NODE_KINDS = ("host", "kernel", "memcpy", "memset", "collective", "send", "recv")
 EDGE_KINDS = ("program", "launch", "stream", "wait", "sync", "comm", "data", "ctrl")
 
@@ -27,8 +50,8 @@ SYNC_CALLS: dict[str, Literal["device", "stream"]] = {
 """Synchronising runtime calls (blocking copies included, ``*Async`` ones not) and what they wait
 for: every stream of the device, or one stream."""
 
-_LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
-_DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
+DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")
 
 NODE_SCHEMA: dict[str, pl.DataType] = {
     "rank": pl.Int32(),
@@ -163,15 +186,17 @@ class GraphReport:
 # -- shared helpers ----------------------------------------------------------------------------
 
 
-def _empty_nodes() -> pl.DataFrame:
+def empty_nodes() -> pl.DataFrame:
+    """A node frame without rows (a rule set with nothing to build still returns its columns)."""
     return pl.DataFrame(schema=NODE_SCHEMA)
 
 
-def _empty_edges() -> pl.DataFrame:
+def empty_edges() -> pl.DataFrame:
+    """An edge frame without rows."""
     return pl.DataFrame(schema=EDGE_SCHEMA)
 
 
-def _stats(ranks: list[int], **counts: pl.DataFrame) -> pl.DataFrame:
+def rank_stats(ranks: list[int], **counts: pl.DataFrame) -> pl.DataFrame:
     """One row per rank with every counter (0 where a frame has no row for the rank)."""
     out = pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int32})
     for name in STAT_COLUMNS:
@@ -185,7 +210,7 @@ def _stats(ranks: list[int], **counts: pl.DataFrame) -> pl.DataFrame:
     return out
 
 
-def _edges(df: pl.DataFrame, kind: str, anchor: str | pl.Expr, delay: pl.Expr) -> pl.DataFrame:
+def edge_frame(df: pl.DataFrame, kind: str, anchor: str | pl.Expr, delay: pl.Expr) -> pl.DataFrame:
     """Edge rows from a frame with ``rank``, ``src``, ``dst`` (dropping self loops and nulls)."""
     anchor_expr = pl.lit(anchor) if isinstance(anchor, str) else anchor
     return (
@@ -257,14 +282,14 @@ _EVENT_TYPES: dict[str, pl.DataType] = {
 }
 
 
-def _typed(events: pl.DataFrame) -> pl.DataFrame:
+def typed_events(events: pl.DataFrame) -> pl.DataFrame:
     """Events with the store's integer types (hand-built frames may differ)."""
     return events.with_columns(
         [pl.col(c).cast(t) for c, t in _EVENT_TYPES.items() if c in events.columns]
     )
 
 
-def _mint(nodes: pl.DataFrame) -> pl.DataFrame:
+def mint_node_ids(nodes: pl.DataFrame) -> pl.DataFrame:
     """Mint ``node_id`` per rank in ``(track_id, ts, event_id)`` order; return graph_node shape."""
     return (
         nodes.sort(["rank", "track_id", "ts", "event_id"], nulls_last=True)
@@ -273,7 +298,7 @@ def _mint(nodes: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _node_frame(ev: pl.DataFrame, kind: pl.Expr) -> pl.DataFrame:
+def node_frame(ev: pl.DataFrame, kind: pl.Expr) -> pl.DataFrame:
     """Rows of ``ev`` (events joined with ``comm_rows``) → graph_node columns less node_id."""
     return ev.select(
         pl.col("rank").cast(pl.Int32),
@@ -292,7 +317,9 @@ def _node_frame(ev: pl.DataFrame, kind: pl.Expr) -> pl.DataFrame:
     )
 
 
-def _program_edges(nodes: pl.DataFrame, kind: str = "program") -> tuple[pl.DataFrame, pl.DataFrame]:
+def program_order_edges(
+    nodes: pl.DataFrame, kind: str = "program"
+) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Chain nodes per (rank, track) in (ts, event_id) order; recorded gaps as delays.
 
     Returns:
@@ -312,7 +339,7 @@ def _program_edges(nodes: pl.DataFrame, kind: str = "program") -> tuple[pl.DataF
         .filter(pl.col("src").is_not_null())
         .with_columns(pl.col("node_id").alias("dst"), (pl.col("ts") < pl.col("_pend")).alias("_ov"))
     )
-    edges = _edges(
+    edges = edge_frame(
         chain,
         kind,
         pl.when(pl.col("_ov")).then(pl.lit("start")).otherwise(pl.lit("end")),

@@ -60,36 +60,20 @@ import polars as pl
 
 from prism_trace.errors import PrismError
 from prism_trace.graph.base import (
-    NODE_KINDS,
     STAT_COLUMNS,
-    SYNC_CALLS,
     GraphFrames,
     GraphReport,
     RankGraph,
-    _empty_edges,
-    _empty_nodes,
-    comm_rows,
+    empty_edges,
+    empty_nodes,
 )
 from prism_trace.graph.chakra import chakra_graph
 from prism_trace.graph.kineto import kineto_graph
-from prism_trace.graph.timeline import TIMELINE_SYNC_OPS, _world_group, timeline_graph
+from prism_trace.graph.timeline import TIMELINE_SYNC_OPS, timeline_graph, world_group_of
 from prism_trace.store.connection import Store
 from prism_trace.store.write import append
 
-__all__ = [
-    "NODE_KINDS",
-    "SYNC_CALLS",
-    "TIMELINE_SYNC_OPS",
-    "GraphFrames",
-    "GraphReport",
-    "RankGraph",
-    "build_graph",
-    "chakra_graph",
-    "comm_rows",
-    "kineto_graph",
-    "run_id_of",
-    "timeline_graph",
-]
+__all__ = ["Rule", "build_graph", "run_id_of"]
 
 Rule = Literal["kineto", "chakra", "op_timeline"]
 
@@ -232,10 +216,10 @@ def build_graph(store: Store, run: str) -> GraphReport:
             )
             world_group = None
             if events.filter(pl.col("name").is_in(list(TIMELINE_SYNC_OPS))).height:
-                world_group, new_group = _world_group(store, run_id, ranks)
+                world_group, new_group = world_group_of(store, run_id, ranks)
             parts.append(timeline_graph(events, coll, p2p, world_group=world_group))
-    nodes = pl.concat([p.nodes for p in parts], how="vertical") if parts else _empty_nodes()
-    edges = pl.concat([p.edges for p in parts], how="vertical") if parts else _empty_edges()
+    nodes = pl.concat([p.nodes for p in parts], how="vertical") if parts else empty_nodes()
+    edges = pl.concat([p.edges for p in parts], how="vertical") if parts else empty_edges()
     with store.transaction() as con:
         con.execute("DELETE FROM graph_edge WHERE run_id = ?", [run_id])
         con.execute("DELETE FROM graph_node WHERE run_id = ?", [run_id])

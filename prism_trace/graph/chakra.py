@@ -8,13 +8,15 @@ import polars as pl
 from prism_trace.graph.base import (
     EDGE_SCHEMA,
     GraphFrames,
-    _edges,
-    _mint,
-    _node_frame,
-    _stats,
-    _typed,
     comm_rows,
+    edge_frame,
+    mint_node_ids,
+    node_frame,
+    rank_stats,
+    typed_events,
 )
+
+__all__ = ["PRISM_EDGE_CODES", "chakra_graph"]
 
 PRISM_EDGE_CODES = ("program", "launch", "stream", "wait", "sync", "comm", "data", "ctrl")
 """Edge kinds with a code in the export's ``prism_deps`` attribute, shared by the writer
@@ -101,7 +103,7 @@ def chakra_graph(
     """
     ranks = sorted({int(r) for r in events["rank"].unique().to_list()})
     comm = comm_rows(collectives, p2p)
-    ev = _typed(events).join(comm, on=["rank", "event_id"], how="left")
+    ev = typed_events(events).join(comm, on=["rank", "event_id"], how="left")
     kind = (
         pl.when(pl.col("node_kind").is_not_null())
         .then(pl.col("node_kind"))
@@ -111,7 +113,7 @@ def chakra_graph(
         .then(pl.lit("kernel"))
         .otherwise(pl.lit("host"))
     )
-    nodes = _mint(_node_frame(ev, kind))
+    nodes = mint_node_ids(node_frame(ev, kind))
     ids = nodes.select("rank", "event_id", "node_id")
     fl = flows.filter(pl.col("kind").is_in(["data", "ctrl", "sync"])).with_columns(
         pl.col("rank").cast(pl.Int32),
@@ -131,7 +133,7 @@ def chakra_graph(
     if own_ranks:  # prism's own export: its exact edges replace the flows
         fl = fl.filter(~pl.col("rank").is_in(own_ranks))
     dep_edges = [
-        _edges(fl.filter(pl.col("kind") == k), k, "end", pl.lit(0))
+        edge_frame(fl.filter(pl.col("kind") == k), k, "end", pl.lit(0))
         for k in ("data", "ctrl", "sync")  # sync: prism's own export (its ``sync_deps``)
     ]
     dep_edges.append(own)
@@ -140,7 +142,7 @@ def chakra_graph(
         on=["rank", "kernel_event_id"],
         how="left",
     )
-    comm_edges = _edges(ck, "comm", "start", pl.lit(0))
+    comm_edges = edge_frame(ck, "comm", "start", pl.lit(0))
     no_kernel = ck.filter(pl.col("dst").is_null() | (pl.col("dst") == pl.col("src"))).select("rank")
     edges = pl.concat([*dep_edges, comm_edges], how="vertical")
-    return GraphFrames(nodes, edges, _stats(ranks, comm_without_kernel=no_kernel))
+    return GraphFrames(nodes, edges, rank_stats(ranks, comm_without_kernel=no_kernel))

@@ -8,22 +8,24 @@ import polars as pl
 
 from prism_trace.errors import PrismError
 from prism_trace.graph.base import (
-    _DEVICE_CATEGORIES,
-    _LAUNCH_CATEGORIES,
+    DEVICE_CATEGORIES,
     EDGE_SCHEMA,
+    LAUNCH_CATEGORIES,
     SYNC_CALLS,
     GraphFrames,
-    _edges,
-    _empty_edges,
-    _empty_nodes,
-    _mint,
-    _node_frame,
-    _program_edges,
-    _stats,
-    _typed,
     comm_rows,
+    edge_frame,
+    empty_edges,
+    empty_nodes,
+    mint_node_ids,
+    node_frame,
+    program_order_edges,
+    rank_stats,
+    typed_events,
 )
 from prism_trace.graph.deps_kineto import inferred_stream_waits
+
+__all__ = ["kineto_graph"]
 
 
 class _RowLookup:
@@ -87,10 +89,10 @@ def kineto_graph(
     """
     ranks = sorted({int(r) for r in events["rank"].unique().to_list()})
     if events.is_empty():
-        return GraphFrames(_empty_nodes(), _empty_edges(), _stats(ranks))
+        return GraphFrames(empty_nodes(), empty_edges(), rank_stats(ranks))
     comm = comm_rows(collectives, p2p)
     ev = (
-        _typed(events)
+        typed_events(events)
         .with_columns(pl.col("dur").fill_null(0))
         .join(
             tracks.select(
@@ -122,7 +124,7 @@ def kineto_graph(
     on_thread = (ev["_tkind"] == "thread").fill_null(value=False).to_numpy()
     on_stream = (ev["_tkind"] == "stream").fill_null(value=False).to_numpy()
     is_comm = ev["node_kind"].is_not_null().to_numpy() & on_thread
-    is_launchcat = cat.is_in(_LAUNCH_CATEGORIES).to_numpy()
+    is_launchcat = cat.is_in(LAUNCH_CATEGORIES).to_numpy()
     cand = on_thread & (cat.eq("cpu_op").to_numpy() | is_comm | is_launchcat)
 
     # Candidates enclosing a communication are dissolved so the communication is its own node.
@@ -138,7 +140,7 @@ def kineto_graph(
         hit[hit] = eff[level[hit]]
         owner[hit] = level[hit]
     is_host = eff & (owner == idx)
-    is_dev = on_stream & cat.is_in(_DEVICE_CATEGORIES).to_numpy()
+    is_dev = on_stream & cat.is_in(DEVICE_CATEGORIES).to_numpy()
 
     kind = (
         pl.when(pl.col("node_kind").is_not_null() & pl.col("_host"))
@@ -154,8 +156,8 @@ def kineto_graph(
         pl.Series("_dissolved", dissolved),
     )
     picked = ev.filter(pl.col("_host") | pl.col("_dev"))
-    nodes = _mint(
-        _node_frame(
+    nodes = mint_node_ids(
+        node_frame(
             picked.with_columns(
                 *[
                     pl.when(pl.col("_host")).then(pl.col(c)).otherwise(None).alias(c)
@@ -238,7 +240,7 @@ def kineto_graph(
         on=["rank", "event_id"],
         how="left",
     )
-    comm_edges = _edges(
+    comm_edges = edge_frame(
         comm_k,
         "comm",
         "start",
@@ -248,7 +250,7 @@ def kineto_graph(
     )
     no_kernel = comm_k.filter(pl.col("dst").is_null()).select("rank")
 
-    launch_edges = _edges(
+    launch_edges = edge_frame(
         launched.select(
             "rank",
             pl.col("_lnode").alias("src"),
@@ -261,13 +263,13 @@ def kineto_graph(
     ).join(comm_edges.select("rank", "src", "dst"), on=["rank", "src", "dst"], how="anti")
 
     # stream and program order.
-    dev_nodes = nodes.filter(pl.col("kind").is_in(_DEVICE_CATEGORIES))
-    stream_edges, _ = _program_edges(dev_nodes, "stream")
+    dev_nodes = nodes.filter(pl.col("kind").is_in(DEVICE_CATEGORIES))
+    stream_edges, _ = program_order_edges(dev_nodes, "stream")
     stream_edges = stream_edges.with_columns(
         pl.lit("end").alias("anchor"), pl.lit(0, pl.Int64).alias("delay")
     )
-    program_edges, overlaps = _program_edges(
-        nodes.filter(~pl.col("kind").is_in(_DEVICE_CATEGORIES))
+    program_edges, overlaps = program_order_edges(
+        nodes.filter(~pl.col("kind").is_in(DEVICE_CATEGORIES))
     )
 
     wait_edges = _wait_edges(fl, ev, dev_nodes)
@@ -292,7 +294,7 @@ def kineto_graph(
         [program_edges, launch_edges, stream_edges, wait_edges, sync_edges, comm_edges],
         how="vertical",
     )
-    stats = _stats(
+    stats = rank_stats(
         ranks,
         unlaunched_device=unlaunched,
         comm_without_kernel=no_kernel,
@@ -307,7 +309,7 @@ def _wait_edges(fl: pl.DataFrame, ev: pl.DataFrame, dev_nodes: pl.DataFrame) -> 
     """``sync`` flows → from the recorded device node to the next device node on the waiter."""
     waits = fl.filter(pl.col("kind") == "sync").select("rank", "src_event_id", "dst_event_id")
     if waits.is_empty():
-        return _empty_edges()
+        return empty_edges()
     src = waits.join(
         ev.select("rank", pl.col("event_id").alias("src_event_id"), pl.col("_node").alias("src")),
         on=["rank", "src_event_id"],
@@ -331,7 +333,7 @@ def _wait_edges(fl: pl.DataFrame, ev: pl.DataFrame, dev_nodes: pl.DataFrame) -> 
     joined = src.join_asof(
         nxt, on="_wts", by=["rank", "track_id"], strategy="forward", check_sortedness=False
     )
-    return _edges(joined, "wait", "end", pl.lit(0)).unique(maintain_order=True)
+    return edge_frame(joined, "wait", "end", pl.lit(0)).unique(maintain_order=True)
 
 
 def _sync_edges(
@@ -339,7 +341,7 @@ def _sync_edges(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Synchronising calls → edges from the last launched device node of each waited stream."""
     calls = ev.filter(
-        pl.col("category").is_in(_LAUNCH_CATEGORIES)
+        pl.col("category").is_in(LAUNCH_CATEGORIES)
         & (pl.col("_tkind") == "thread")
         & pl.col("name").is_in(list(SYNC_CALLS))
         & pl.col("_onode").is_not_null()
@@ -354,7 +356,7 @@ def _sync_edges(
         pl.col("name").replace_strict(SYNC_CALLS, default=None).alias("_scope"),
     )
     if calls.is_empty() or launched.is_empty():
-        return _empty_edges(), pl.DataFrame(schema={"rank": pl.Int32})
+        return empty_edges(), pl.DataFrame(schema={"rank": pl.Int32})
     by_launch = launched.select(
         "rank",
         pl.col("track_id").alias("_stream"),
@@ -397,7 +399,7 @@ def _sync_edges(
         cand, on="_cts", by=["rank", "_stream"], strategy="backward", check_sortedness=False
     )
     edges = (
-        _edges(joined, "sync", "end", pl.col("_tail"))
+        edge_frame(joined, "sync", "end", pl.col("_tail"))
         .group_by(["rank", "src", "dst", "kind", "anchor"], maintain_order=True)
         .agg(pl.col("delay").max())
         .select(list(EDGE_SCHEMA))

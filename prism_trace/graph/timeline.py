@@ -5,9 +5,18 @@ from __future__ import annotations
 
 import polars as pl
 
-from prism_trace.graph.base import GraphFrames, _mint, _node_frame, _stats, _typed, comm_rows
+from prism_trace.graph.base import (
+    GraphFrames,
+    comm_rows,
+    mint_node_ids,
+    node_frame,
+    rank_stats,
+    typed_events,
+)
 from prism_trace.graph.deps_op_timeline import op_timeline_edges
 from prism_trace.store.connection import Store
+
+__all__ = ["TIMELINE_SYNC_OPS", "timeline_graph", "world_group_of"]
 
 TIMELINE_SYNC_OPS: tuple[str, ...] = ("optimizer-clip-main-grad",)
 """Op-timeline ops that are all-rank synchronisation points without a collective row: Megatron's
@@ -47,7 +56,7 @@ def timeline_graph(
     """
     ranks = sorted({int(r) for r in events["rank"].unique().to_list()})
     comm = comm_rows(collectives, p2p)
-    ev = _typed(events).join(comm, on=["rank", "event_id"], how="left")
+    ev = typed_events(events).join(comm, on=["rank", "event_id"], how="left")
     if world_group is not None:
         is_sync = pl.col("name").is_in(list(TIMELINE_SYNC_OPS)) & pl.col("node_kind").is_null()
         ev = (
@@ -74,7 +83,7 @@ def timeline_graph(
             )
         )
     kind = pl.coalesce(pl.col("node_kind"), pl.lit("kernel"))
-    nodes = _mint(_node_frame(ev, kind))
+    nodes = mint_node_ids(node_frame(ev, kind))
     mc = ev.select("rank", "event_id", "mc") if "mc" in ev.columns else None
     with_mc = (
         nodes.join(mc.unique(["rank", "event_id"]), on=["rank", "event_id"], how="left")
@@ -95,11 +104,11 @@ def timeline_graph(
     )
     no_kernel = nodes.filter(pl.col("kind").is_in(["collective", "send", "recv"])).select("rank")
     return GraphFrames(
-        nodes, edges, _stats(ranks, overlaps=overlaps, comm_without_kernel=no_kernel)
+        nodes, edges, rank_stats(ranks, overlaps=overlaps, comm_without_kernel=no_kernel)
     )
 
 
-def _world_group(store: Store, run_id: int, ranks: list[int]) -> tuple[int, list[object] | None]:
+def world_group_of(store: Store, run_id: int, ranks: list[int]) -> tuple[int, list[object] | None]:
     """The run's all-rank communicator, and the ``comm_group`` row to insert when it has none
     (``world``, description ``default_pg``). A group that merely has every rank (the dp group of
     a job without pipeline stages) is not it: its collectives number their own sequence."""

@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+__all__ = ["ram_scratch_dir"]
+
 #: RAM-backed directories to try, in order.
 _RAM_DIRS = (Path("/dev/shm"),)
 

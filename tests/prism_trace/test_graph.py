@@ -15,7 +15,10 @@ import polars as pl
 import pytest
 
 from prism_trace.errors import PrismError
-from prism_trace.graph.build import build_graph, chakra_graph, kineto_graph, timeline_graph
+from prism_trace.graph.build import build_graph
+from prism_trace.graph.chakra import chakra_graph
+from prism_trace.graph.kineto import kineto_graph
+from prism_trace.graph.timeline import timeline_graph
 from prism_trace.ingest.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 

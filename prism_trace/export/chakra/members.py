@@ -14,19 +14,21 @@ from prism_trace.export.chakra.rules import (
     START_NAME,
     ChakraExportError,
 )
-from prism_trace.export.chakra.template import _Run, _Template
-from prism_trace.export.chakra.wire import _attr, _attrs_bytes, _record, _varint
+from prism_trace.export.chakra.template import ExportRun, GraphTemplate
+from prism_trace.export.chakra.wire import attr, attrs_bytes, record_bytes, varint
 from prism_trace.formats.chakra import chakra_pb2 as pb
 from prism_trace.formats.chakra.reader import NODE_COUNT_ATTR
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
+__all__ = ["MemberWriter"]
 
-class _Writer:
+
+class MemberWriter:
     """Writes member files from templates; caches what repeats across members."""
 
-    def __init__(self, store: Store, rd: _Run, out_dir: Path, prefix: str) -> None:
+    def __init__(self, store: Store, rd: ExportRun, out_dir: Path, prefix: str) -> None:
         self.store = store
         self.rd = rd
         self.out_dir = out_dir
@@ -38,11 +40,12 @@ class _Writer:
         """group_id → ASTRA-sim's decimal communicator id (≥ 1: its feeder needs one)."""
 
     def path(self, rank: int) -> Path:
+        """The member file of ``rank``: ``<prefix>.<rank>.et``, the name Chakra's tools expect."""
         return self.out_dir / f"{self.prefix}.{rank}.et"
 
     # groups and peers of a member
 
-    def group_of(self, tpl: _Template, gid: int, rank: int) -> int:
+    def group_of(self, tpl: GraphTemplate, gid: int, rank: int) -> int:
         """The member's own group for the template's group ``gid`` (same axis)."""
         if rank == tpl.graph_rank:
             return gid
@@ -57,7 +60,7 @@ class _Writer:
             raise ChakraExportError(msg)
         return new
 
-    def peer_of(self, tpl: _Template, peer: int, rank: int) -> int:
+    def peer_of(self, tpl: GraphTemplate, peer: int, rank: int) -> int:
         """The member's peer: the exemplar's peer shifted by the member's dp offset."""
         if rank == tpl.graph_rank:
             return peer
@@ -81,14 +84,16 @@ class _Writer:
         return new
 
     def pg_attr(self, gid: int) -> bytes:
+        """The ``pg_name`` attribute of group ``gid`` as wire bytes, encoded once per group."""
         b = self._pg_attr.get(gid)
         if b is None:
-            b = self._pg_attr[gid] = _attrs_bytes(
-                _attr("pg_name", string_val=str(self.astra_id[gid]))
+            b = self._pg_attr[gid] = attrs_bytes(
+                attr("pg_name", string_val=str(self.astra_id[gid]))
             )
         return b
 
     def group_json(self, gid: int) -> str:
+        """Group ``gid`` as the process-group JSON of the init node, encoded once per group."""
         s = self._pg_json.get(gid)
         if s is None:
             g = self.rd.groups[gid]
@@ -144,30 +149,32 @@ class _Writer:
 
     # records
 
-    def metadata(self, tpl: _Template, rank: int, nodes: int) -> bytes:
+    def metadata(self, tpl: GraphTemplate, rank: int, nodes: int) -> bytes:
         """The ``GlobalMetadata`` record; ``nodes`` (the Node records that follow) lets the reader
         tell a file cut at a record boundary from a shorter graph (``NODE_COUNT_ATTR``)."""
         rd = self.rd
         gm = pb.GlobalMetadata(version=CHAKRA_VERSION)
         gm.attr.extend(
             [
-                _attr("schema", string_val=CHAKRA_SCHEMA),
-                _attr("world_size", int64_val=rd.world_size),
-                _attr("rank", int64_val=rank),
-                _attr("run", string_val=rd.name),
-                _attr("run_kind", string_val=rd.kind),
-                _attr(NODE_COUNT_ATTR, int64_val=nodes),
+                attr("schema", string_val=CHAKRA_SCHEMA),
+                attr("world_size", int64_val=rd.world_size),
+                attr("rank", int64_val=rank),
+                attr("run", string_val=rd.name),
+                attr("run_kind", string_val=rd.kind),
+                attr(NODE_COUNT_ATTR, int64_val=nodes),
             ]
         )
         if rd.kind == "sliced":
-            gm.attr.append(_attr("class_id", int64_val=tpl.graph_rank))
+            gm.attr.append(attr("class_id", int64_val=tpl.graph_rank))
             if rank in rd.represented_by:
-                gm.attr.append(_attr("represented_by", int64_val=rd.represented_by[rank]))
+                gm.attr.append(attr("represented_by", int64_val=rd.represented_by[rank]))
         for a, v in rd.coords.get(rank, {}).items():
-            gm.attr.append(_attr(a, int64_val=v))
-        return _record(gm.SerializeToString())
+            gm.attr.append(attr(a, int64_val=v))
+        return record_bytes(gm.SerializeToString())
 
-    def pg_init(self, tpl: _Template, rank: int) -> bytes:
+    def pg_init(self, tpl: GraphTemplate, rank: int) -> bytes:
+        """The record of ``rank``'s process-group init node: every group it belongs to or uses
+        (empty when none)."""
         gids = set(self.rd.member_groups.get(rank, ()))
         gids |= {self.group_of(tpl, g, rank) for g in tpl.group_ids}
         if not gids:
@@ -179,10 +186,10 @@ class _Writer:
             type=pb.METADATA_NODE,
             inputs=pb.IOInfo(values=repr([text]), shapes="[[]]", types="['String']"),
         )
-        node.attr.append(_attr("is_cpu_op", bool_val=True))
-        return _record(node.SerializeToString())
+        node.attr.append(attr("is_cpu_op", bool_val=True))
+        return record_bytes(node.SerializeToString())
 
-    def start(self, tpl: _Template) -> bytes:
+    def start(self, tpl: GraphTemplate) -> bytes:
         """The start node: a GPU COMP_NODE of duration 0 with no dependency (`START_NAME`).
 
         The old ETFeeder skips it at once (runtime 0, no ops) and frees its children; the newer
@@ -191,11 +198,11 @@ class _Writer:
         b = self._start.get(tpl.pg_init_id)
         if b is None:
             node = pb.Node(id=tpl.pg_init_id + 1, name=START_NAME, type=pb.COMP_NODE)
-            node.attr.append(_attr("is_cpu_op", bool_val=False))
-            b = self._start[tpl.pg_init_id] = _record(node.SerializeToString())
+            node.attr.append(attr("is_cpu_op", bool_val=False))
+            b = self._start[tpl.pg_init_id] = record_bytes(node.SerializeToString())
         return b
 
-    def write(self, tpl: _Template, rank: int) -> int:
+    def write(self, tpl: GraphTemplate, rank: int) -> int:
         """Write ``rank``'s file from ``tpl``; return its size in bytes."""
         suffix: dict[tuple[str, int | None, int | None], bytes] = {}
         pg_init = self.pg_init(tpl, rank)
@@ -216,11 +223,11 @@ class _Writer:
                     assert hole.peer is not None  # set for every send/recv hole
                     peer = self.peer_of(tpl, hole.peer, rank)
                     src, dst = (rank, peer) if hole.kind == "send" else (peer, rank)
-                    tail = pg + _attrs_bytes(
-                        _attr("comm_src", int32_val=src), _attr("comm_dst", int32_val=dst)
+                    tail = pg + attrs_bytes(
+                        attr("comm_src", int32_val=src), attr("comm_dst", int32_val=dst)
                     )
                 suffix[key] = tail
-            parts.append(_varint(len(hole.static) + len(tail)))
+            parts.append(varint(len(hole.static) + len(tail)))
             parts.append(hole.static)
             parts.append(tail)
             parts.append(run_bytes)

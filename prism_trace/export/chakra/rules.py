@@ -3,14 +3,29 @@ attributes, the size rule for communication without a recorded size, and its err
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prism_trace.errors import PrismError
 from prism_trace.formats.chakra import chakra_pb2 as pb
 from prism_trace.formats.chakra.reader import PRISM_START_NAME
 
-if TYPE_CHECKING:
-    pass
+__all__ = [
+    "ASTRA_COMM_TYPE",
+    "CHAKRA_COMM_TYPE",
+    "CHAKRA_NODE_TYPE",
+    "CHAKRA_SCHEMA",
+    "CHAKRA_VERSION",
+    "CTRL_EDGE_KINDS",
+    "INPUT_SIZED",
+    "MIN_COMM_BYTES",
+    "PG_INIT_NAME",
+    "PRISM_DEPS_ATTR",
+    "PRISM_DEP_KINDS_ATTR",
+    "PRISM_KIND_ATTR",
+    "SIZE_BANDWIDTH_GBPS",
+    "START_NAME",
+    "SYNC_EDGE_KINDS",
+    "VARINT_CACHE",
+    "ChakraExportError",
+]
 
 
 CHAKRA_VERSION = "0.0.4"
@@ -82,7 +97,7 @@ CHAKRA_COMM_TYPE: dict[str, int] = {
 }
 """``graph_node.comm_kind`` of a collective → Chakra ``CollectiveCommType`` (``comm_type``)."""
 
-_INPUT_SIZED = ("all_gather", "gather", "scatter")
+INPUT_SIZED = ("all_gather", "gather", "scatter")
 """Recorded kinds written as ALL_GATHER, whose ``comm_size`` is each member's input: the
 nccl-tests size (the output) over the group size, as the PyTorch converter writes it and
 ASTRA-sim simulates it (each ring step sends ``comm_size``)."""
@@ -95,7 +110,7 @@ SYNC_EDGE_KINDS = ("sync",)
 """Edge kinds written as the ``sync_deps`` attribute (an int64 list): "the end of this node
 waits for that one" has no Chakra form, and as a dependency it closes cycles."""
 
-_VARINT_CACHE = 1 << 14
+VARINT_CACHE = 1 << 14
 
 
 class ChakraExportError(PrismError, ValueError):

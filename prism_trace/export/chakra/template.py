@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from prism_trace.export.chakra.rules import (
-    _INPUT_SIZED,
     ASTRA_COMM_TYPE,
     CHAKRA_COMM_TYPE,
     CHAKRA_NODE_TYPE,
     CTRL_EDGE_KINDS,
+    INPUT_SIZED,
     MIN_COMM_BYTES,
     PRISM_DEP_KINDS_ATTR,
     PRISM_DEPS_ATTR,
@@ -23,13 +23,15 @@ from prism_trace.export.chakra.rules import (
     SYNC_EDGE_KINDS,
     ChakraExportError,
 )
-from prism_trace.export.chakra.wire import _attr, _micros, _record
+from prism_trace.export.chakra.wire import attr, micros, record_bytes
 from prism_trace.formats.chakra import chakra_pb2 as pb
 from prism_trace.formats.chakra.reader import PRISM_MSG_ATTR
 from prism_trace.graph.chakra import PRISM_EDGE_CODES
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
+
+__all__ = ["CommPlan", "ExportRun", "GraphTemplate", "comm_plan", "encode_template", "load_run"]
 
 
 # -- the store side -----------------------------------------------------------------------------
@@ -47,7 +49,7 @@ class _Group:
 
 
 @dataclass
-class _Run:
+class ExportRun:
     """What the writer needs of a run besides its graphs (nothing per node)."""
 
     run_id: int
@@ -69,7 +71,13 @@ class _Run:
     class_size: dict[int, int]
 
 
-def _load_run(store: Store, run: str) -> _Run:
+def load_run(store: Store, run: str) -> ExportRun:
+    """What the writer needs of a recorded or sliced run besides its graphs, in a few queries.
+
+    Raises:
+        ChakraExportError: the run is emulated or replayed (no graph to export).
+        PrismError: no such run.
+    """
     con = store.con
     rows = con.execute("SELECT run_id, kind, world_size FROM run WHERE name = ?", [run]).fetchall()
     if not rows:
@@ -139,7 +147,7 @@ def _load_run(store: Store, run: str) -> _Run:
             dp = coords[r].get("dp")
             if dp is not None:
                 class_dp[(cls, dp)] = r
-    return _Run(
+    return ExportRun(
         run_id=run_id,
         name=run,
         kind=kind,
@@ -181,7 +189,7 @@ class _Hole:
 
 
 @dataclass
-class _Template:
+class GraphTemplate:
     """One graph encoded once: fixed records joined into runs, with holes between them."""
 
     graph_rank: int
@@ -201,7 +209,7 @@ class _Template:
 
 
 @dataclass
-class _CommPlan:
+class CommPlan:
     """What the size rule and the issue order need across ranks (one small query per run).
 
     ``coll``: (group, seq) → (last recorded start among the members, shortest member duration);
@@ -215,7 +223,8 @@ class _CommPlan:
     """Bytes per ns of the size rule (GB/s)."""
 
 
-def _comm_plan(store: Store, rd: _Run, bandwidth_gbps: float) -> _CommPlan:
+def comm_plan(store: Store, rd: ExportRun, bandwidth_gbps: float) -> CommPlan:
+    """The cross-rank facts of the run's communication the size rule and issue order need."""
     con = store.con
     coll = {
         (int(g), int(q)): (ts, dur)
@@ -239,7 +248,7 @@ def _comm_plan(store: Store, rd: _Run, bandwidth_gbps: float) -> _CommPlan:
             [rd.run_id],
         ).fetchall()
     }
-    return _CommPlan(coll, p2p, bandwidth_gbps)
+    return CommPlan(coll, p2p, bandwidth_gbps)
 
 
 def _ring_factor(kind: str, n: int) -> float:
@@ -303,7 +312,9 @@ def _topo_order(
     return order
 
 
-def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Template:
+def encode_template(store: Store, rd: ExportRun, graph_rank: int, plan: CommPlan) -> GraphTemplate:
+    """Encode the graph of ``graph_rank`` once: fixed bytes, with holes where members differ
+    (their groups, peers and process-group init node)."""
     con = store.con
     cols: tuple[str, ...] = ("node_id", "kind", "track_id", "name", "ts", "dur", "group_id")
     cols += ("seq", "peer", "msg_bytes", "comm_kind")
@@ -407,26 +418,26 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
             type=ntype,
             data_deps=dd,
             ctrl_deps=ctrl.get(nid, []),
-            duration_micros=_micros(row["dur"]),
+            duration_micros=micros(row["dur"]),
         )
         if row["ts"] is not None and row["ts"] > 0:
             node.start_time_micros = (int(row["ts"]) + 500) // 1000
-        node.attr.append(_attr("is_cpu_op", bool_val=kind == "host"))
+        node.attr.append(attr("is_cpu_op", bool_val=kind == "host"))
         if row["track_id"] is not None:
-            node.attr.append(_attr("tid", int64_val=int(row["track_id"])))
+            node.attr.append(attr("tid", int64_val=int(row["track_id"])))
         if kind in ("memcpy", "memset") or ntype != CHAKRA_NODE_TYPE[kind]:
-            node.attr.append(_attr(PRISM_KIND_ATTR, string_val=kind))
+            node.attr.append(attr(PRISM_KIND_ATTR, string_val=kind))
         if nid in added or gated:
             extra = added.get(nid, start_id)
-            node.attr.append(_attr("order_deps", int64_list=pb.Int64List(values=[extra])))
+            node.attr.append(attr("order_deps", int64_list=pb.Int64List(values=[extra])))
         if nid in sync:
-            node.attr.append(_attr("sync_deps", int64_list=pb.Int64List(values=sync[nid])))
+            node.attr.append(attr("sync_deps", int64_list=pb.Int64List(values=sync[nid])))
         if nid in exact:
             ints, kinds = exact[nid]
-            node.attr.append(_attr(PRISM_DEPS_ATTR, int64_list=pb.Int64List(values=ints)))
+            node.attr.append(attr(PRISM_DEPS_ATTR, int64_list=pb.Int64List(values=ints)))
             if -1 in ints[2::3]:
                 node.attr.append(
-                    _attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds))
+                    attr(PRISM_DEP_KINDS_ATTR, string_list=pb.StringList(values=kinds))
                 )
         types[pb.NodeType.Name(ntype)] += 1
         hole: _Hole | None = None
@@ -444,14 +455,14 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
                 ck = row["comm_kind"] if kind == "collective" else kind
                 size = _rule_size(took, ck or "", n_members, plan.bandwidth)
                 sized += 1
-                node.attr.append(_attr("comm_size_rule", bool_val=True))
-            elif kind == "collective" and row["comm_kind"] in _INPUT_SIZED and n_members > 1:
+                node.attr.append(attr("comm_size_rule", bool_val=True))
+            elif kind == "collective" and row["comm_kind"] in INPUT_SIZED and n_members > 1:
                 # An ALL_GATHER's comm_size is each member's input (docs/export.md).
                 msg_bytes = int(size)
                 size = -(-msg_bytes // n_members)
                 if size * n_members != msg_bytes:
-                    node.attr.append(_attr(PRISM_MSG_ATTR, int64_val=msg_bytes))
-            node.attr.append(_attr("comm_size", int64_val=int(size)))
+                    node.attr.append(attr(PRISM_MSG_ATTR, int64_val=msg_bytes))
+            node.attr.append(attr("comm_size", int64_val=int(size)))
             if gid is not None:
                 gid = int(gid)
                 if gid not in rd.groups:
@@ -480,8 +491,8 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
                 if ck in ASTRA_COMM_TYPE and ntype == pb.COMM_COLL_NODE:
                     ct = ASTRA_COMM_TYPE[ck][0]
                     subst[ck] += 1
-                    node.attr.append(_attr("prism_comm_kind", string_val=ck))
-                node.attr.append(_attr("comm_type", int64_val=ct))
+                    node.attr.append(attr("prism_comm_kind", string_val=ck))
+                node.attr.append(attr("comm_type", int64_val=ct))
                 hole = _Hole(b"", "coll", gid, None)
             else:
                 if row["peer"] is None:
@@ -490,11 +501,11 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
                         " without a peer has no comm_src/comm_dst"
                     )
                     raise ChakraExportError(msg)
-                node.attr.append(_attr("comm_tag", int32_val=int(row["seq"] or 0)))
+                node.attr.append(attr("comm_tag", int32_val=int(row["seq"] or 0)))
                 hole = _Hole(b"", kind, gid, int(row["peer"]))
         payload = node.SerializeToString()
         if hole is None:
-            current.append(_record(payload))
+            current.append(record_bytes(payload))
         else:
             hole.static = payload
             runs.append(b"".join(current))
@@ -502,7 +513,7 @@ def _template(store: Store, rd: _Run, graph_rank: int, plan: _CommPlan) -> _Temp
             holes.append(hole)
     runs.append(b"".join(current))
     deps["data_deps"] += len(added)
-    return _Template(
+    return GraphTemplate(
         graph_rank=graph_rank,
         runs=runs,
         holes=holes,

@@ -4,13 +4,12 @@ attributes (the protobuf module builds the rest)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from prism_trace.export.chakra.rules import _VARINT_CACHE
+from prism_trace.export.chakra.rules import VARINT_CACHE
 from prism_trace.formats.chakra import chakra_pb2 as pb
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["attr", "attrs_bytes", "micros", "record_bytes", "sanitize_prefix", "varint"]
 
 
 def _varint_uncached(n: int) -> bytes:
@@ -25,28 +24,30 @@ def _varint_uncached(n: int) -> bytes:
             return bytes(out)
 
 
-_VARINTS = [_varint_uncached(i) for i in range(_VARINT_CACHE)]
+_VARINTS = [_varint_uncached(i) for i in range(VARINT_CACHE)]
 
 
-def _varint(n: int) -> bytes:
-    return _VARINTS[n] if n < _VARINT_CACHE else _varint_uncached(n)
+def varint(n: int) -> bytes:
+    """``n`` as a protobuf varint (small values from a table: most lengths and ids are small)."""
+    return _VARINTS[n] if n < VARINT_CACHE else _varint_uncached(n)
 
 
-def _record(payload: bytes) -> bytes:
+def record_bytes(payload: bytes) -> bytes:
     """One length-delimited record, as ``protolib.encodeMessage`` frames it."""
-    return _varint(len(payload)) + payload
+    return varint(len(payload)) + payload
 
 
-def _attr(name: str, **value: Any) -> pb.AttributeProto:
+def attr(name: str, **value: Any) -> pb.AttributeProto:
+    """A Chakra node attribute: ``attr("comm_size", int64_val=n)``."""
     return pb.AttributeProto(name=name, **value)
 
 
-def _attrs_bytes(*attrs: pb.AttributeProto) -> bytes:
+def attrs_bytes(*attrs: pb.AttributeProto) -> bytes:
     """Wire bytes of ``attrs`` as Node fields: appended to a Node's bytes they add its attrs."""
     return pb.Node(attr=list(attrs)).SerializeToString()
 
 
-def _micros(ns: int | None) -> int:
+def micros(ns: int | None) -> int:
     """ns → whole µs, rounded half up; a positive duration never becomes 0 (absent)."""
     if ns is None or ns <= 0:
         return 0

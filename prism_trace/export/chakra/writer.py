@@ -35,40 +35,20 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from prism_trace.export.chakra.members import _Writer
+from prism_trace.export.chakra.members import MemberWriter
 from prism_trace.export.chakra.rules import (
     ASTRA_COMM_TYPE,
-    CHAKRA_COMM_TYPE,
-    CHAKRA_NODE_TYPE,
-    CHAKRA_SCHEMA,
-    CTRL_EDGE_KINDS,
-    PG_INIT_NAME,
     SIZE_BANDWIDTH_GBPS,
-    START_NAME,
-    SYNC_EDGE_KINDS,
     ChakraExportError,
 )
-from prism_trace.export.chakra.template import _comm_plan, _load_run, _template
+from prism_trace.export.chakra.template import comm_plan, encode_template, load_run
 from prism_trace.export.chakra.wire import sanitize_prefix
 from prism_trace.outputs import output_dir
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
-__all__ = [
-    "CHAKRA_COMM_TYPE",
-    "CHAKRA_NODE_TYPE",
-    "CHAKRA_SCHEMA",
-    "CTRL_EDGE_KINDS",
-    "PG_INIT_NAME",
-    "SIZE_BANDWIDTH_GBPS",
-    "START_NAME",
-    "SYNC_EDGE_KINDS",
-    "ChakraExportError",
-    "ExportReport",
-    "export_chakra",
-    "sanitize_prefix",
-]
+__all__ = ["ExportReport", "export_chakra"]
 
 
 @dataclass
@@ -215,7 +195,7 @@ def export_chakra(
     if not prefix or "/" in prefix or "\\" in prefix or prefix in (".", ".."):
         msg = f"{out_dir}: `prefix` {prefix!r} is not a plain file-name prefix"
         raise ChakraExportError(msg)
-    rd = _load_run(store, run)
+    rd = load_run(store, run)
     # A new or empty folder: stale `.et` files of another export would mix into an ingest of it.
     output_dir(out_dir, create=False, error=ChakraExportError)
     built = False
@@ -246,14 +226,14 @@ def export_chakra(
         msg = f"{out_dir}: size bandwidth {size_bandwidth_gbps!r} GB/s is not positive"
         raise ChakraExportError(msg)
     report.size_bandwidth_gbps = size_bandwidth_gbps
-    writer = _Writer(store, rd, out_dir, prefix)
-    plan = _comm_plan(store, rd, size_bandwidth_gbps)
+    writer = MemberWriter(store, rd, out_dir, prefix)
+    plan = comm_plan(store, rd, size_bandwidth_gbps)
     types: Counter[str] = Counter()
     deps: Counter[str] = Counter()
     subst: Counter[str] = Counter()
     with tqdm(total=len(rd.ranks), unit="rank", disable=not progress, desc="export") as bar:
         for graph_rank in sorted(members):
-            tpl = _template(store, rd, graph_rank, plan)
+            tpl = encode_template(store, rd, graph_rank, plan)
             report.templates += 1
             n = len(members[graph_rank])
             for r in members[graph_rank]:
