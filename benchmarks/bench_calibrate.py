@@ -45,7 +45,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from prism_trace.replay.model.calibrate import calibrate_run, collective_samples
-    from prism_trace.replay.model.timing import ScaledTransfer, TransferQuery, collective_cost
+    from prism_trace.replay.model.cost import collective_cost
+    from prism_trace.replay.model.timing import ScaledTransfer, TransferQuery
     from prism_trace.replay.model.topology import Topology
 
     from prism_trace.ingest.pipeline import ingest

@@ -88,7 +88,7 @@ def _naive_peak(ops: pl.DataFrame) -> int:
     """The earlier last-use prototype: one life per (storage_id, device), from its first output
     (or the start, if first read) to its last use, size the largest (offset + numel) * elem_bytes;
     residents left out (CPU convention). No recycled-id split, no nested-op care."""
-    from prism_trace.replay.kernels.schema import _is_ref
+    from prism_trace.replay.kernels.schema import is_tensor_ref
 
     first: dict[tuple[int, str], int] = {}
     last: dict[tuple[int, str], int] = {}
@@ -102,7 +102,7 @@ def _naive_peak(ops: pl.DataFrame) -> int:
             stack = [orjson.loads(text or "[]")]
             while stack:
                 v = stack.pop()
-                if _is_ref(v):
+                if is_tensor_ref(v):
                     key = (int(v[1]), str(v[5]) if len(v) == 6 else "cpu")
                     if key not in first:
                         first[key] = ts

@@ -53,7 +53,8 @@ def _measure(
     wait: str = "auto",
     pairs: int = 0,
 ) -> dict[str, float]:
-    from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
+    from prism_trace.replay.hybrid.options import KernelReplayOptions
+    from prism_trace.replay.hybrid.replay import replay_run
 
     opts = KernelReplayOptions(
         iterations=passes,

@@ -58,8 +58,9 @@ def _record_and_replay(
 
     from prism_trace.datasets._model import ModelConfig
     from prism_trace.datasets.generate import JobConfig, generate
-    from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
-    from prism_trace.replay.validate.emulated import validate_replayed
+    from prism_trace.replay.hybrid.options import KernelReplayOptions
+    from prism_trace.replay.hybrid.replay import replay_run
+    from prism_trace.replay.validate.replayed import validate_replayed
 
     from prism_trace.graph.build import build_graph
     from prism_trace.ingest.pipeline import ingest

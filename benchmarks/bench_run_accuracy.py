@@ -130,7 +130,7 @@ def main() -> None:
         recorded = _steps(rec / "run.json", 0)
         rerecorded = _steps(work / "rec2" / "run.json", 0)
         from prism_trace.replay.pg.launched_run import write_launched_run
-        from prism_trace.replay.validate.emulated import validate_replayed
+        from prism_trace.replay.validate.replayed import validate_replayed
 
         from prism_trace.store.connection import open_store
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 from prism_trace.replay.des.core import DeadlockError, MissingParticipantError
 from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig, EmulationReport
 from prism_trace.replay.emulate.driver import emulate_run
-from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
+from prism_trace.replay.hybrid.options import KernelReplayOptions
+from prism_trace.replay.hybrid.replay import replay_run
 from prism_trace.replay.model.calibrate import calibrate_run
 from prism_trace.replay.model.timing import TimingConfig
 from prism_trace.replay.model.topology import Topology
-from prism_trace.replay.validate.emulated import ValidationReport, validate_replayed, validate_run
+from prism_trace.replay.validate.emulated import ValidationReport, validate_run
+from prism_trace.replay.validate.replayed import validate_replayed
 from prism_trace.replay.whatif.config import WhatIfConfig, parse_what_if
 
 __all__ = [

@@ -3,16 +3,16 @@
 A hybrid replay runs a few ranks for real and leaves every other rank *virtual*. A virtual peer
 moves no data; what the real rank needs from it is *when* it arrives at each collective or
 send/recv. That comes from the emulator's timeline of the same run
-(``replay.emulate.emulate_in_memory``): for every communication node of the rank (its *sync* node:
-the kernel of an NCCL collective, else the host op), its emulated arrival, the last arrival
-among the other participants of the instance, and the emulated end.
+(``replay.emulate.driver.emulate_in_memory``): for every communication node of the rank (its
+*sync* node: the kernel of an NCCL collective, else the host op), its emulated arrival, the last
+arrival among the other participants of the instance, and the emulated end.
 
 The replay rule (docs/replay.md): the replay clock is aligned with the emulated clock at each
 iteration start; a call whose real arrival is ``t`` ns after the replay's iteration start
 completes at ``max(t, peers_arrival_ns) + transfer_ns`` (``PeerSchedule.completion_ns``), the
 emulator's own rule with the real arrival in place of the emulated one. ``transfer_ns`` is
 taken from the emulated end (``end - max(own, peers)``), so it already holds the instance's
-transfer time and this rank's completion skew (``replay.timing``).
+transfer time and this rank's completion skew (``replay.model.timing``).
 
 Nothing here imports torch: a schedule is plain data, shared by ``replay.hybrid`` and the timed
 process group.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from prism_trace.store.connection import Store
 
-__all__ = ["PeerCall", "PeerSchedule", "schedules_from_store"]
+__all__ = ["PeerCall", "PeerSchedule", "rank_schedule", "schedules_from_store"]
 
 
 @dataclass(frozen=True)
@@ -209,12 +209,34 @@ def schedules_from_store(
 
     res, iters = emulate_in_memory(store, run=run, config=config)
     real = sorted({int(r) for r in (*ranks, *real_ranks)})
-    return {int(r): _schedule(store, res, iters, run=run, rank=int(r), real=real) for r in ranks}
+    return {
+        int(r): rank_schedule(store, res, iters, run=run, rank=int(r), real=real) for r in ranks
+    }
 
 
-def _schedule(
+def rank_schedule(
     store: Store, res: object, iters: pl.DataFrame, *, run: str, rank: int, real: list[int]
 ) -> PeerSchedule:
+    """The schedule of one rank from an emulation already run (``emulate_in_memory``'s pair).
+
+    One emulation serves every rank a caller replays: ``schedules_from_store`` emulates once and
+    calls this per rank, and so does the hybrid replay, which also needs the emulation itself.
+
+    Args:
+        store: the store the emulation read (for the run's communicators).
+        res: the emulation result (its inputs, timeline and sync frame).
+        iters: its per-rank iterations (``rank, iteration, ts, dur``).
+        run: the emulated run's name (for messages and the schedule).
+        rank: the rank whose calls are scheduled.
+        real: ranks replayed for real, left out of the virtual peers' arrival (they arrive by
+            themselves).
+
+    Returns:
+        The rank's schedule.
+
+    Raises:
+        PrismError: ``rank`` is not a rank of the run with a graph.
+    """
     inputs = res.inputs  # type: ignore[attr-defined]
     tl = res.timeline  # type: ignore[attr-defined]
     sync: pl.DataFrame = res.sync  # type: ignore[attr-defined]

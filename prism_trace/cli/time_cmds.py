@@ -203,7 +203,8 @@ def replay_cmd(
 
     from prism_trace.replay.config_file import load_replay_config
     from prism_trace.replay.emulate.config import EmulationConfig
-    from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run
+    from prism_trace.replay.hybrid.options import KernelReplayOptions
+    from prism_trace.replay.hybrid.replay import replay_run
     from prism_trace.store.connection import open_store
 
     notes: list[str] = []
@@ -263,7 +264,7 @@ def validate_cmd(
     from prism_trace.store.connection import open_store
 
     if replayed is not None:
-        from prism_trace.replay.validate.emulated import validate_replayed
+        from prism_trace.replay.validate.replayed import validate_replayed
 
         with open_store(db, read_only=True) as store:
             rv = validate_replayed(store, replayed=replayed)

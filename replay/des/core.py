@@ -3,7 +3,7 @@
 A *unit* is what the emulator simulates once: a rank of a recorded run, or the exemplar of an
 equivalence class of a sliced run (every member of a class has the same timing, so it is
 simulated once; see docs/emulator.md). Everything here is numpy on arrays: no store, no files, no
-torch, no printing, no randomness (seeded models come later through ``replay.timing``).
+torch, no printing, no randomness (seeded models come later through ``replay.model.timing``).
 
 The model is max-plus: every node ``v`` has a start ``S[v]`` and an end ``E[v]``.
 
@@ -16,7 +16,7 @@ The model is max-plus: every node ``v`` has a start ``S[v]`` and an end ``E[v]``
   *sync node* per participating unit. Its last arrival is ``A = max(S over participants)``; each
   participant ``p`` ends at ``max(S[p], A + transfer[p])`` (or later, if a ``sync`` edge holds it
   back), where ``transfer[p]`` is the instance's transfer time plus ``p``'s completion skew
-  (``replay.timing``: 0 when all participants complete together).
+  (``replay.model.timing``: 0 when all participants complete together).
 
 All constraints are "max of predecessors plus a weight", so the times are the longest paths in one
 DAG over the points ``S``, ``E`` and ``A``, evaluated by a frontier-by-frontier (Kahn) sweep with

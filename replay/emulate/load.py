@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 from prism_trace.replay.des.core import collective_instances, p2p_instances
-from prism_trace.replay.des.vector import Replicas
+from prism_trace.replay.des.replicas import Replicas
 from prism_trace.replay.emulate.config import _COMM, _DEFAULT_CATEGORY
 from prism_trace.replay.model.timing import recorded_completion
 

@@ -8,17 +8,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.des.vector import class_groups, replica_grid, vector_eligible
+from prism_trace.replay.des.replicas import class_groups, replica_grid, vector_eligible
 from prism_trace.replay.emulate.config import _COMM, EmulationConfig
 from prism_trace.replay.emulate.load import _fetch, _Inputs, _load, _lookup, _node_index
-from prism_trace.replay.whatif.config import (
-    WhatIfError,
-    check_slow_matches,
-    expand_replicas,
-    resample_durations,
-    slow_factors,
-    spans_dp,
-)
+from prism_trace.replay.whatif.config import WhatIfError
+from prism_trace.replay.whatif.expansion import expand_replicas, spans_dp
+from prism_trace.replay.whatif.slow import check_slow_matches, slow_factors
+from prism_trace.replay.whatif.variance import resample_durations
 
 from prism_trace.errors import PrismError
 

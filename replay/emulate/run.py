@@ -18,13 +18,8 @@ from prism_trace.replay.des.core import (
     emulate,
     p2p_instances,
 )
-from prism_trace.replay.des.vector import (
-    ReplicaTimeline,
-    emulate_replicas,
-    replica_durations,
-    scale_replicas,
-    shared_instances,
-)
+from prism_trace.replay.des.replicas import replica_durations, scale_replicas, shared_instances
+from prism_trace.replay.des.vector import ReplicaTimeline, emulate_replicas
 from prism_trace.replay.emulate.config import _COMM, EmulationConfig
 from prism_trace.replay.emulate.load import (
     _groups,

@@ -24,7 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.kernels.rebuild import Program
+from prism_trace.replay.kernels.program import Program
+
+__all__ = ["PASS_MARK", "CallOverhead", "call_overhead", "expected_events", "top_level_spans"]
 
 #: Look this many events ahead for a unit's op before deciding it has none (real communication,
 #: hooks and allocations between units add top-level events of their own).

@@ -4,19 +4,18 @@ and memory frames of a replayed rank."""
 from __future__ import annotations
 
 import statistics
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import polars as pl
 from prism_trace.replay.hybrid.load import _RankInputs
 from prism_trace.replay.hybrid.options import RankReplay
 from prism_trace.replay.hybrid.passes import _Driver, _Pass, _unit_calls
-from prism_trace.replay.kernels.rebuild import Program
+from prism_trace.replay.kernels.program import Program
 
 from prism_trace.ingest.pipeline import assign_iteration
 
-if TYPE_CHECKING:
-    pass
+__all__: list[str] = []
 
 
 def _bare_pairs(

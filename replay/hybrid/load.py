@@ -13,6 +13,8 @@ from prism_trace.errors import PrismError
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
+__all__: list[str] = []
+
 
 @dataclass
 class _RankInputs:
@@ -24,7 +26,7 @@ class _RankInputs:
     schedule: PeerSchedule
     # Recorded CPU allocator level (``total_allocated`` before the first event) per iteration.
     cpu_levels: dict[int, int] = field(default_factory=dict)
-    # The source rank's allocator events with addresses (``replay.lifetimes``).
+    # The source rank's allocator events with addresses (``replay.memory.lifetimes``).
     allocator: pl.DataFrame = field(default_factory=pl.DataFrame)
 
 

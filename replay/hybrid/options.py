@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import polars as pl
 from prism_trace.replay.emulate.config import MAX_SEED
 
 from prism_trace.errors import PrismError
 
-if TYPE_CHECKING:
-    pass
+__all__ = [
+    "MAX_PASSES",
+    "MAX_THREADS",
+    "KernelReplayOptions",
+    "RankReplay",
+    "ReplayOptionsError",
+    "ReplayReport",
+]
+
 
 MAX_PASSES = 1000
 """The most measured (``iterations``) or warmup passes a replay runs. Each pass replays every
@@ -63,11 +70,11 @@ class KernelReplayOptions:
             replay's own cost of calling each op outside the op's profiled span (the
             instrumentation's callbacks: µs per op on CPU) in calibration passes, and
             spend that much less of the recorded gap before the op, which already holds the
-            recording's own call cost (``replay.call_overhead``). Without instrumentation the
+            recording's own call cost (``replay.hybrid.call_overhead``). Without instrumentation the
             call costs about a µs, which no profiler can measure without adding its own.
         recorded_lifetimes: where the recording has allocator events with addresses, free
             each result when the recording's allocator did, if that is after its last use (a
-            Python reference the ET does not show held it: ``replay.lifetimes``).
+            Python reference the ET does not show held it: ``replay.memory.lifetimes``).
         wait: how the replay waits for a recorded gap or for the virtual peers. ``spin``: on
             the clock, keeping the core busy; ``sleep``: sleep through waits over 2 ms and spin
             only their end, leaving the core to others; ``auto``: spin when every replaying
@@ -76,12 +83,12 @@ class KernelReplayOptions:
             slower (``benchmarks/bench_replay.py --wait sleep``; docs/replay.md).
         together: several selected ranks run together, one process each, and communicate with
             each other through ``torch.distributed`` (gloo on CPU, NCCL on CUDA;
-            ``replay.real_comm``); False: one after the other in this process, each seeing the
-            others as virtual peers.
+            ``replay.hybrid.real_comm``); False: one after the other in this process, each seeing
+            the others as virtual peers.
         bare_passes: after each of the first this many measured passes, run the *bare* pass:
             the same ops, views, allocations and frees without clock reads, hooks,
-            communication or substitutes (``replay.kernels.render``). The difference of the two
-            wall times, less the timed pass's communication and substitutes, is what the
+            communication or substitutes (``replay.kernels.codegen.render``). The difference of
+            the two wall times, less the timed pass's communication and substitutes, is what the
             replay's instrumentation costs (``RankReplay.instrumentation_pct_passes``). Needs
             ``gaps="none"`` and ranks replayed alone (a bare pass cannot meet real peers).
     """

@@ -8,7 +8,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -21,13 +21,12 @@ from prism_trace.replay.hybrid.call_overhead import (
 from prism_trace.replay.hybrid.load import _RankInputs
 from prism_trace.replay.hybrid.options import _SPIN_SLEEP_NS, KernelReplayOptions
 from prism_trace.replay.hybrid.real_comm import RealComm
-from prism_trace.replay.kernels.rebuild import Program
+from prism_trace.replay.kernels.program import Program
 from prism_trace.replay.peers import PeerSchedule
 
 from prism_trace.profiling.torch_profiler import profiling
 
-if TYPE_CHECKING:
-    pass
+__all__: list[str] = []
 
 
 def _device_map(ops: pl.DataFrame, device: str) -> Any:

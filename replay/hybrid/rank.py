@@ -7,7 +7,7 @@ import gc
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -34,22 +34,16 @@ from prism_trace.replay.hybrid.passes import (
     _unit_times,
 )
 from prism_trace.replay.hybrid.real_comm import RealComm, agree, specs_for_rank
-from prism_trace.replay.kernels.rebuild import (
-    build_program,
-    check_program,
-    compile_pass,
-    external_buffers,
-    make_externals,
-    select_units,
-)
+from prism_trace.replay.kernels.codegen import check_program, compile_pass
+from prism_trace.replay.kernels.rebuild import build_program, external_buffers, make_externals
+from prism_trace.replay.kernels.units import select_units
 from prism_trace.replay.memory.lifetimes import hold, recorded_frees
 
 from prism_trace.errors import PrismError
 from prism_trace.profiling.scratch import ram_scratch_dir
 from prism_trace.profiling.torch_profiler import profiling
 
-if TYPE_CHECKING:
-    pass
+__all__: list[str] = []
 
 
 def _replay_rank(

@@ -11,9 +11,9 @@ reproduce them. The measured run is stored as kind ``replayed`` in the same sche
 docs/replay.md for the rules and the measured accuracy and overhead.
 
 torch is imported inside the functions that need it, never at module import. The work is split:
-``hybrid_options`` (what is asked and returned), ``hybrid_load``, ``hybrid_pass`` (the pass
-driver), ``hybrid_rank`` (one rank), ``hybrid_frames`` (its results), ``hybrid_write`` and
-``hybrid_together`` (several ranks in processes of their own); this module is the entry point.
+``hybrid.options`` (what is asked and returned), ``hybrid.load``, ``hybrid.passes`` (the pass
+driver), ``hybrid.rank`` (one rank), ``hybrid.frames`` (its results), ``hybrid.write`` and
+``hybrid.together`` (several ranks in processes of their own); this module is the entry point.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 from prism_trace.replay.emulate.config import EmulationConfig
 from prism_trace.replay.hybrid.load import _load_rank, _source_of
-from prism_trace.replay.hybrid.options import KernelReplayOptions, RankReplay, ReplayReport
+from prism_trace.replay.hybrid.options import KernelReplayOptions, ReplayReport
 from prism_trace.replay.hybrid.rank import _replay_rank
 from prism_trace.replay.hybrid.together import _replay_together
-from prism_trace.replay.hybrid.write import _write, write_replayed_header
-from prism_trace.replay.peers import _schedule
+from prism_trace.replay.hybrid.write import _write
+from prism_trace.replay.peers import rank_schedule
 
 from prism_trace.errors import PrismError
 from prism_trace.store.write import claim_run_name
@@ -35,13 +35,7 @@ from prism_trace.store.write import claim_run_name
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
-__all__ = [
-    "KernelReplayOptions",
-    "RankReplay",
-    "ReplayReport",
-    "replay_run",
-    "write_replayed_header",
-]
+__all__ = ["replay_run"]
 
 
 def replay_run(
@@ -57,8 +51,8 @@ def replay_run(
     """Replay ``ranks`` of ``run`` with real kernels and virtual peers; store a ``replayed`` run.
 
     Several selected ranks run together by default, one process each: their communication with
-    each other goes through ``torch.distributed`` (``replay.real_comm``), and every other rank is
-    a virtual peer whose timing comes from the emulation of ``run``. With
+    each other goes through ``torch.distributed`` (``replay.hybrid.real_comm``), and every other
+    rank is a virtual peer whose timing comes from the emulation of ``run``. With
     ``options.together=False`` (or one rank) they run in this process one after the other, each
     seeing the others as virtual peers too.
 
@@ -111,7 +105,7 @@ def replay_run(
     res, iters = emulate_in_memory(store, run=run, config=config)
     together = options.together and len(ranks) > 1
     schedules = {
-        r: _schedule(store, res, iters, run=run, rank=r, real=list(ranks) if together else [r])
+        r: rank_schedule(store, res, iters, run=run, rank=r, real=list(ranks) if together else [r])
         for r in ranks
     }
     inputs = [_load_rank(store, run_id, source_run, r, schedules[r]) for r in ranks]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from prism_trace.replay.hybrid.load import _RankInputs
 from prism_trace.replay.hybrid.options import KernelReplayOptions, RankReplay
@@ -13,8 +12,7 @@ from prism_trace.replay.hybrid.rank import _replay_rank
 
 from prism_trace.errors import PrismError
 
-if TYPE_CHECKING:
-    pass
+__all__: list[str] = []
 
 
 _TOGETHER_TIMEOUT_S = 300

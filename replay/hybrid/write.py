@@ -12,6 +12,8 @@ from prism_trace.store.write import append, drop_run, new_run
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
+__all__ = ["write_replayed_header"]
+
 
 _COMM_FROM_CALL = {
     "group_id": "coalesce(f.call_group_id, c.group_id)",
@@ -39,7 +41,7 @@ def write_replayed_header(
     """Inside an open transaction: drop the run being replaced, then write a ``replayed`` run's
     ``run`` row (parent ``input_run_id``), its ranks (copied, ``represented_by`` kept; ``device``
     and ``backend`` replaced when given) and the input run's communicators. Shared by
-    ``prism replay`` and ``prism run --out-run`` (``replay.launched_run``).
+    ``prism replay`` and ``prism run --out-run`` (``replay.pg.launched_run``).
 
     Returns:
         The new run's id.

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prism_trace.replay.kernels.program import Program
 from prism_trace.replay.kernels.schema import TensorMeta, _Unsupported
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["check_program", "compile_pass", "render"]
 
 
 _INLINE = (int, bool, str, type(None))

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prism_trace.replay.kernels.schema import TensorMeta
 from prism_trace.replay.kernels.units import Unit
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["OpCall", "Program", "UnsupportedOp"]
 
 
 @dataclass
@@ -74,7 +73,7 @@ class Program:
         slot_made: unit index at which each slot's tensor appears (its op, or for a nested
             output the unit whose inner op made it).
         frees_after: unit index -> slots freed after it: their last use, or later where the
-            recording's allocator held them longer (``replay.lifetimes``).
+            recording's allocator held them longer (``replay.memory.lifetimes``).
         nested_outputs: unit index -> ``(slot, meta)`` of floating-point storages an op nested
             in the unit made and a later unit reads (saved for backward: ``native_layer_norm``'s
             mean and rstd inside ``layer_norm``); the replay allocates each, uninitialised, right

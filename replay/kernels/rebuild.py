@@ -31,9 +31,9 @@ Every result is dropped after its last use, so memory rises and falls as in the 
 Floating tensors get uniform [0, 1) data (no NaN from ``sqrt``/``log``), integer and bool tensors
 zeros (valid indices and targets).
 
-This module plans the program; ``kernels_schema`` parses schemas and tensor metadata,
-``kernels_units`` picks the units, ``kernels_program`` holds the program's types and
-``kernels_codegen`` turns a program into the generated pass function.
+This module plans the program; ``kernels.schema`` parses schemas and tensor metadata,
+``kernels.units`` picks the units, ``kernels.program`` holds the program's types and
+``kernels.codegen`` turns a program into the generated pass function.
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from prism_trace.replay.kernels.codegen import check_program, compile_pass, render
-from prism_trace.replay.kernels.program import OpCall, Program, UnsupportedOp
+from prism_trace.replay.kernels.program import OpCall, Program
 from prism_trace.replay.kernels.schema import (
     _LAYOUTS,
     _MEMORY_FORMATS,
@@ -53,12 +52,12 @@ from prism_trace.replay.kernels.schema import (
     ArgSpec,
     TensorMeta,
     _elem_types,
-    _is_ref,
     _meta,
     _Unsupported,
+    is_tensor_ref,
     parse_schema,
 )
-from prism_trace.replay.kernels.units import Unit, select_units
+from prism_trace.replay.kernels.units import Unit
 
 from prism_trace.formats.base import ET_IO_COLUMNS
 
@@ -66,22 +65,7 @@ if TYPE_CHECKING:
     import polars as pl
     import torch
 
-__all__ = [
-    "ArgSpec",
-    "OpCall",
-    "Program",
-    "TensorMeta",
-    "Unit",
-    "UnsupportedOp",
-    "build_program",
-    "check_program",
-    "compile_pass",
-    "external_buffers",
-    "make_externals",
-    "parse_schema",
-    "render",
-    "select_units",
-]
+__all__ = ["build_program", "external_buffers", "make_externals"]
 
 
 def _resolve_op(schema: str) -> tuple[Any, list[ArgSpec], list[str]]:
@@ -187,7 +171,7 @@ external, with valid data."""
 def _ref_storages(values: Any) -> Iterator[tuple[int, str]]:
     """``(storage_id, device)`` of every tensor reference in a recorded value list."""
     for v in values:
-        if _is_ref(v):
+        if is_tensor_ref(v):
             yield (int(v[1]), str(v[5]))
         elif isinstance(v, list):
             yield from _ref_storages(v)
@@ -284,7 +268,7 @@ def _plan_op(
                     if item == _NONE or item is None or "nullptr" in et:
                         items.append(("c", None))
                         continue
-                    if not _is_ref(item):
+                    if not is_tensor_ref(item):
                         msg = f"argument {spec.name}: element {k} is not a tensor"
                         raise _Unsupported(msg)
                     m = _meta(
@@ -297,7 +281,7 @@ def _plan_op(
                 ref: tuple[str, Any] = ("l", items)
             elif v == _NONE or v is None or "nullptr" in str(ty):  # None / undefined tensor
                 ref = ("c", None)
-            elif _is_ref(v):
+            elif is_tensor_ref(v):
                 ref = planner.tensor(_meta(v, shp, st, ty), at, aliases)
             else:
                 msg = f"argument {spec.name}: recorded value is not a tensor"
@@ -319,10 +303,10 @@ def _plan_op(
         shp = out_shapes[j] if j < len(out_shapes) else None
         st = out_strides[j] if j < len(out_strides) else None
         ty = out_types[j] if j < len(out_types) else ""
-        if _is_ref(v):
+        if is_tensor_ref(v):
             m = _meta(v, shp, st, ty)
             outputs.append((j, None, planner.result(m, at), m))
-        elif isinstance(v, list) and v and all(_is_ref(x) or x == _NONE for x in v):
+        elif isinstance(v, list) and v and all(is_tensor_ref(x) or x == _NONE for x in v):
             etypes = _elem_types(ty)
             for k, item in enumerate(v):
                 if item == _NONE:
@@ -443,9 +427,9 @@ def _substitute_outputs(
     except orjson.JSONDecodeError:
         return out
     for j, v in enumerate(vals):
-        items: list[tuple[Any, int, int | None]] = [(v, j, None)] if _is_ref(v) else []
-        if isinstance(v, list) and not _is_ref(v):
-            items = [(x, j, k) for k, x in enumerate(v) if _is_ref(x)]
+        items: list[tuple[Any, int, int | None]] = [(v, j, None)] if is_tensor_ref(v) else []
+        if isinstance(v, list) and not is_tensor_ref(v):
+            items = [(x, j, k) for k, x in enumerate(v) if is_tensor_ref(x)]
         for ref, jj, k in items:
             shp = shapes[jj] if jj < len(shapes) else None
             st = strides[jj] if jj < len(strides) else None

@@ -5,10 +5,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    pass
+__all__ = [
+    "COMM_OP_PREFIXES",
+    "SKIPPED_NAMESPACES",
+    "ArgSpec",
+    "TensorMeta",
+    "contiguous_strides",
+    "is_tensor_ref",
+    "parse_schema",
+]
 
 
 _TYPE_DTYPES = {
@@ -200,7 +207,9 @@ class TensorMeta:
         )
 
 
-def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major strides, in elements, of a tensor of ``shape``: what a tensor the ET records
+    without strides has (a size-0 dimension counts as 1, as torch's own strides do)."""
     out, acc = [], 1
     for s in reversed(shape):
         out.append(acc)
@@ -208,7 +217,13 @@ def _contiguous(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def _is_ref(v: Any) -> bool:
+def is_tensor_ref(v: Any) -> bool:
+    """Whether a recorded argument value is a tensor reference of the host ET:
+    ``[tensor_id, storage_id, offset, numel, elem_bytes]`` plus, in newer ETs, the device.
+
+    The readers of an op's arguments (the kernel rebuild, the ET memory timeline) tell tensors
+    from other lists by this shape alone: the ET marks them no other way.
+    """
     return (
         isinstance(v, list)
         and len(v) in (5, 6)
@@ -242,7 +257,7 @@ def _meta(ref: list[Any], shape: Any, strides: Any, type_text: str) -> TensorMet
     ):
         st = tuple(int(s) for s in strides)
     else:
-        st = _contiguous(shp)
+        st = contiguous_strides(shp)
     return TensorMeta(key=key, shape=shp, strides=st, dtype=dtype)
 
 

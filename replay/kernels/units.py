@@ -13,6 +13,8 @@ from prism_trace.replay.kernels.schema import COMM_OP_PREFIXES, SKIPPED_NAMESPAC
 if TYPE_CHECKING:
     import polars as pl
 
+__all__ = ["Unit", "select_units"]
+
 
 @dataclass(frozen=True)
 class Unit:

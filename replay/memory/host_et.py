@@ -1,12 +1,12 @@
 """Memory timeline of a rank derived from its host execution trace (no ``[memory]`` events needed).
 
-The emulator re-times recorded allocator events (``replay.memory``); a rank recorded without
+The emulator re-times recorded allocator events (``replay.memory.retime``); a rank recorded without
 ``profile_memory`` has none. Its host ET (``et_op``) still names every tensor an op reads and
 writes as ``[tensor_id, storage_id, offset, numel, elem_bytes, device]`` (parsed with
 ``replay.kernels``' helpers), so the life of every storage can be rebuilt and written as rows with
-the columns of ``memory`` (``replay.memory.MEMORY_COLUMNS``), timed at the linked Kineto events,
-which ``retime_memory`` and everything after it take unchanged (``replay.emulate_frames._memory``
-uses them for a rank without recorded events).
+the columns of ``memory`` (``replay.memory.retime.MEMORY_COLUMNS``), timed at the linked Kineto
+events, which ``retime_memory`` and everything after it take unchanged
+(``replay.emulate.frames._memory`` uses them for a rank without recorded events).
 
 Rules, and why:
 
@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 import polars as pl
-from prism_trace.replay.kernels.schema import TensorMeta, _contiguous, _is_ref
+from prism_trace.replay.kernels.schema import TensorMeta, contiguous_strides, is_tensor_ref
 from prism_trace.replay.memory.retime import MEMORY_COLUMNS, MEMORY_SCHEMA
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ class _Life:
 
 def _refs(values: Any, shapes: Any, strides: Any) -> Iterator[tuple[list[Any], Any, Any]]:
     """Every tensor ref in a recorded argument list, with its shape and strides (or None)."""
-    if _is_ref(values):
+    if is_tensor_ref(values):
         yield values, shapes, strides
         return
     if isinstance(values, list):
@@ -169,7 +169,7 @@ def _tensor(ref: list[Any], shape: Any, strides: Any) -> TensorMeta:
         and len(strides) == len(shp)
         and all(isinstance(s, int) for s in strides)
     )
-    st = tuple(int(s) for s in strides) if known else _contiguous(shp)
+    st = tuple(int(s) for s in strides) if known else contiguous_strides(shp)
     return TensorMeta(key=key, shape=shp, strides=st, dtype="")
 
 

@@ -22,7 +22,9 @@ from dataclasses import replace
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.kernels.rebuild import Program
+from prism_trace.replay.kernels.program import Program
+
+__all__ = ["hold", "recorded_frees"]
 
 _CUDA_ROUND = 512
 """The CUDA caching allocator reports blocks rounded up to this many bytes."""

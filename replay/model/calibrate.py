@@ -1,9 +1,9 @@
 """Fit the network's latencies and bus bandwidths to a run's recorded collectives.
 
 Each collective instance ``(group_id, seq)`` has a pure transfer time, its last arriver's duration
-(``replay.timing.recorded_transfer``; kernels when the trace has them, else host ops), a message
-size and a group. ``replay.timing.collective_cost`` says how many latency steps and how many bytes
-on each link class that instance costs, so per link class
+(``replay.model.timing.recorded_transfer``; kernels when the trace has them, else host ops), a
+message size and a group. ``replay.model.cost.collective_cost`` says how many latency steps and
+how many bytes on each link class that instance costs, so per link class
 ``time = alpha * steps + bytes / busbw`` is linear in ``(alpha, 1/busbw)``:
 a two-variable non-negative least-squares fit on relative errors.
 
@@ -25,12 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.model.timing import (
-    Algorithm,
-    CollectiveCost,
-    collective_cost,
-    recorded_transfer,
-)
+from prism_trace.replay.model.cost import Algorithm, CollectiveCost, collective_cost
+from prism_trace.replay.model.timing import recorded_transfer
 from prism_trace.replay.model.topology import Topology
 
 __all__ = [

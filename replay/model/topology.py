@@ -3,9 +3,9 @@
 Two link classes, as NCCL sees a cluster of NVSwitch nodes: *intra* (NVLink inside a node) and
 *inter* (the NICs across nodes). Bandwidths are **bus bandwidths** in the nccl-tests sense
 (``busbw``, GB/s = bytes/ns per GPU), so a published ``all_reduce_perf`` figure can be entered
-as is; latencies are per algorithm *step* (one hop of a ring or tree), ns. ``replay.timing`` turns
-them into transfer times; ``replay.calibrate`` fits them to a recorded run. ``docs/network.md``
-gives the formulas and the sources of the presets.
+as is; latencies are per algorithm *step* (one hop of a ring or tree), ns. ``replay.model.cost``
+and ``replay.model.timing`` turn them into transfer times; ``replay.model.calibrate`` fits them to
+a recorded run. ``docs/network.md`` gives the formulas and the sources of the presets.
 
 A config names a preset and overrides single fields::
 
@@ -24,7 +24,27 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PRESETS", "Topology"]
+from prism_trace.errors import PrismError
+
+__all__ = ["MAX_SLOW_FACTOR", "PRESETS", "Topology", "TopologyError"]
+
+MAX_SLOW_FACTOR = 1e6
+"""The largest factor a what-if may stretch a modelled time by: a slow-down factor, the product
+of the slow-down factors that can meet on a node, and ``1 / scale`` of a bandwidth scale.
+
+Emulated times are int64 nanoseconds (at most 9.2e18 ns, 292 years). A factor of 1e6 makes a
+recorded hour 3.6e18 ns, still inside; a larger one overflows on realistic runs (the durations
+wrapped to -2**63 and ts went negative) and models nothing a what-if asks about: a rank a
+million times slower is a dead one (``remove-gpu``, ``dp=N-1``). The same bound, inverted,
+bounds the bandwidth what-ifs from below (a transfer takes ``1 / scale`` longer). It lives with
+the timing model, whose int64 ns it protects; ``replay.whatif`` checks its factors against it.
+"""
+
+
+class TopologyError(PrismError, ValueError):
+    """A topology the model cannot use: an unknown preset, a non-positive or non-finite figure,
+    a bandwidth scale past ``MAX_SLOW_FACTOR``."""
+
 
 # Per-GPU figures. Sources and reasoning: docs/network.md ("Presets").
 _DGX_A100: dict[str, float] = {
@@ -77,6 +97,11 @@ class Topology:
         bandwidth_scale: what-if: multiplies both bandwidths (2.0 = a network twice as fast).
         intra_bandwidth_scale: what-if: multiplies the intra-node bandwidth only.
         inter_bandwidth_scale: what-if: multiplies the inter-node bandwidth only.
+
+    Raises:
+        TopologyError: an unknown ``system``, a figure that is not a positive finite number,
+            ``ranks_per_node < 1``, or a bandwidth scale outside ``[1 / MAX_SLOW_FACTOR,
+            MAX_SLOW_FACTOR]`` (one line each).
     """
 
     system: str = "generic"
@@ -94,7 +119,7 @@ class Topology:
         base = PRESETS.get(self.system)
         if base is None:
             msg = f"unknown topology `system` {self.system!r}; presets: {', '.join(PRESETS)}"
-            raise ValueError(msg)
+            raise TopologyError(msg)
         for name in _FROM_PRESET:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, base[name])
@@ -109,18 +134,16 @@ class Topology:
                 isinstance(v, int | float) and v > 0 and math.isfinite(v)
             ):
                 msg = f"topology `{f.name}` must be a positive finite number, got {v!r}"
-                raise ValueError(msg)
+                raise TopologyError(msg)
         if self.per_node < 1:
             msg = f"topology `ranks_per_node` must be >= 1, got {self.ranks_per_node!r}"
-            raise ValueError(msg)
+            raise TopologyError(msg)
         self._check_scales()
 
     def _check_scales(self) -> None:
-        """Bound the bandwidth what-ifs as the slow-downs are (``whatif.MAX_SLOW_FACTOR``): a
+        """Bound the bandwidth what-ifs as the slow-downs are (``MAX_SLOW_FACTOR``): a
         transfer takes ``1 / scale`` as long, and ``bandwidth_scale = 1e-300`` overflowed the
         int64 ns transfers into garbage (iterations *faster* than the baseline)."""
-        from prism_trace.replay.whatif.config import MAX_SLOW_FACTOR
-
         for name in ("bandwidth_scale", "intra_bandwidth_scale", "inter_bandwidth_scale"):
             v = getattr(self, name)
             if not 1 / MAX_SLOW_FACTOR <= v <= MAX_SLOW_FACTOR:
@@ -128,7 +151,7 @@ class Topology:
                     f"topology `{name}` must be in [{1 / MAX_SLOW_FACTOR:g},"
                     f" {MAX_SLOW_FACTOR:g}], got {v!r}"
                 )
-                raise ValueError(msg)
+                raise TopologyError(msg)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> Topology:

@@ -6,7 +6,7 @@ would return in shape and dtype, with values from one rule ("virtual members mir
 see `docs/process-group.md`), and completes (its `Work` is done) at the time the virtual peers of
 a recorded run would let it complete, so that the script's own timers see faithful step times.
 
-Use it through `prism run` (`replay.launch`), or directly::
+Use it through `prism run` (`replay.pg.launch`), or directly::
 
     import prism_trace.replay.pg.backend as ppg
     ppg.register()  # idempotent; configure() registers too
@@ -17,9 +17,9 @@ Importing this module registers nothing: torch's backend table is changed only b
 is about to make a `prism` group (``register()``, ``configure()``, the `prism run` shim), so
 importing the package for anything else leaves torch.distributed as it was.
 
-The backend is split: ``pg_base`` (name, switches, error, clock), ``pg_timeline`` (timing),
-``pg_session`` (what the groups of a process share), ``pg_work`` (completion), ``pg_data``
-(the values of calls with virtual members); this module is the process group and its
+The backend is split: ``pg.base`` (name, switches, error, clock), ``pg.timeline`` (timing),
+``pg.session`` (what the groups of a process share, ``reset``), ``pg.work`` (completion),
+``pg.data`` (the values of calls with virtual members); this module is the process group and its
 registration.
 
 Timing follows `replay.peers.PeerSchedule`: a call is looked up by the member ranks of its group
@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from prism_trace.replay.pg import session as pg_session
-from prism_trace.replay.pg.base import BACKEND, ENV, ScheduleMismatchError
+from prism_trace.replay.pg.base import BACKEND
 from prism_trace.replay.pg.data import _Members, _post, _pre, _real_op
-from prism_trace.replay.pg.session import PrismSession, _session_from_env, reset, session
+from prism_trace.replay.pg.session import PrismSession, _session_from_env, session
 from prism_trace.replay.pg.work import PrismWork
 
 if TYPE_CHECKING:
@@ -47,17 +47,7 @@ if TYPE_CHECKING:
     from prism_trace.replay.peers import PeerSchedule
 
 
-__all__ = [
-    "BACKEND",
-    "ENV",
-    "PrismProcessGroup",
-    "PrismSession",
-    "ScheduleMismatchError",
-    "configure",
-    "register",
-    "reset",
-    "session",
-]
+__all__ = ["PrismProcessGroup", "configure", "register"]
 
 
 class PrismProcessGroup(dist.ProcessGroup):  # type: ignore[misc]

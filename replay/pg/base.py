@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from prism_trace.errors import PrismError
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["BACKEND", "ENV", "ScheduleMismatchError"]
 
 
 BACKEND = "prism"
@@ -17,7 +15,7 @@ BACKEND = "prism"
 class ENV:
     """Environment variables that configure the backend in a process started by `prism run`."""
 
-    SWITCH = "PRISM_PG"  # "1": `init_process_group(<any backend>)` uses `prism` (replay.launch)
+    SWITCH = "PRISM_PG"  # "1": `init_process_group(<any backend>)` uses `prism` (replay.pg.launch)
     WORLD_SIZE = "PRISM_WORLD_SIZE"  # N, the emulated world
     RANKS = "PRISM_RANKS"  # comma-separated global ranks that exist as processes
     SCHEDULE = "PRISM_SCHEDULE"  # pickled PeerSchedule of this process's rank (optional)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    pass
+__all__: list[str] = []
 
 
 def _op_is(op: Any, ref: Any) -> bool:

@@ -2,7 +2,7 @@
 
 ``launch(["python", "train.py", ...], world_size=N, ranks=[0])`` starts one process per selected
 rank with the environment of a ``torchrun`` worker (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``/``MASTER_PORT``) plus the ``PRISM_*`` switches of `replay.process_group.ENV`.
+``MASTER_ADDR``/``MASTER_PORT``) plus the ``PRISM_*`` switches of `replay.pg.base.ENV`.
 A ``sitecustomize`` on ``PYTHONPATH`` (`install_shim`) patches
 ``torch.distributed.init_process_group`` the moment torch defines it, so the script's own
 ``init_process_group("gloo" | "nccl" | ..., init_method=...)`` joins the `prism` backend through
@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from prism_trace.replay.pg.base import BACKEND, ENV
+
 from prism_trace.errors import PrismError
 
 if TYPE_CHECKING:
@@ -38,13 +40,6 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 __all__ = ["LaunchResult", "RankResult", "install_shim", "launch"]
-
-# Kept in step with replay.process_group.ENV (not imported: that module imports torch).
-_SWITCH = "PRISM_PG"
-_WORLD = "PRISM_WORLD_SIZE"
-_RANKS = "PRISM_RANKS"
-_SCHEDULE = "PRISM_SCHEDULE"
-_REPORT = "PRISM_REPORT"
 
 _SITECUSTOMIZE = '''"""Written by `prism run`: routes init_process_group to prism."""
 import importlib.machinery as _m
@@ -200,9 +195,9 @@ def _rank_env(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "TORCH_DIST_INIT_BARRIER": "0",  # a store barrier would wait for all N ranks
-            _SWITCH: "1",
-            _WORLD: str(world_size),
-            _RANKS: ",".join(map(str, ranks)),
+            ENV.SWITCH: "1",
+            ENV.WORLD_SIZE: str(world_size),
+            ENV.RANKS: ",".join(map(str, ranks)),
         }
     )
     return env
@@ -228,7 +223,7 @@ def launch(
         ranks: Global ranks to start as processes; every other rank is virtual.
         db: Store holding ``run``; with it, virtual peers follow the run's emulated timeline.
         run: A recorded or sliced run of ``world_size`` ranks.
-        config: `replay.emulate.EmulationConfig` for the emulation (default: its defaults).
+        config: `replay.emulate.config.EmulationConfig` for the emulation (default: its defaults).
         timeout_s: Kill every rank and fail after this long (None: no limit).
         env: Environment of the ranks (default: this process's).
         capture: Capture each rank's output into ``rank<r>.log`` of a temporary directory
@@ -276,9 +271,9 @@ def launch(
             renv = _rank_env(
                 base, rank=r, local=local, ranks=selected, world_size=world_size, port=store.port
             )
-            renv[_REPORT] = str(work / f"report.rank{r}.json")
+            renv[ENV.REPORT] = str(work / f"report.rank{r}.json")
             if r in payload_paths:
-                renv[_SCHEDULE] = str(payload_paths[r])
+                renv[ENV.SCHEDULE] = str(payload_paths[r])
             out = None
             if capture:
                 out = (work / f"rank{r}.log").open("wb")
@@ -350,7 +345,7 @@ def install_shim() -> None:
     Patches ``torch.distributed.distributed_c10d.init_process_group`` right after torch defines
     it (before ``torch.distributed`` re-exports it), so no torch import happens at start-up.
     """
-    if os.environ.get(_SWITCH) != "1":
+    if os.environ.get(ENV.SWITCH) != "1":
         return
     mod = sys.modules.get(_C10D)
     if mod is not None:
@@ -402,7 +397,7 @@ def _patch(c10d: ModuleType) -> None:
         import torch.distributed as dist
         from prism_trace.replay.pg import backend as ppg
 
-        env_rank, env_world = int(os.environ["RANK"]), int(os.environ[_WORLD])
+        env_rank, env_world = int(os.environ["RANK"]), int(os.environ[ENV.WORLD_SIZE])
         if rank not in (-1, env_rank):
             msg = f"the script asks for rank {rank}, but `prism run` started it as rank {env_rank}"
             raise ValueError(msg)
@@ -424,7 +419,7 @@ def _patch(c10d: ModuleType) -> None:
         del init_method, backend, pg_options, device_id
         ppg.register()
         original(
-            ppg.BACKEND,
+            BACKEND,
             timeout=timeout,
             world_size=env_world,
             rank=env_rank,

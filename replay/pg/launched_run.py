@@ -1,9 +1,9 @@
 """What `prism run` measured, stored as a ``replayed`` run so that `prism validate` compares it.
 
 `prism run --world N --ranks 0 --db DB --run RUN --out-run NAME -- python train.py` runs the
-unmodified script as some ranks of ``RUN``'s world (``replay.launch``). Each rank's `prism`
+unmodified script as some ranks of ``RUN``'s world (``replay.pg.launch``). Each rank's `prism`
 backend marks the script's steps (``torch.profiler``'s ``step()``, else the end of an optimizer
-step; ``replay.process_group``) on ``time.perf_counter_ns``, one clock for every process of the
+step; ``replay.pg.backend``) on ``time.perf_counter_ns``, one clock for every process of the
 machine, and reports them. This module writes them as a run of kind ``replayed`` whose parent is
 ``RUN``:
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
-from prism_trace.replay.hybrid.replay import write_replayed_header
+from prism_trace.replay.hybrid.write import write_replayed_header
 
 from prism_trace.errors import PrismError
 from prism_trace.store.write import append, claim_run_name
@@ -70,7 +70,7 @@ def write_launched_run(
         store: an open, writable store holding ``run``.
         run: the run whose timing the virtual peers followed (``--run``).
         out_run: the name of the new run.
-        result: what ``replay.launch.launch`` returned.
+        result: what ``replay.pg.launch.launch`` returned.
         command: the command that ran (kept in ``config_json``).
         replace: overwrite an existing replayed run of that name.
 

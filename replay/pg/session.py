@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
     from prism_trace.replay.peers import PeerSchedule
 
+__all__ = ["PrismSession", "configure", "reset", "session"]
+
 
 @dataclass
 class PrismSession:
@@ -133,7 +135,7 @@ def _session_from_env(rank: int, world_size: int) -> PrismSession:
     if path:
         import pickle
 
-        payload = pickle.loads(Path(path).read_bytes())  # written by replay.launch
+        payload = pickle.loads(Path(path).read_bytes())  # written by replay.pg.launch
     s = configure(
         world_size=world_size,
         real_ranks=real,

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
     from prism_trace.replay.peers import PeerCall, PeerSchedule
 
+__all__: list[str] = []
+
 
 @dataclass
 class _Stats:

@@ -14,6 +14,8 @@ from prism_trace.replay.pg.base import ScheduleMismatchError, _now, _sleep_until
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+__all__ = ["PrismWork"]
+
 
 class _Completer:
     """One daemon thread that completes futures at their due time (for `Work.get_future`)."""

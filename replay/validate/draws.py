@@ -1,6 +1,6 @@
 """Do the variance mode's draws reproduce the recording? Step-time distributions compared.
 
-Why a module of its own: the variance mode (``replay.whatif``, ``replay.vector``) claims that
+Why a module of its own: the variance mode (``replay.whatif``, ``replay.des.vector``) claims that
 every replica draws from the recorded distribution of its ops (per op, role and step). The check
 that holds it to that: slice a recorded run from one data-parallel replica back to its own scale,
 emulate it with variance under several seeds, and compare the distribution of emulated step
@@ -149,8 +149,8 @@ def check_draws(
     """Slice ``run`` from its dp-0 replica to its own layout, emulate it with variance under
     ``seeds`` seeds and pool the per-rank step times; the same slice without variance is the
     baseline (see the module docstring). ``sliced=False`` emulates the recorded run itself
-    instead (every rank draws, ``replay.whatif.resample_durations``; ``slice_ranks`` is then
-    empty): the draws without the slice's bias.
+    instead (every rank draws, ``replay.whatif.variance.resample_durations``; ``slice_ranks`` is
+    then empty): the draws without the slice's bias.
 
     Raises:
         PrismError: not a recorded run with iterations and an inferable layout.

@@ -18,6 +18,16 @@ import polars as pl
 from prism_trace.replay.emulate.config import EmulationConfig
 from prism_trace.replay.emulate.driver import emulate_in_memory, temporary_slice
 from prism_trace.replay.emulate.frames import rank_peaks
+from prism_trace.replay.validate.compare import (
+    IterationError,
+    RankPeak,
+    _compare,
+    _compare_memory,
+    _max_rank,
+    _mean_abs,
+    _mean_time_error,
+    _mem_mean,
+)
 from prism_trace.replay.validate.inside_step import InsideStep, inside_step
 from prism_trace.replay.whatif.config import WhatIfConfig
 
@@ -28,116 +38,7 @@ from prism_trace.layout.mesh import ParallelAxis
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
-__all__ = [
-    "IterationError",
-    "RankPeak",
-    "ReplayValidation",
-    "ValidationReport",
-    "validate_replayed",
-    "validate_run",
-]
-
-
-@dataclass(frozen=True)
-class IterationError:
-    """One iteration: recorded and emulated time (mean over ranks) and the error.
-
-    Attributes:
-        iteration: the step.
-        recorded_ns: mean over ranks of the recorded iteration duration.
-        emulated_ns: mean over ranks of the emulated iteration duration.
-        error_pct: ``100 * (emulated - recorded) / recorded`` (signed).
-        max_rank_error_pct: the largest ``|error|`` of one rank's iteration, percent.
-    """
-
-    iteration: int
-    recorded_ns: float
-    emulated_ns: float
-    error_pct: float
-    max_rank_error_pct: float
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "iteration": self.iteration,
-            "recorded_ns": round(self.recorded_ns, 1),
-            "emulated_ns": round(self.emulated_ns, 1),
-            "error_pct": round(self.error_pct, 6),
-            "max_rank_error_pct": round(self.max_rank_error_pct, 6),
-        }
-
-
-@dataclass(frozen=True)
-class RankPeak:
-    """One rank: recorded and emulated peak ``total_allocated`` and the error.
-
-    Attributes:
-        rank: the rank.
-        recorded: recorded peak (max ``total_allocated`` over its memory events), bytes.
-        emulated: emulated peak (the re-timed timeline, ``replay.memory``), bytes.
-        error_pct: ``100 * (emulated - recorded) / recorded`` (signed).
-    """
-
-    rank: int
-    recorded: int
-    emulated: int
-    error_pct: float
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "rank": self.rank,
-            "recorded": self.recorded,
-            "emulated": self.emulated,
-            "error_pct": round(self.error_pct, 6),
-        }
-
-
-def _mem_mean(errors: list[RankPeak] | None) -> float | None:
-    if not errors:
-        return None
-    return float(np.mean([abs(e.error_pct) for e in errors]))
-
-
-def _compare_memory(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[RankPeak] | None:
-    """Per rank with a recorded peak > 0: emulated vs recorded peak (None without memory)."""
-    if recorded.is_empty():
-        return None
-    j = recorded.filter(pl.col("peak") > 0).join(
-        emulated.cast({"rank": recorded.schema["rank"]}),
-        on="rank",
-        how="left",
-        suffix="_emu",
-    )
-    return [
-        RankPeak(
-            rank=int(r),
-            recorded=int(rec),
-            emulated=int(emu or 0),
-            error_pct=100.0 * ((emu or 0) - rec) / rec,
-        )
-        for r, rec, emu in j.sort("rank").select("rank", "peak", "peak_emu").iter_rows()
-    ]
-
-
-def _mean_abs(errors: list[IterationError] | None) -> float | None:
-    if not errors:
-        return None
-    return float(np.mean([abs(e.error_pct) for e in errors]))
-
-
-def _mean_time_error(errors: list[IterationError] | None) -> float | None:
-    if not errors:
-        return None
-    rec = float(np.mean([e.recorded_ns for e in errors]))
-    emu = float(np.mean([e.emulated_ns for e in errors]))
-    return 100.0 * (emu - rec) / rec if rec else None
-
-
-def _max_rank(errors: list[IterationError] | None) -> float | None:
-    if not errors:
-        return None
-    return float(max(e.max_rank_error_pct for e in errors))
+__all__ = ["ValidationReport", "validate_run"]
 
 
 @dataclass
@@ -285,38 +186,10 @@ class ValidationReport:
 
 
 def _inside_dict(inside: InsideStep | None, prefix: str) -> dict[str, Any]:
+    """The inside-step figures for the report; all null when that check did not run."""
     if inside is None:
         return InsideStep(None, None, None, 0).as_dict(prefix)
     return inside.as_dict(prefix)
-
-
-def _compare(emulated: pl.DataFrame, recorded: pl.DataFrame) -> list[IterationError]:
-    j = emulated.select("rank", "iteration", pl.col("dur").alias("emu")).join(
-        recorded.select("rank", "iteration", pl.col("dur").alias("rec")),
-        on=["rank", "iteration"],
-    )
-    j = j.with_columns(
-        ((pl.col("emu") - pl.col("rec")).abs() / pl.col("rec") * 100.0).alias("rank_err")
-    )
-    per = (
-        j.group_by("iteration")
-        .agg(
-            pl.col("rec").mean().alias("rec"),
-            pl.col("emu").mean().alias("emu"),
-            pl.col("rank_err").max().alias("worst"),
-        )
-        .sort("iteration")
-    )
-    return [
-        IterationError(
-            iteration=int(row["iteration"]),
-            recorded_ns=float(row["rec"]),
-            emulated_ns=float(row["emu"]),
-            error_pct=100.0 * (row["emu"] - row["rec"]) / row["rec"] if row["rec"] else 0.0,
-            max_rank_error_pct=float(row["worst"]),
-        )
-        for row in per.iter_rows(named=True)
-    ]
 
 
 def _symmetric_copies(store: Store, run: str, ranks: list[int]) -> int:
@@ -484,160 +357,4 @@ def validate_run(
         seconds={"replay": t_replay, "total": time.perf_counter() - t0},
         replay_inside=replay_inside,
         slice_inside=slice_inside,
-    )
-
-
-# -- replayed runs (``replay.hybrid``) ---------------------------------------------------------
-
-
-@dataclass
-class ReplayValidation:
-    """A ``replayed`` run against the recording of the same ranks.
-
-    Attributes:
-        replayed: the replayed run.
-        recorded: the recorded run that is the ground truth (the replayed run's parent, or the
-            parent of a sliced parent).
-        ranks: the replayed ranks (``rank.represented_by`` is compared when they differ).
-        iterations: per iteration, replayed vs recorded duration (mean over the ranks).
-        memory: per rank, replayed vs recorded peak ``total_allocated`` (None without memory).
-    """
-
-    replayed: str
-    recorded: str
-    ranks: list[int]
-    iterations: list[IterationError]
-    memory: list[RankPeak] | None
-
-    @property
-    def iteration_time_error_pct(self) -> float | None:
-        """Mean over iterations of ``|error_pct|``."""
-        return _mean_abs(self.iterations)
-
-    @property
-    def mean_iteration_error_pct(self) -> float | None:
-        """Signed error of the mean iteration time over all iterations."""
-        if not self.iterations:
-            return None
-        rec = sum(e.recorded_ns for e in self.iterations)
-        rep = sum(e.emulated_ns for e in self.iterations)
-        return 100.0 * (rep - rec) / rec if rec else None
-
-    @property
-    def peak_memory_error_pct(self) -> float | None:
-        """Mean over ranks of ``|error|`` of the peak memory."""
-        return _mem_mean(self.memory)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-
-        def r(x: float | None) -> float | None:
-            return None if x is None else round(x, 6)
-
-        return {
-            "replayed": self.replayed,
-            "recorded": self.recorded,
-            "ranks": self.ranks,
-            "iteration_time_error_pct": r(self.iteration_time_error_pct),
-            "mean_iteration_error_pct": r(self.mean_iteration_error_pct),
-            "max_rank_error_pct": r(_max_rank(self.iterations)),
-            "peak_memory_error_pct": r(self.peak_memory_error_pct),
-            "iterations": [e.as_dict() for e in self.iterations],
-            "memory": None if self.memory is None else [m.as_dict() for m in self.memory],
-        }
-
-    def summary(self) -> str:
-        """A few lines for the CLI."""
-
-        def pct(x: float | None) -> str:
-            return "n/a" if x is None else f"{x:.3f} %"
-
-        lines = [
-            f"replayed run {self.replayed!r} against recorded {self.recorded!r}, ranks"
-            f" {self.ranks}:",
-            f"  iteration time: mean |error| {pct(self.iteration_time_error_pct)} over"
-            f" {len(self.iterations)} iterations, error of the mean"
-            f" {pct(self.mean_iteration_error_pct)}, worst rank {pct(_max_rank(self.iterations))}",
-        ]
-        for e in self.iterations:
-            lines.append(
-                f"    iteration {e.iteration}: replayed {e.emulated_ns / 1e6:.3f} ms, recorded"
-                f" {e.recorded_ns / 1e6:.3f} ms ({e.error_pct:+.3f} %)"
-            )
-        if self.memory is None:
-            lines.append("  peak memory: n/a (no memory events)")
-        else:
-            lines.append(f"  peak memory: mean |error| {pct(self.peak_memory_error_pct)}")
-            for m in self.memory:
-                lines.append(
-                    f"    rank {m.rank}: replayed {m.emulated} B, recorded {m.recorded} B"
-                    f" ({m.error_pct:+.3f} %)"
-                )
-        return "\n".join(lines)
-
-
-def validate_replayed(store: Store, *, replayed: str) -> ReplayValidation:
-    """Compare a ``replayed`` run (``prism replay``) with the recording of its ranks.
-
-    Per iteration, the replayed duration of each rank against the recorded duration of the rank
-    it replays (``rank.represented_by``), averaged over the ranks; peak memory per rank: the
-    replayed run's largest ``total_allocated`` against the recorded one.
-
-    Args:
-        store: an open store.
-        replayed: a run of kind ``replayed``.
-
-    Returns:
-        The errors.
-
-    Raises:
-        PrismError: not a replayed run, or no recorded run behind it.
-    """
-    run_id = store.require_run(replayed)
-    kind = store.run_ancestry(run_id)[0].kind
-    if kind != "replayed":
-        msg = f"{store.path}: run {replayed!r} is {kind}; --replayed needs a replayed run"
-        raise PrismError(msg)
-    recorded = store.recorded_ancestor(run_id)
-    if recorded is None:
-        msg = f"{store.path}: run {replayed!r} has no recorded run behind it to compare with"
-        raise PrismError(msg)
-    rec_id, rec_name = recorded.run_id, recorded.name
-    ranks = store.con.sql(
-        "SELECT rank, coalesce(represented_by, rank) AS src FROM rank WHERE run_id = $1"
-        " ORDER BY rank",
-        params=[run_id],
-    ).pl()
-    mapping = ranks.select(pl.col("rank"), pl.col("src"))
-    rep = (
-        store.con.sql(
-            "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]
-        )
-        .pl()
-        .join(mapping, on="rank")
-        .select(pl.col("src").alias("rank"), "iteration", "dur")
-    )
-    srcs = ranks["src"].to_list()
-    rec = store.con.sql(
-        "SELECT rank, iteration, dur FROM iteration WHERE run_id = $1 AND list_contains($2, rank)",
-        params=[rec_id, srcs],
-    ).pl()
-    peaks_sql = (
-        "SELECT rank, max(total_allocated)::BIGINT AS peak FROM memory WHERE run_id = $1"
-        " GROUP BY rank"
-    )
-    rep_peaks = (
-        store.con.sql(peaks_sql, params=[run_id])
-        .pl()
-        .join(mapping, on="rank")
-        .select(pl.col("src").alias("rank"), "peak")
-    )
-    rec_peaks = store.con.sql(peaks_sql, params=[rec_id]).pl().filter(pl.col("rank").is_in(srcs))
-    memory = _compare_memory(rep_peaks, rec_peaks) if not rep_peaks.is_empty() else None
-    return ReplayValidation(
-        replayed=replayed,
-        recorded=rec_name,
-        ranks=ranks["rank"].to_list(),
-        iterations=_compare(rep, rec),
-        memory=memory,
     )

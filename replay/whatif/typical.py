@@ -16,7 +16,7 @@ keeps those before a computation (CPU work and launches happen without straggler
 those before a communication op, which could have been posted as soon as its dependencies allowed.
 
 Both functions take a mask of the rows to replace, so that one group of ops can keep its
-recorded times while the rest are typical (the slowdown attribution, ``replay.slowdown``).
+recorded times while the rest are typical (the slowdown attribution, ``replay.emulate.slowdown``).
 """
 
 from __future__ import annotations

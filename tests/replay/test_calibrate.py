@@ -16,7 +16,8 @@ from prism_trace.replay.model.calibrate import (
     fit_alpha_beta,
     nnls,
 )
-from prism_trace.replay.model.timing import ScaledTransfer, TransferQuery, collective_cost
+from prism_trace.replay.model.cost import collective_cost
+from prism_trace.replay.model.timing import ScaledTransfer, TransferQuery
 from prism_trace.replay.model.topology import Topology
 
 

@@ -9,8 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from prism_trace.replay.hybrid.call_overhead import call_overhead, expected_events  # noqa: E402
-from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run  # noqa: E402
-from prism_trace.replay.kernels.rebuild import build_program, select_units  # noqa: E402
+from prism_trace.replay.hybrid.options import KernelReplayOptions  # noqa: E402
+from prism_trace.replay.hybrid.replay import replay_run  # noqa: E402
+from prism_trace.replay.kernels.rebuild import build_program  # noqa: E402
+from prism_trace.replay.kernels.units import select_units  # noqa: E402
 
 # Slow: replays real kernels; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow

@@ -58,8 +58,9 @@ def test_st_draws_keep_the_spread_of_the_recorded_steps(store: Store) -> None:
 
 
 def test_recorded_run_draws_keep_the_spread_too(store: Store) -> None:
-    # A recorded run emulated with variance: every rank draws (replay.whatif.resample_durations),
-    # with the same rule as the replica vector; whole steps per rank made the spread 1.35x.
+    # A recorded run emulated with variance: every rank draws
+    # (replay.whatif.variance.resample_durations), with the same rule as the replica vector; whole
+    # steps per rank made the spread 1.35x.
     from prism_trace.replay.emulate.config import EmulationConfig
     from prism_trace.replay.emulate.driver import emulate_in_memory
     from prism_trace.replay.whatif.config import parse_what_if

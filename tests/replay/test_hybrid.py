@@ -12,9 +12,10 @@ from click.testing import CliRunner
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.hybrid.options import KernelReplayOptions  # noqa: E402
+from prism_trace.replay.hybrid.replay import replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
-from prism_trace.replay.validate.emulated import validate_replayed  # noqa: E402
+from prism_trace.replay.validate.replayed import validate_replayed  # noqa: E402
 
 from prism_trace.errors import PrismError  # noqa: E402
 

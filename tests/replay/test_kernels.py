@@ -10,14 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from prism_trace.replay.kernels.rebuild import (  # noqa: E402
-    build_program,
-    check_program,
-    compile_pass,
-    make_externals,
-    parse_schema,
-    select_units,
-)
+from prism_trace.replay.kernels.codegen import check_program, compile_pass  # noqa: E402
+from prism_trace.replay.kernels.rebuild import build_program, make_externals  # noqa: E402
+from prism_trace.replay.kernels.schema import parse_schema  # noqa: E402
+from prism_trace.replay.kernels.units import select_units  # noqa: E402
 
 
 def _cpu(_: str) -> object:
@@ -248,7 +244,7 @@ def test_views_are_built_before_the_gap_wait(rank0: tuple) -> None:
     """With gaps, a unit's views (autograd's saved views, one Python call each) are made before
     ``S(k)`` waits its recorded gap, so their cost is spent inside that gap, not added after it;
     the op's start stamp follows ``S(k)`` directly."""
-    from prism_trace.replay.kernels.rebuild import render
+    from prism_trace.replay.kernels.codegen import render
 
     ops, comm = rank0
     units, skipped = select_units(ops, comm)
@@ -270,7 +266,7 @@ def test_the_bare_pass_runs_the_same_ops_without_clock_or_hooks(rank0: tuple) ->
     """``render(timed=False)``, the baseline of the instrumentation overhead, keeps every op
     call, view, allocation and free of the timed pass and drops only the clock reads and hooks:
     run, both make the same calls in the same order with tensors of the same shapes."""
-    from prism_trace.replay.kernels.rebuild import render
+    from prism_trace.replay.kernels.codegen import render
 
     ops, comm = rank0
     units, skipped = select_units(ops, comm)

@@ -177,7 +177,7 @@ def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Pat
 
     # Stored as a replayed run, `prism validate --replayed` compares it with the recording.
     from prism_trace.replay.pg.launched_run import write_launched_run
-    from prism_trace.replay.validate.emulated import validate_replayed
+    from prism_trace.replay.validate.replayed import validate_replayed
 
     with open_store(db) as store:
         write_launched_run(store, run="sample", out_run="launched", result=res, command=cmd)

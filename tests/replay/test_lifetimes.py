@@ -6,7 +6,9 @@ from collections import Counter
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.kernels.rebuild import OpCall, Program, TensorMeta, Unit
+from prism_trace.replay.kernels.program import OpCall, Program
+from prism_trace.replay.kernels.schema import TensorMeta
+from prism_trace.replay.kernels.units import Unit
 from prism_trace.replay.memory.lifetimes import hold, recorded_frees
 
 

@@ -14,8 +14,10 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import prism_trace.replay.pg.backend as ppg  # noqa: E402
+import prism_trace.replay.pg.session as pg_session  # noqa: E402
 import prism_trace.replay.pg.timeline as ppg_timeline  # noqa: E402
 from prism_trace.replay.peers import PeerCall, PeerSchedule  # noqa: E402
+from prism_trace.replay.pg.base import ScheduleMismatchError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -25,7 +27,7 @@ MS = 1_000_000
 @contextlib.contextmanager
 def prism_world(
     world_size: int, *, schedule: PeerSchedule | None = None, groups: dict | None = None
-) -> Iterator[ppg.PrismSession]:
+) -> Iterator[pg_session.PrismSession]:
     """Rank 0 of ``world_size`` under the `prism` backend; torch's state is reset afterwards."""
     s = ppg.configure(world_size=world_size, real_ranks=(0,), schedule=schedule, groups=groups)
     dist.init_process_group("prism", store=dist.HashStore(), rank=0, world_size=world_size)
@@ -33,7 +35,7 @@ def prism_world(
         yield s
     finally:
         dist.destroy_process_group()
-        ppg.reset()
+        pg_session.reset()
 
 
 def _call(
@@ -277,10 +279,10 @@ def test_mismatch_is_one_clear_error_and_never_a_wait() -> None:
             dist.all_reduce(torch.ones(1))
         dist.all_reduce(torch.ones(1))  # seq 3
         with pytest.raises(
-            ppg.ScheduleMismatchError, match=r"group \[0, 1\] seq 4: .*'all_gather'.*'all_reduce'"
+            ScheduleMismatchError, match=r"group \[0, 1\] seq 4: .*'all_gather'.*'all_reduce'"
         ):
             dist.all_gather([torch.empty(1), torch.empty(1)], torch.ones(1))
-        with pytest.raises(ppg.ScheduleMismatchError, match=r"seq 5: .*no call there"):
+        with pytest.raises(ScheduleMismatchError, match=r"seq 5: .*no call there"):
             dist.barrier()  # seq 5 is a hole in the recorded seqs 3..6
         assert s.report()["unscheduled_calls"] == {"all_reduce": 3}
 
@@ -297,9 +299,7 @@ def test_p2p_counts_from_the_first_recorded_step() -> None:
         t0 = time.perf_counter_ns()
         dist.send(torch.ones(1), dst=1)  # the recorded send #0: waits for the receiver
         assert time.perf_counter_ns() - t0 >= 40 * MS
-        with pytest.raises(
-            ppg.ScheduleMismatchError, match=r"p2p 0->1 send #1 .* step 2 .* step 3"
-        ):
+        with pytest.raises(ScheduleMismatchError, match=r"p2p 0->1 send #1 .* step 2 .* step 3"):
             dist.send(torch.ones(1), dst=1)  # one send too many in step 2
         assert s.report()["unscheduled_calls"] == {"send": 1}
 
@@ -323,8 +323,8 @@ def test_rank_outside_the_real_ranks_is_refused() -> None:
         dist.init_process_group("prism", store=dist.HashStore(), rank=0, world_size=4)
     with pytest.raises(ValueError, match="outside a world of 4"):
         ppg.configure(world_size=4, real_ranks=(4,))
-    ppg.reset()
-    assert ppg.session() is None
+    pg_session.reset()
+    assert pg_session.session() is None
 
 
 def test_ddp_gradients_and_its_future_based_wait_follow_the_schedule() -> None:

@@ -15,10 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from prism_trace.replay.hybrid.options import KernelReplayOptions  # noqa: E402
 from prism_trace.replay.hybrid.real_comm import RealSpec, agree, specs_for_rank  # noqa: E402
-from prism_trace.replay.hybrid.replay import KernelReplayOptions, replay_run  # noqa: E402
+from prism_trace.replay.hybrid.replay import replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
-from prism_trace.replay.validate.emulated import validate_replayed  # noqa: E402
+from prism_trace.replay.validate.replayed import validate_replayed  # noqa: E402
 
 from prism_trace.errors import PrismError  # noqa: E402
 from prism_trace.layout.mesh import ParallelLayout  # noqa: E402

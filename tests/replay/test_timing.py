@@ -8,18 +8,18 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+from prism_trace.replay.model.cost import bus_factor, collective_cost, reduction_ns
 from prism_trace.replay.model.timing import (
     AlphaBetaTransfer,
     RecordedTransfer,
     ScaledTransfer,
     TimingConfig,
     TransferQuery,
-    bus_factor,
-    collective_cost,
-    reduction_ns,
     transfer_model,
 )
-from prism_trace.replay.model.topology import PRESETS, Topology
+from prism_trace.replay.model.topology import PRESETS, Topology, TopologyError
+
+from prism_trace.errors import PrismError
 
 GIB = 1 << 30
 
@@ -125,9 +125,12 @@ def test_presets_and_config_round_trip() -> None:
     assert over.inter_node_gbps == 25.0
     assert over.inter_bytes_per_ns == 50.0
     assert Topology(**json.loads(json.dumps(asdict(over)))) == over
-    with pytest.raises(ValueError, match="unknown topology `system`"):
+    # A named error: one line at the CLI (PrismError), still a ValueError to callers.
+    assert issubclass(TopologyError, PrismError)
+    assert issubclass(TopologyError, ValueError)
+    with pytest.raises(TopologyError, match="unknown topology `system`"):
         Topology(system="tpu")
-    with pytest.raises(ValueError, match="bandwidth_scale"):
+    with pytest.raises(TopologyError, match="bandwidth_scale"):
         Topology(bandwidth_scale=0)
     t = TimingConfig(model="scaled", calibrate=True, algorithm="ring")
     assert TimingConfig(**json.loads(json.dumps(asdict(t)))) == t

@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 from prism_trace.replay.des.core import CommInstances, DeadlockError, EmulatorGraph
 from prism_trace.replay.des.core import emulate as emulate_scalar
-from prism_trace.replay.des.vector import emulate_replicas, replica_grid
+from prism_trace.replay.des.replicas import replica_grid
+from prism_trace.replay.des.vector import emulate_replicas
 from prism_trace.replay.emulate import frames as emulate_frames
 from prism_trace.replay.emulate import prepare as emulate_prepare
 from prism_trace.replay.emulate.config import EmulationConfig
