@@ -17,7 +17,8 @@ import polars as pl
 import pytest
 from prism_trace.analysis.report.data import lane_quotas, rank_ranges
 from prism_trace.analysis.report.figures import ms_text, time_unit
-from prism_trace.analysis.report.html import DRAWN_JS, ReportLimits, ReportSummary, write_report
+from prism_trace.analysis.report.html import DRAWN_JS, ReportSummary, write_report
+from prism_trace.analysis.report.sections import ReportLimits
 from prism_trace.replay import emulate_run
 
 from prism_trace.errors import PrismError
