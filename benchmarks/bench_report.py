@@ -3,7 +3,10 @@
 Ingests ``datasets/sample`` (and ``param-dlrm-8rank`` when the shared datasets are present),
 slices the sample to ``tp=2,dp=2048,pp=2`` (world 8192) and emulates it, then times
 ``write_report`` and ``export_perfetto`` on each run and, when playwright and Chromium are
-installed, how long headless Chromium takes to render each report. A script, not a test.
+installed, how long headless Chromium takes to render each report. The 8192-rank report's
+times are also given as a ratio to the sample's, measured in the same run: a report draws one
+lane group per class, so the ratio stays near 1 (tests/analysis/test_report.py checks what is
+drawn; the time is measured only here). A script, not a test.
 
 Usage::
 
@@ -86,6 +89,7 @@ def main() -> None:
         if (SHARED / "param-dlrm-8rank").is_dir():
             ingest(store, [SHARED / "param-dlrm-8rank"], run="dlrm", progress=False)
             runs.append("dlrm")
+        times: dict[str, tuple[float, float | None]] = {}
         for i, run in enumerate(runs):
             rep = write_report(store, run=run, out=out / f"{run}.html")
             exp = export_perfetto(store, run=run, out=out / f"{run}.json.gz")
@@ -94,13 +98,18 @@ def main() -> None:
                 "SELECT world_size FROM run WHERE name = ?", [run]
             ).fetchall()[0][0]
             print(rep.summary())
+            times[run] = (rep.seconds, render)
             lines.append(
                 f"| {run} | {rep.lane_groups} / {world} | {rep.bytes / 2**20:.1f} |"
                 f" {rep.seconds:.2f} | {'n/a' if render is None else f'{render:.1f}'} |"
                 f" {exp['bytes'] / 2**20:.2f} | {exp['seconds']:.2f} |"
             )
         store.close()
-    table = "\n".join(lines)
+    (big_s, big_r), (small_s, small_r) = times["sample8192_emu"], times["sample"]
+    ratio = f"\nsample8192_emu / sample (one run): report {big_s / small_s:.2f}x"
+    if big_r is not None and small_r is not None:
+        ratio += f", render {big_r / small_r:.2f}x"
+    table = "\n".join(lines) + "\n" + ratio
     print(table)
     if args.note:
         machine = f"{platform.machine().replace('_', '-')}-{os.cpu_count()}cpu"

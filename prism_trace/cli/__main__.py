@@ -2,4 +2,6 @@
 
 from prism_trace.cli import main
 
+__all__: list[str] = []
+
 main()

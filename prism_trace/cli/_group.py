@@ -16,6 +16,8 @@ import click
 from prism_trace.errors import PrismError
 from prism_trace.ranks import RankList
 
+__all__ = ["RANKS", "_given_flags", "_one_line_errors", "main"]
+
 F = TypeVar("F", bound=Callable[..., Any])
 RANKS = RankList()
 

@@ -7,6 +7,8 @@ included. ``tests/test_layering.py`` checks this list against ``analysis.WORDS``
 
 from __future__ import annotations
 
+__all__ = ["ANALYZE_WORDS", "COMPARE_WORDS"]
+
 ANALYZE_WORDS: tuple[str, ...] = (
     "temporal",
     "kernels",

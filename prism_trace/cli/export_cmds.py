@@ -16,6 +16,8 @@ from prism_trace.cli._options import (
     run_option,
 )
 
+__all__ = ["export_chakra_cmd", "export_group", "export_parquet_cmd", "export_perfetto_cmd"]
+
 
 @main.group("export")
 def export_group() -> None:

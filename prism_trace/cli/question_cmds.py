@@ -13,6 +13,8 @@ from prism_trace.cli._options import db_argument, json_option, max_rows_option, 
 from prism_trace.cli._words import ANALYZE_WORDS, COMPARE_WORDS
 from prism_trace.errors import PrismError
 
+__all__ = ["analyze_cmd", "report_cmd"]
+
 _EMPTY_WHY = {
     "idle": " (idle time is per device stream: the selected ranks have no kernels)",
     "kernels": " (the selected ranks have no device ops)",

@@ -22,6 +22,8 @@ from prism_trace.cli._options import (
 )
 from prism_trace.errors import PrismError
 
+__all__ = ["emulate_cmd", "replay_cmd", "run_cmd", "validate_cmd"]
+
 
 @main.command("emulate")
 @db_argument()

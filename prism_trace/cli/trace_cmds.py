@@ -27,6 +27,8 @@ from prism_trace.cli._options import (
 )
 from prism_trace.errors import PrismError
 
+__all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
+
 
 @main.command("ingest")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))

@@ -6,9 +6,9 @@ import gzip
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import duckdb
 import pytest
 from click.testing import CliRunner
 
@@ -194,7 +194,10 @@ def test_failure_inside_the_write_rolls_back(
     assert snapshot(seeded_db) == before
 
 
-def test_locked_database(seeded_db: Path) -> None:
+def test_locked_database(seeded_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that another process holds is refused at once: one attempt to open it, made
+    while the holder still holds it (no retry, no waiting for the lock; the holder lets go only
+    after 60 s, so a store that waited would open and this would fail)."""
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -209,10 +212,19 @@ def test_locked_database(seeded_db: Path) -> None:
     try:
         assert holder.stdout is not None
         assert holder.stdout.readline().strip() == "ok"
-        start = time.monotonic()
+        attempts: list[str] = []
+        connect = duckdb.connect
+
+        def counted(database: str, *args: object, **kwargs: object) -> object:
+            attempts.append(database)
+            return connect(database, *args, **kwargs)
+
+        monkeypatch.setattr(duckdb, "connect", counted)
         with pytest.raises(StoreLockedError, match="locked by another process"):
             open_store(seeded_db)
-        assert time.monotonic() - start < 10
+        monkeypatch.undo()
+        assert attempts == [str(seeded_db)]
+        assert holder.poll() is None  # refused while the holder still held it
         code, out = run_cli("info", seeded_db)
         assert code != 0
         assert "locked" in out

@@ -289,11 +289,11 @@ def test_report_refuses_a_bad_path_before_building(
     def never(*_args: object, **_kwargs: object) -> object:
         raise AssertionError("the report was built before its path was checked")
 
-    monkeypatch.setattr(report, "_timeline", never)
+    monkeypatch.setattr(report, "timeline_section", never)
     refused(prism("report", db, "--run", "sample", "-o", tmp_path), "is a folder")
     monkeypatch.undo()
     bad = tmp_path / "new" / "r.html"
-    monkeypatch.setattr(report, "_memory", never)
+    monkeypatch.setattr(report, "memory_section", never)
     res = prism("report", db, "--run", "sample", "-o", bad)
     assert res.exit_code != 0
     assert not bad.parent.exists()

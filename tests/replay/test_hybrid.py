@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import polars as pl
@@ -118,10 +120,11 @@ def test_validate_replayed_and_gaps(sample_store: object, replayed: object) -> N
     assert v.peak_memory_error_pct is not None
     r = replayed.ranks[0]  # type: ignore[attr-defined]
     # The recorded host gaps were spent: the replayed iteration holds at least them, less the
-    # hook's return that each gap wait ends early (``_Driver._lead_ns``: a fraction of a µs).
+    # hook's return that each gap wait ends early (``_Driver._lead_ns``: a fraction of a µs),
+    # which in all is a small part of the gaps (else the bound below would say little).
     assert r.gap_ns > 0
-    assert 0 < r.wait_lead_ns < 2000
     units = r.support["compute_units"] + 50
+    assert 0 < units * r.wait_lead_ns < r.gap_ns // 10
     assert sum(r.replayed_ns.values()) >= r.op_ns + r.comm_ns + r.gap_ns - units * r.wait_lead_ns
     with pytest.raises(PrismError, match="is recorded"):
         validate_replayed(sample_store, replayed="sample")  # type: ignore[arg-type]
@@ -217,16 +220,20 @@ def test_cuda_path_is_guarded(sample_store: object) -> None:
 def test_bare_passes_measure_the_instrumentation(sample_store: object) -> None:
     """``bare_passes`` pairs timed passes that do not wait for the virtual peers with bare passes
     (same ops, no clock or hooks): the figures the overhead benchmark reports. The measured
-    passes still wait: their communication time is the peers' (hundreds of ms on the sample),
-    far beyond a whole bare pass."""
+    passes still wait: each call for at least its transfer after the peers' arrival (the
+    schedule's ``completion_ns``), so their communication time is at least the sum of the
+    transfers (what the instrumentation costs is the benchmark's figure, not checked here)."""
     opts = replace(FAST, gaps="none", memory=False, bare_passes=3)
     rep = _rank0(sample_store, "rp_bare", opts)
     r = rep.ranks[0]
     assert len(r.bare_ns) == len(r.paired_op_ns) == len(r.instrumentation_pct_passes) == 3
     assert all(b > 0 for b in r.bare_ns)
     assert all(o > 0 for o in r.paired_op_ns)
-    assert all(-100.0 < x < 1000.0 for x in r.instrumentation_pct_passes)
-    assert r.comm_ns > 5 * max(r.bare_ns)
+    # > -100 %: the timed pass's own time (without its communication) is positive
+    assert all(math.isfinite(x) and x > -100.0 for x in r.instrumentation_pct_passes)
+    sched = PeerSchedule.from_store(sample_store, run="sample", rank=0)  # type: ignore[arg-type]
+    assert len(sched.calls) == 50
+    assert r.comm_ns >= sum(c.transfer_ns for c in sched.calls) > 0
     assert rep.as_dict()["ranks"][0]["bare_ns"] == r.bare_ns
     for bad in (replace(opts, gaps="recorded"), replace(opts, instrument="profiler")):
         with pytest.raises(PrismError, match="bare passes"):
@@ -272,13 +279,15 @@ def test_cli_replay_and_validate(tmp_path: object, sample_store: object) -> None
     assert json.loads(v.output)["recorded"] == "sample"
 
 
-def test_waits_spin_when_each_process_has_its_cores() -> None:
+def test_waits_spin_when_each_process_has_its_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     """``wait="auto"`` spins (a sleeping core comes back cold and slows the ops after it) unless
     the replaying processes' threads outnumber the CPUs, where a spin would steal a real rank's
-    core; either way a wait never ends before its target."""
+    core; either way a wait never ends before its target (on a clock that moves 1 µs per read
+    and by each sleep: a sleeping wait sleeps once, leaving its last 2 ms to the spin)."""
     import os
-    import time
 
+    from prism_trace.replay.hybrid import passes
+    from prism_trace.replay.hybrid.options import _SPIN_SLEEP_NS
     from prism_trace.replay.hybrid.passes import _sleeps, _wait_until
 
     cpus = os.cpu_count() or 1
@@ -287,8 +296,24 @@ def test_waits_spin_when_each_process_has_its_cores() -> None:
     assert _sleeps(KernelReplayOptions(threads=2, wait="auto"), cpus)
     assert not _sleeps(KernelReplayOptions(threads=8, wait="spin"), cpus)
     assert _sleeps(KernelReplayOptions(threads=1, wait="sleep"), 1)
-    pc = time.perf_counter_ns
+    now = [0]
+    naps: list[float] = []
+
+    def pc() -> int:
+        now[0] += 1_000
+        return now[0]
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        now[0] += round(seconds * 1e9)
+
+    monkeypatch.setattr(passes, "time", SimpleNamespace(sleep=nap))
     for sleep in (True, False):
-        target = pc() + 3_000_000  # past the 2 ms that a sleeping wait spins at its end
+        now[0], naps[:] = 0, []
+        target = 3_000_000  # past the 2 ms that a sleeping wait spins at its end
         _wait_until(target, pc, sleep)
-        assert pc() >= target
+        assert target <= now[0] < target + 1_000  # it ends at the first read past its target
+        if sleep:
+            assert naps == [pytest.approx((target - 1_000 - _SPIN_SLEEP_NS) / 1e9)]
+        else:
+            assert naps == []

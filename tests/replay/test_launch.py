@@ -105,8 +105,8 @@ def test_a_failing_rank_stops_the_others_instead_of_hanging(tmp_path: Path) -> N
     codes = {r.rank: r.returncode for r in res.ranks}
     assert codes[2] == 3
     assert codes[0] < 0  # stopped by the launcher (a signal)
+    assert res.failed_rank == 2  # because rank 2 failed: not at the timeout (that raises)
     assert res.returncode == 3
-    assert res.wall_s < 60
 
 
 def test_the_shim_refuses_a_rank_the_launcher_did_not_start(tmp_path: Path) -> None:
@@ -169,10 +169,13 @@ def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Pat
     steps = json.loads((out / "rank0.steps.json").read_text())["steps"]
     assert [s["step"] for s in steps] == [0, 1, 2]
     assert all(s["dur_ns"] > 0 for s in steps)
-    # The backend's own step times (between profiler steps) are the script's, within noise.
-    assert set(rep["step_ms"]) == {"0", "1", "2"}
+    # The backend's own steps (from a profiler step opening to the next one being entered) are
+    # the script's: each holds the script's `train_step` of that number, and not two of them.
+    assert set(rep["step_ns"]) == {"0", "1", "2"}
+    shortest = min(s["dur_ns"] for s in steps)
     for s in steps:
-        assert rep["step_ms"][str(s["step"])] == pytest.approx(s["dur_ns"] / 1e6, rel=0.1, abs=5)
+        start, end = rep["step_ns"][str(s["step"])]
+        assert s["dur_ns"] <= end - start < s["dur_ns"] + shortest
     assert (out / "rank0.kineto.json.gz").exists()
 
     # Stored as a replayed run, `prism validate --replayed` compares it with the recording.
@@ -197,7 +200,12 @@ def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Pat
         assert e.emulated_ns == pytest.approx(rep["step_ms"][str(e.iteration)] * 1e6, rel=1e-6)
     assert [r[0] for r in rows] == [1, 2]
     assert rows[0][3] == rows[0][2]  # step 1 laid on its recorded start
-    assert abs(rows[1][3] - rows[0][3] - rows[0][1]) < 1_000_000  # step 2 starts as step 1 ends
+    # the steps as the backend measured them, on the recording's clock: step 2 starts as step 1
+    # ends (after the profiler's own step between them)
+    (start1, end1), (start2, _) = rep["step_ns"]["1"], rep["step_ns"]["2"]
+    assert rows[0][1] == end1 - start1
+    assert rows[1][3] - rows[0][3] == start2 - start1
+    assert rows[0][3] + rows[0][1] <= rows[1][3]
 
 
 def test_out_run_needs_the_run_it_replays() -> None:

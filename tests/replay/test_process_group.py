@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 
@@ -14,14 +14,45 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 import prism_trace.replay.pg.backend as ppg  # noqa: E402
+import prism_trace.replay.pg.base as ppg_base  # noqa: E402
 import prism_trace.replay.pg.session as pg_session  # noqa: E402
 import prism_trace.replay.pg.timeline as ppg_timeline  # noqa: E402
+import prism_trace.replay.pg.work as ppg_work  # noqa: E402
 from prism_trace.replay.peers import PeerCall, PeerSchedule  # noqa: E402
 from prism_trace.replay.pg.base import ScheduleMismatchError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
 MS = 1_000_000
+
+
+class VirtualClock:
+    """The backend's clock in a test: it moves only when the backend sleeps until a call's
+    completion or the test says time passed, so how long a call held rank 0 is exact."""
+
+    def __init__(self) -> None:
+        self.ns = 1_000 * MS
+
+    def now(self) -> int:
+        return self.ns
+
+    def sleep_until(self, target_ns: int) -> None:
+        self.ns = max(self.ns, target_ns)
+
+    def advance(self, ns: int) -> None:
+        """Rank 0 computes for ``ns`` before its next call."""
+        self.ns += ns
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+    """The backend's timeline and its works on a `VirtualClock` (the real sleep is tested alone,
+    in `test_sleep_until_never_returns_before_its_target`)."""
+    c = VirtualClock()
+    monkeypatch.setattr(ppg_timeline, "_now", c.now)
+    monkeypatch.setattr(ppg_work, "_now", c.now)
+    monkeypatch.setattr(ppg_work, "_sleep_until", c.sleep_until)
+    return c
 
 
 @contextlib.contextmanager
@@ -208,42 +239,41 @@ def test_subgroups_device_mesh_and_p2p_span_the_whole_world() -> None:
         assert w.wait()
 
 
-def test_collective_completes_when_the_schedule_says() -> None:
-    # Rank 1 (virtual) arrives 60 ms after rank 0 at call 0 and the transfer takes 5 ms; call 1
-    # has no wait; call 2 (next iteration) has peers 30 ms later than rank 0.
+def test_collective_completes_when_the_schedule_says(clock: VirtualClock) -> None:
+    # Rank 1 (virtual) arrives 60 ms after rank 0 at call 0 and the transfer takes 5 ms; at
+    # call 1 the peer (150 ms) is there before rank 0 (165 ms): only the 1 ms transfer.
     calls = [
         _call(0, 0, own=100 * MS, peers=160 * MS, transfer=5 * MS),
         _call(1, 1, own=200 * MS, peers=150 * MS, transfer=1 * MS),
     ]
     with prism_world(2, schedule=_schedule(calls)) as s:
-        t0 = time.perf_counter_ns()
+        t0 = clock.now()
         work = dist.all_reduce(torch.ones(1), async_op=True)
         assert not work.is_completed()
         work.wait()
-        waited = time.perf_counter_ns() - t0
         # No step mark: the first scheduled call anchors the clock at its emulated arrival.
         assert s.timeline.anchored_by == "first scheduled call"
-        assert 65 * MS <= waited < 65 * MS + 40 * MS
-        t1 = time.perf_counter_ns()
+        assert clock.now() - t0 == 65 * MS  # the peer's 160 ms + 5 ms, from rank 0's 100 ms
+        assert work.is_completed()
+        t1 = clock.now()
         dist.all_reduce(torch.ones(1))
-        assert time.perf_counter_ns() - t1 < 30 * MS  # the peer was already there
+        assert clock.now() - t1 == 1 * MS  # the peer was already there
         rep = s.report()
         assert rep["scheduled_calls"] == 2
-        assert rep["waited_ms"] >= 65
+        assert rep["waited_ms"] == 65 + 1
 
 
-def test_step_mark_anchors_the_clock_at_the_iteration_start() -> None:
-    # The peer arrives 80 ms into the iteration; rank 0 arrives ~20 ms in (its compute is
-    # faster than recorded), so it waits ~60 ms + transfer, not the emulated 80 - 50.
+def test_step_mark_anchors_the_clock_at_the_iteration_start(clock: VirtualClock) -> None:
+    # The peer arrives 80 ms into the iteration; rank 0 arrives 20 ms in (its compute is
+    # faster than recorded), so it waits 60 ms + transfer, not the emulated 80 - 50.
     calls = [_call(0, 0, own=50 * MS, peers=80 * MS, transfer=2 * MS)]
     with prism_world(2, schedule=_schedule(calls)) as s:
         s.timeline.mark(profiler_step=1)
-        start = time.perf_counter_ns()
-        time.sleep(0.02)
+        start = clock.now()
+        clock.advance(20 * MS)
         dist.all_reduce(torch.ones(1))
-        done = time.perf_counter_ns() - start
         assert s.timeline.anchored_by == "step mark"
-        assert 82 * MS <= done < 82 * MS + 40 * MS
+        assert clock.now() - start == 82 * MS
 
 
 def test_virtual_peers_that_waited_for_a_late_rank_arrive_later() -> None:
@@ -287,7 +317,7 @@ def test_mismatch_is_one_clear_error_and_never_a_wait() -> None:
         assert s.report()["unscheduled_calls"] == {"all_reduce": 3}
 
 
-def test_p2p_counts_from_the_first_recorded_step() -> None:
+def test_p2p_counts_from_the_first_recorded_step(clock: VirtualClock) -> None:
     calls = [
         _call(0, 0, kind="send", ranks=(0, 1), iteration=2, own=5 * MS, peers=45 * MS),
         _call(1, 1, kind="send", ranks=(0, 1), iteration=3, own=5 * MS, peers=5 * MS),
@@ -296,9 +326,9 @@ def test_p2p_counts_from_the_first_recorded_step() -> None:
         s.timeline.mark(profiler_step=1)
         dist.send(torch.ones(1), dst=1)  # step 1: not recorded
         s.timeline.mark(profiler_step=2)
-        t0 = time.perf_counter_ns()
+        t0 = clock.now()
         dist.send(torch.ones(1), dst=1)  # the recorded send #0: waits for the receiver
-        assert time.perf_counter_ns() - t0 >= 40 * MS
+        assert clock.now() - t0 == 45 * MS  # step 2 opened as rank 0 sent; the receiver: 45 ms in
         with pytest.raises(ScheduleMismatchError, match=r"p2p 0->1 send #1 .* step 2 .* step 3"):
             dist.send(torch.ones(1), dst=1)  # one send too many in step 2
         assert s.report()["unscheduled_calls"] == {"send": 1}
@@ -327,9 +357,24 @@ def test_rank_outside_the_real_ranks_is_refused() -> None:
     assert pg_session.session() is None
 
 
-def test_ddp_gradients_and_its_future_based_wait_follow_the_schedule() -> None:
-    """DDP waits on `Work.get_future()`: the future must complete when the schedule says."""
+def test_ddp_gradients_and_its_future_based_wait_follow_the_schedule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DDP waits on `Work.get_future()`: the future must complete when the schedule says.
+
+    On the real clock (the future is completed by the backend's helper thread, which waits on
+    it): the bucket's all-reduce slept until 60 ms after rank 0 arrived, and backward returned
+    only after that sleep ended."""
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    slept: list[int] = []
+    real_sleep_until = ppg_work._sleep_until
+
+    def sleep_until(target_ns: int) -> None:
+        real_sleep_until(target_ns)
+        slept.append(target_ns)
+
+    monkeypatch.setattr(ppg_work, "_sleep_until", sleep_until)
 
     # DDP's set-up: all_gather (seq 0) and two broadcasts (1, 2); its gradient bucket: seq 3.
     calls = [_call(0, 3, ranks=(0, 1, 2, 3), own=0, peers=60 * MS, transfer=0)]
@@ -339,10 +384,29 @@ def test_ddp_gradients_and_its_future_based_wait_follow_the_schedule() -> None:
         ref.load_state_dict(model.state_dict())
         ddp = DDP(model)
         x = torch.randn(5, 3)
-        t0 = time.perf_counter_ns()
         ddp(x).sum().backward()
-        assert time.perf_counter_ns() - t0 >= 60 * MS
+        assert slept == [s.timeline.stats.first_arrival[1] + 60 * MS]
         ref(x).sum().backward()
         # Every virtual replica holds the same gradient: the average is the local gradient.
         assert torch.allclose(model.weight.grad, ref.weight.grad)
         assert s.report()["scheduled_calls"] == 1
+
+
+def test_sleep_until_never_returns_before_its_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend's real wait sleeps until its clock reaches the target, sleeps again when a
+    signal wakes it early, and does not sleep for a target that has passed."""
+    now = [0]
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        slept = round(seconds * 1e9)
+        now[0] += slept // 2 if len(naps) == 1 else slept  # a signal cuts the first nap short
+
+    monkeypatch.setattr(ppg_base, "_now", lambda: now[0])
+    monkeypatch.setattr(ppg_base, "time", SimpleNamespace(sleep=sleep))
+    ppg_base._sleep_until(100 * MS)
+    assert now[0] == 100 * MS
+    assert naps == [0.1, 0.05]
+    ppg_base._sleep_until(50 * MS)
+    assert naps == [0.1, 0.05]

@@ -147,7 +147,8 @@ def test_every_rank_at_8192_and_the_slow_replica_is_late(store: Store) -> None:
 
 def test_skew_and_the_report_draw_on_rank_step(store: Store, tmp_path: Path) -> None:
     from prism_trace.analysis import analyze
-    from prism_trace.analysis.report.html import ReportLimits, write_report
+    from prism_trace.analysis.report.html import write_report
+    from prism_trace.analysis.report.sections import ReportLimits
 
     if store.run_id("slow8192") is None:
         cfg = EmulationConfig(what_if=parse_what_if(["slow-ranks=13@1.5"]))
