@@ -278,3 +278,17 @@ def test_the_dp_what_ifs_reslice_never_reaches_the_store(tmp_path: Path, db: Pat
         for (t,) in tables:
             found = {i for (i,) in con.execute(f'SELECT DISTINCT run_id FROM "{t}"').fetchall()}
             assert found <= ids, t
+
+
+@pytest.mark.torch
+def test_a_replay_refused_after_its_emulation_leaves_every_table_as_it_was(
+    tmp_path: Path, sample_template: Path
+) -> None:
+    """`prism replay` of a recorded run without a graph: the virtual peers' emulation builds it,
+    then the rank turns out not to be one of the run's; the command's one transaction undoes
+    the graph too."""
+    pytest.importorskip("torch")
+    path = tmp_path / "fresh.duckdb"
+    shutil.copyfile(sample_template, path)
+    args = ["replay", "--run", "sample", "--ranks", "99", "--out-run", "r"]
+    _refused_unchanged(path, args, "rank 99 is not a rank of run 'sample'")
