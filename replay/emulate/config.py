@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from prism_trace.replay.model.timing import TimingConfig
 from prism_trace.replay.model.topology import Topology
@@ -13,8 +13,15 @@ from prism_trace.replay.whatif.config import WhatIfConfig
 from prism_trace.errors import PrismError
 from prism_trace.limits import MAX_RANKS
 
-if TYPE_CHECKING:
-    pass
+__all__ = [
+    "MAX_SEED",
+    "CompletionConfig",
+    "EmulationConfig",
+    "EmulationConfigError",
+    "EmulationReport",
+    "MemoryConfig",
+    "check_seed",
+]
 
 MAX_SEED = (1 << 63) - 1
 """The largest seed: seeds are stored in ``run.config_json`` and written back as TOML, whose

@@ -1,38 +1,33 @@
-"""The emulator's I/O shell: a run's graph in the store → ``replay.emulator`` → an emulated run.
+"""The emulator's I/O shell: a run's graph in the store → the stages → an emulated run.
 
-``emulate_run`` reads the execution graph of a recorded or sliced run, resolves its communication
-instances (collectives by ``(group, seq)``, sends with their receives), takes each instance's
-transfer time from the recording (``replay.timing``), runs the core once per *unit* (a recorded
-rank, or a class exemplar of a sliced run) and writes a run of kind ``emulated`` in the same
-schema: ``rank`` (every rank of the world, with ``class_id``), ``comm_group``, ``track``, ``event``,
-``collective``/``p2p`` and ``memory`` (units only; memory re-timed by ``replay.memory``),
-``iteration`` (every rank). See docs/emulator.md.
+``emulate_run`` passes one immutable value from stage to stage (``values``): ``load.load_run``
+reads the execution graph of a recorded or sliced run, ``prepare.prepare`` applies the what-ifs,
+``run.run_emulation`` resolves its communication instances (collectives by ``(group, seq)``, sends
+with their receives), times each instance's transfer from the recording (``replay.timing``) and
+runs the core once per *unit* (a recorded rank, or a class exemplar of a sliced run), and
+``write.write_run`` writes a run of kind ``emulated`` in the same schema: ``rank`` (every rank of
+the world, with ``class_id``), ``comm_group``, ``track``, ``event``, ``collective``/``p2p`` and
+``memory`` (units only; memory re-timed by ``replay.memory``), ``iteration`` (every rank). The
+whole command is one transaction. See docs/emulator.md.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 import polars as pl
-from prism_trace.replay.emulate.config import (
-    CompletionConfig,
-    EmulationConfig,
-    EmulationReport,
-    MemoryConfig,
-)
-from prism_trace.replay.emulate.frames import _all_iterations, _memory, _recorded_iterations
-from prism_trace.replay.emulate.load import _Inputs
-from prism_trace.replay.emulate.prepare import (
-    _apply_what_if,
-    _prepare,
-    _run_layout,
-    check_rank_targets,
-)
-from prism_trace.replay.emulate.run import _emulate, _Result
-from prism_trace.replay.emulate.write import _writing
+from prism_trace.replay.emulate.config import EmulationConfig, EmulationReport
+from prism_trace.replay.emulate.frames import all_iterations, recorded_iterations, with_memory
+from prism_trace.replay.emulate.load import _run_layout, load_run
+from prism_trace.replay.emulate.prepare import check_rank_targets, prepare
+from prism_trace.replay.emulate.run import run_emulation
+from prism_trace.replay.emulate.values import EmulationResult, PreparedRun, WrittenRun
+from prism_trace.replay.emulate.write import write_run
 from prism_trace.replay.memory.retime import memory_peaks
 from prism_trace.replay.whatif.config import WhatIfError
 
@@ -43,15 +38,15 @@ if TYPE_CHECKING:
     from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.store.connection import Store
 
-__all__ = ["CompletionConfig", "EmulationConfig", "EmulationReport", "MemoryConfig", "emulate_run"]
+__all__ = [
+    "emulate_in_memory",
+    "emulate_run",
+    "temporary_slice",
+]
 
 
-# -- loading -------------------------------------------------------------------------------------
-# -- emulating -----------------------------------------------------------------------------------
-# -- results as frames ---------------------------------------------------------------------------
-# -- writing -------------------------------------------------------------------------------------
-# -- the entry point -----------------------------------------------------------------------------
 def _iteration_summary(iters: pl.DataFrame) -> list[dict[str, Any]]:
+    """Mean and max duration of each iteration over the ranks, for the report."""
     if iters.is_empty():
         return []
     s = (
@@ -76,8 +71,12 @@ def _iteration_summary(iters: pl.DataFrame) -> list[dict[str, Any]]:
 
 def emulate_in_memory(
     store: Store, *, run: str, config: EmulationConfig | None = None
-) -> tuple[_Result, pl.DataFrame]:
+) -> tuple[EmulationResult, pl.DataFrame]:
     """Emulate ``run`` without writing: the result and every rank's iterations.
+
+    In one transaction (the caller's, when it has one): a graph built for a recorded run
+    without one is kept only when the emulation succeeds, and the dp what-if's re-slice never
+    reaches the file.
 
     Args:
         store: an open store (writable if a recorded run has no graph yet).
@@ -85,21 +84,24 @@ def emulate_in_memory(
         config: the emulation config (default ``EmulationConfig()``).
 
     Returns:
-        The internal result and the ``iteration`` rows (``rank, iteration, ts, dur, name``).
+        The result, with its memory, and the ``iteration`` rows (``rank, iteration, ts, dur,
+        name``).
     """
     config = config or EmulationConfig()
-    with _dp_what_if(store, run, config) as target:
-        inputs = _prepare_what_if(store, target, config, input_run=run)
-        res = _emulate(store, inputs, config)
-        res.memory = _memory(store, res, config)
-        return res, _all_iterations(res, _recorded_iterations(store, inputs))
+    with store.transaction(), _dp_what_if(store, run, config) as target:
+        prepared = _load_and_prepare(store, target, config, input_run=run)
+        res = with_memory(store, run_emulation(store, prepared, config), config)
+        return res, all_iterations(res, recorded_iterations(store, prepared))
 
 
-def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_run: str) -> _Inputs:
-    """``_prepare`` plus the what-ifs; ``run`` may be the temporary re-slice of ``input_run``.
+def _load_and_prepare(
+    store: Store, run: str, config: EmulationConfig, *, input_run: str
+) -> PreparedRun:
+    """The load and prepare stages; ``run`` may be the temporary re-slice of ``input_run``.
 
     The ranks the config names are checked against the run's world first, so a refused config
-    writes nothing, not even the graph ``_prepare`` builds for a recorded run without one.
+    builds no graph for a recorded run without one (the transaction would undo it, but a large
+    run's graph takes a while to build).
     """
     if run == input_run:
         ((world,),) = store.con.execute(
@@ -107,14 +109,13 @@ def _prepare_what_if(store: Store, run: str, config: EmulationConfig, *, input_r
         ).fetchall()
         config.check_world(world, input_run)
         check_rank_targets(config, world, input_run)
-    inputs = _prepare(store, run)
-    if run != input_run:  # the dp what-if: report against the run the user named
-        inputs.parent_run_id = store.require_run(input_run)
-        inputs.run = input_run
-        config.check_world(inputs.world_size, input_run)  # the re-slice's world
-    if config.what_if.active:
-        _apply_what_if(store, inputs, config)
-    return inputs
+    loaded = load_run(store, run)
+    if run == input_run:
+        return prepare(store, loaded, config)
+    # the dp what-if: report against the run the user named
+    loaded = dataclasses.replace(loaded, run=input_run)
+    config.check_world(loaded.world_size, input_run)  # the re-slice's world
+    return prepare(store, loaded, config, parent_run_id=store.require_run(input_run))
 
 
 @contextlib.contextmanager
@@ -128,8 +129,6 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     if dp is None:
         yield run
         return
-    from dataclasses import replace
-
     from prism_trace.layout.choice import infer_layout
 
     run_id = store.require_run(run)
@@ -153,7 +152,7 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     if layout is None:
         msg = f"{store.path}: run {run!r} has no layout to change dp in"
         raise WhatIfError(msg)
-    target = replace(layout, dp=dp)
+    target = dataclasses.replace(layout, dp=dp)
     _check_dp_world(run, layout.world_size // layout.dp, dp)
     with temporary_slice(
         store,
@@ -192,10 +191,15 @@ def temporary_slice(
     name: str,
 ) -> Iterator[str]:
     """Slice ``run`` to ``layout`` as run ``name`` for the duration of the block, then delete it
-    (also on error): the dp what-if and the validation's slice check leave nothing behind."""
+    (also on error): the dp what-if and the validation's slice check leave nothing behind.
+
+    The block is one transaction (the caller's, when it has one) and the slice is deleted before
+    it ends, so the slice is never committed: a command that fails leaves no trace of it, one that
+    succeeds commits its own writes without it.
+    """
     from prism_trace.slicing.slicer import slice_run
 
-    try:
+    with store.transaction():
         slice_run(
             store,
             run=run,
@@ -205,12 +209,22 @@ def temporary_slice(
             out_run=name,
             replace=True,
         )
-        yield name
-    finally:
-        tmp_id = store.run_id(name)
-        if tmp_id is not None:
-            with store.transaction() as con:
-                drop_run(con, tmp_id)
+        try:
+            yield name
+        except BaseException:
+            # A failed statement aborts a DuckDB transaction: the drop then fails too, and the
+            # rollback the error is on its way to removes the slice instead.
+            with contextlib.suppress(duckdb.Error):
+                _drop_run_named(store, name)
+            raise
+        _drop_run_named(store, name)
+
+
+def _drop_run_named(store: Store, name: str) -> None:
+    """Delete run ``name`` (if it exists) inside the open transaction."""
+    run_id = store.run_id(name)
+    if run_id is not None:
+        drop_run(store.con, run_id)
 
 
 def emulate_run(
@@ -227,6 +241,11 @@ def emulate_run(
     dependency order with recorded durations; collectives complete when every participant has
     arrived plus the instance's transfer time, sends/receives when both sides have. See
     docs/emulator.md.
+
+    The stages (``load_run``, ``prepare``, ``run_emulation``, ``write_run``) pass one immutable
+    value each to the next, and run in one transaction: the graph a recorded run gets, the dp
+    what-if's temporary re-slice (deleted before the commit) and the emulated run commit
+    together, or a refusal at any stage leaves the store as it was.
 
     Args:
         store: an open, writable store.
@@ -250,20 +269,32 @@ def emulate_run(
     if out_run == run:
         msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
         raise PrismError(msg)
-    old_id = claim_run_name(store, out_run, replace=replace, over=("emulated",))
-    with _dp_what_if(store, run, config) as target:
-        inputs = _prepare_what_if(store, target, config, input_run=run)
-        t_load = time.perf_counter() - t0
-        res = _emulate(store, inputs, config)
-        t1 = time.perf_counter()
-        # The events are written while the memory and iterations are worked out (`_writing`).
-        with _writing(store, res, out_run=out_run, old_id=old_id, config=config) as w:
-            res.memory = _memory(w.reader, res, config)
-            w.memory()
-            iters = _all_iterations(res, _recorded_iterations(w.reader, inputs))
-            n_iter = w.finish(iters)
-        run_id, n_events = w.run_id, w.n_events
-        t_write = time.perf_counter() - t1
+    with store.transaction():
+        old_id = claim_run_name(store, out_run, replace=replace, over=("emulated",))
+        with _dp_what_if(store, run, config) as target:
+            prepared = _load_and_prepare(store, target, config, input_run=run)
+            t_load = time.perf_counter() - t0
+            res = run_emulation(store, prepared, config)
+            t1 = time.perf_counter()
+            written = write_run(store, res, out_run=out_run, old_id=old_id, config=config)
+    t_write = time.perf_counter() - t1  # with the commit, as when the write committed alone
+    seconds = {
+        "load": t_load,
+        "emulate": res.seconds,
+        "prepare_and_emulate": t1 - t0 - t_load,
+        "write": t_write,  # with the memory and iterations, worked out while events go in
+        "rank_step": written.rank_step_s,  # of which the rank_step rows
+        "total": time.perf_counter() - t0,
+    }
+    return _report(written, input_run=run, out_run=out_run, seconds=seconds)
+
+
+def _report(
+    written: WrittenRun, *, input_run: str, out_run: str, seconds: dict[str, float]
+) -> EmulationReport:
+    """What ``emulate_run`` did, from the write stage's value."""
+    res = written.result
+    inputs = res.inputs
     members = inputs.rank_unit.filter(pl.col("unit") >= 0).group_by("unit").len()
     per_unit_nodes = inputs.nodes.group_by("unit").len().rename({"len": "nodes"})
     represented = int(
@@ -271,11 +302,10 @@ def emulate_run(
         .select((pl.col("nodes") * pl.col("len").fill_null(1)).sum())
         .item()
     )
-    total = time.perf_counter() - t0
     return EmulationReport(
         run=out_run,
-        run_id=run_id,
-        input_run=run,
+        run_id=written.run_id,
+        input_run=input_run,
         input_run_id=inputs.parent_run_id or inputs.run_id,
         input_kind=inputs.kind,
         world_size=inputs.world_size,
@@ -285,19 +315,12 @@ def emulate_run(
         collective_instances=res.n_collective,
         p2p_instances=res.n_p2p,
         rounds=res.timeline.rounds,
-        events_written=n_events,
-        iteration_rows=n_iter,
-        rank_step_rows=w.n_rank_step,
+        events_written=written.n_events,
+        iteration_rows=written.iterations.height,
+        rank_step_rows=written.n_rank_step,
         represented_events=represented,
-        seconds={
-            "load": t_load,
-            "emulate": res.seconds,
-            "prepare_and_emulate": t1 - t0 - t_load,
-            "write": t_write,  # with the memory and iterations, worked out while events go in
-            "rank_step": w.rank_step_s,  # of which the rank_step rows
-            "total": total,
-        },
-        iterations=_iteration_summary(iters),
+        seconds=seconds,
+        iterations=_iteration_summary(written.iterations),
         peak_memory={
             int(inputs.unit_rank[u]): int(p)
             for u, p in memory_peaks(res.memory, by="unit").iter_rows()

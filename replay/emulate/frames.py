@@ -10,10 +10,9 @@ import polars as pl
 from prism_trace.replay.des.core import Timeline
 from prism_trace.replay.des.vector import kineto_iterations
 from prism_trace.replay.emulate.config import EmulationConfig
-from prism_trace.replay.emulate.load import _fetch, _Inputs, _rank_lookup
-from prism_trace.replay.emulate.prepare import _run_layout
+from prism_trace.replay.emulate.load import _fetch, _rank_lookup
 from prism_trace.replay.emulate.rank_step import rank_step_rows, rank_steps
-from prism_trace.replay.emulate.run import _Result
+from prism_trace.replay.emulate.values import EmulationResult, LoadedRun
 from prism_trace.replay.memory.retime import (
     MEMORY_COLUMNS,
     memory_peaks,
@@ -24,8 +23,16 @@ from prism_trace.replay.memory.retime import (
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
+__all__ = [
+    "all_iterations",
+    "rank_peaks",
+    "recorded_iterations",
+    "unit_iterations",
+    "with_memory",
+]
 
-def _iteration_frame(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
+
+def unit_iterations(res: EmulationResult, rec_iter: pl.DataFrame) -> pl.DataFrame:
     """Emulated iterations per unit (``unit, iteration, ts, dur, name``; ts on the run clock).
 
     Op timelines (``source_format = 'op_timeline'``): the recorded iteration is one window shared
@@ -145,18 +152,16 @@ def _iteration_frame(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
 _DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
-def _dp_sizes(store: Store, inputs: _Inputs) -> tuple[int, int]:
-    """(recorded, emulated) data-parallel size: equal unless a sliced run changed it."""
-    if inputs.kind != "sliced":
-        return 1, 1
-    rec = _run_layout(store, inputs.run_id, key="recorded_layout")
-    tgt = _run_layout(store, inputs.run_id)
-    if rec is None or tgt is None:
-        return 1, 1
-    return int(rec.dp), int(tgt.dp)
+def with_memory(store: Store, res: EmulationResult, config: EmulationConfig) -> EmulationResult:
+    """``res`` with its ``memory``: every unit's memory events re-timed onto its emulated nodes.
+
+    Reads only the recording (``source_run_id``), so ``store`` may be a second connection that
+    does not see the command's uncommitted writes (``write``'s reader).
+    """
+    return dataclasses.replace(res, memory=_memory(store, res, config))
 
 
-def _memory(store: Store, res: _Result, config: EmulationConfig) -> pl.DataFrame:
+def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.DataFrame:
     """Every unit's memory events re-timed onto its emulated nodes (``replay.memory``)."""
     inputs, tl = res.inputs, res.timeline
     units = pl.DataFrame(
@@ -193,7 +198,7 @@ def _memory(store: Store, res: _Result, config: EmulationConfig) -> pl.DataFrame
             "host": host if host is not None else np.ones(n.height, dtype=bool),
         }
     ).filter(pl.col("rec_ts").is_not_null())
-    dp_rec, dp_tgt = _dp_sizes(store, inputs)
+    dp_rec, dp_tgt = inputs.dp_sizes
     delta = None
     if dp_rec != dp_tgt:
         if config.memory.optimizer_state_bytes is not None:
@@ -220,7 +225,7 @@ def _memory(store: Store, res: _Result, config: EmulationConfig) -> pl.DataFrame
     return retime_memory(mem, nodes, delta=delta)
 
 
-def _memory_rows(res: _Result, run_id: int) -> pl.DataFrame:
+def _memory_rows(res: EmulationResult, run_id: int) -> pl.DataFrame:
     """The re-timed memory of the units as ``memory`` rows of the emulated run."""
     mem = res.memory
     if mem is None or mem.is_empty():
@@ -232,7 +237,7 @@ def _memory_rows(res: _Result, run_id: int) -> pl.DataFrame:
     ).drop("unit")
 
 
-def rank_peaks(res: _Result) -> pl.DataFrame:
+def rank_peaks(res: EmulationResult) -> pl.DataFrame:
     """Emulated peak ``total_allocated`` of every rank of the world (``rank, peak``); members of
     a class share their exemplar's. Empty without memory events."""
     if res.memory is None or res.memory.is_empty():
@@ -248,7 +253,7 @@ def rank_peaks(res: _Result) -> pl.DataFrame:
     )
 
 
-def _rank_step_rows(res: _Result, run_id: int) -> pl.DataFrame:
+def _rank_step_rows(res: EmulationResult, run_id: int) -> pl.DataFrame:
     """``rank_step`` rows of every rank of the world (``replay.rank_step``): from the replica
     vector's columns, or from the units (class members share their unit's)."""
     inputs, s = res.inputs, res.sync
@@ -291,7 +296,7 @@ def _rank_step_rows(res: _Result, run_id: int) -> pl.DataFrame:
     return rows.with_columns(run_id=pl.lit(run_id, pl.Int32))
 
 
-def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
+def _rank_iterations(res: EmulationResult, per_unit: pl.DataFrame) -> pl.DataFrame:
     """Iterations of every rank of the world (members of a class share their exemplar's);
     ranks a what-if left out (a removed GPU) have none."""
     ru = res.inputs.rank_unit.filter(
@@ -310,17 +315,18 @@ def _rank_iterations(res: _Result, per_unit: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _all_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
-    """Every rank's iterations: its unit's, or its replica's column's (``replay.vector``)."""
+def all_iterations(res: EmulationResult, rec_iter: pl.DataFrame) -> pl.DataFrame:
+    """Every rank's iterations (``rank, iteration, ts, dur, name``): its unit's, or its replica's
+    column's (``replay.vector``); ``rec_iter``: ``recorded_iterations``."""
     if res.replicas is not None:
         return _replica_iterations(res, rec_iter)
-    return _rank_iterations(res, _iteration_frame(res, rec_iter))
+    return _rank_iterations(res, unit_iterations(res, rec_iter))
 
 
-def _replica_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
+def _replica_iterations(res: EmulationResult, rec_iter: pl.DataFrame) -> pl.DataFrame:
     """Iterations of every rank when every replica is distinct (``replay.vector``).
 
-    Op timelines: one window per step for the whole world (``_iteration_frame``), over every
+    Op timelines: one window per step for the whole world (``unit_iterations``), over every
     replica's ops: the earliest start and the latest end of each node across the replicas.
     Per-rank step annotations: ``vector.kineto_iterations``, replica by replica.
     """
@@ -330,7 +336,7 @@ def _replica_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
     grid, column = reps_.grid, reps_.column
     if inputs.source_format == "op_timeline":
         tl = Timeline(vt.start.min(axis=1), vt.end.max(axis=1), vt.arrival[:, 0], vt.rounds)
-        per_unit = _iteration_frame(dataclasses.replace(res, timeline=tl), rec_iter)
+        per_unit = unit_iterations(dataclasses.replace(res, timeline=tl), rec_iter)
         reps = grid.shape[1]
         rows = per_unit["unit"].to_numpy().astype(np.int64)
         frame = per_unit.select("iteration", "name")[np.repeat(np.arange(per_unit.height), reps)]
@@ -368,7 +374,9 @@ def _replica_iterations(res: _Result, rec_iter: pl.DataFrame) -> pl.DataFrame:
     ).sort("rank", "iteration")
 
 
-def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
+def recorded_iterations(store: Store, inputs: LoadedRun) -> pl.DataFrame:
+    """The recorded iterations of the ranks the units replay (``rank, iteration, ts, dur,
+    name``), read from the recording (``source_run_id``) only, like ``with_memory``."""
     return _fetch(
         store.con,
         "SELECT rank, iteration, ts, dur, name FROM iteration"
@@ -377,7 +385,7 @@ def _recorded_iterations(store: Store, inputs: _Inputs) -> pl.DataFrame:
     )
 
 
-def _kept(res: _Result, keep: tuple[int, ...]) -> list[tuple[int, int, int]]:
+def _kept(res: EmulationResult, keep: tuple[int, ...]) -> list[tuple[int, int, int]]:
     """``(rank, unit, column)`` of each rank of ``keep`` that is not a unit itself (a class
     member: its events are its unit's, from its replica's column when replicas are distinct)."""
     inputs = res.inputs
@@ -395,7 +403,7 @@ def _kept(res: _Result, keep: tuple[int, ...]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _event_frame(res: _Result, run_id: int, keep: tuple[int, ...] = ()) -> pl.DataFrame:
+def _event_frame(res: EmulationResult, run_id: int, keep: tuple[int, ...] = ()) -> pl.DataFrame:
     """Every unit's events, and those of the ranks of ``keep`` (``_kept``)."""
     inputs, tl = res.inputs, res.timeline
     n = inputs.nodes
@@ -414,7 +422,7 @@ def _event_frame(res: _Result, run_id: int, keep: tuple[int, ...] = ()) -> pl.Da
 
 
 def _unit_events(
-    res: _Result, run_id: int, start: np.ndarray, end: np.ndarray, rows: np.ndarray | None
+    res: EmulationResult, run_id: int, start: np.ndarray, end: np.ndarray, rows: np.ndarray | None
 ) -> pl.DataFrame:
     inputs = res.inputs
     n = inputs.nodes if rows is None else inputs.nodes[rows]
@@ -437,7 +445,7 @@ def _unit_events(
     )
 
 
-def _comm_frames(res: _Result, run_id: int, g_size: dict[int, int]) -> tuple[Any, Any]:
+def _comm_frames(res: EmulationResult, run_id: int, g_size: dict[int, int]) -> tuple[Any, Any]:
     inputs, tl = res.inputs, res.timeline
     s = res.sync
     origin = inputs.origin

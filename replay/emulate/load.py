@@ -1,16 +1,16 @@
-"""Emulation, loading: a recorded or sliced run's graph, ranks, groups and recorded transfers from
-the store, as arrays the core takes."""
+"""Emulation, the load stage: a recorded or sliced run's graph, ranks, groups and recorded transfers
+from the store, as arrays the core takes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 from prism_trace.replay.des.core import collective_instances, p2p_instances
-from prism_trace.replay.des.replicas import Replicas
 from prism_trace.replay.emulate.config import _COMM, _DEFAULT_CATEGORY
+from prism_trace.replay.emulate.values import LoadedRun
 from prism_trace.replay.model.timing import recorded_completion
 
 from prism_trace.errors import PrismError
@@ -18,39 +18,10 @@ from prism_trace.errors import PrismError
 if TYPE_CHECKING:
     import duckdb
 
+    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.store.connection import Store
 
-
-@dataclass
-class _Inputs:
-    """A run's graph and everything the core needs, as frames and arrays."""
-
-    run: str
-    run_id: int
-    kind: str
-    source_run_id: int
-    world_size: int
-    source_format: str | None
-    unit_rank: np.ndarray  # rank (exemplar) of each unit
-    unit_source: np.ndarray  # recorded rank whose events/iterations each unit replays
-    rank_unit: pl.DataFrame  # rank, unit (every rank of the world that maps to a unit)
-    nodes: pl.DataFrame  # sorted by (rank, node_id); + unit, idx, category
-    edges: pl.DataFrame  # + s, d (node indices)
-    origin: int
-    notes: list[str] = field(default_factory=list)
-    # What-ifs (replay.whatif): ranks left out of the results, with why, and group sizes that
-    # differ from the communicator's for the transfer model.
-    left_out: dict[int, str] = field(default_factory=dict)
-    size_override: dict[int, int] = field(default_factory=dict)
-    parent_run_id: int | None = None  # the dp what-if: the run the user named, not the re-slice
-    # no-stragglers: nodes that keep their recorded time (a slowdown group, replay.slowdown)
-    keep_recorded: np.ndarray | None = None
-    # replicas distinct on the class graph (replay.vector): the data-parallel replicas as
-    # columns; None: one unit per class, or expanded units
-    grid: Replicas | None = None
-    # remove-gpu on the replica vector: the failed replica's column, its tp groups' sizes (class
-    # graph group ids) and the factor on its compute and transfers (replay.vector.class_groups)
-    failed_column: tuple[int, dict[int, int], float] | None = None
+__all__ = ["load_run"]
 
 
 def _fetch(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any]) -> pl.DataFrame:
@@ -76,7 +47,57 @@ def _lookup(keys: np.ndarray, unit: np.ndarray, node_id: np.ndarray, what: str) 
     return pos
 
 
-def _load(store: Store, run_id: int, *, name: str) -> _Inputs:
+def load_run(store: Store, run: str) -> LoadedRun:
+    """The load stage: ``run``'s graph from the store, as the core takes it.
+
+    A recorded run without a graph gets one first (``prism_trace.graph.build``), inside the
+    caller's transaction when there is one, so that a command refused later writes nothing.
+
+    Raises:
+        PrismError: no such run, a run of another kind, or a read-only store and no graph.
+    """
+    run_id = store.require_run(run)
+    ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [run_id]).fetchall()
+    if kind == "recorded":
+        ((n,),) = store.con.execute(
+            "SELECT count(*) FROM graph_node WHERE run_id = ?", [run_id]
+        ).fetchall()
+        if not n:
+            if store.read_only:
+                msg = f"{store.path}: run {run!r} has no graph; open the store writable to build it"
+                raise PrismError(msg)
+            from prism_trace.graph.build import build_graph
+
+            build_graph(store, run)
+    return _load(store, run_id, name=run)
+
+
+def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLayout | None:
+    """A layout a sliced run's ``config_json`` records: ``layout`` (the target) or
+    ``recorded_layout`` (the recording's), with its order; None when absent."""
+    from prism_trace.layout.mesh import ParallelLayout
+
+    rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
+    order_key = "order" if key == "layout" else key.replace("layout", "order")
+    try:
+        cfg = json.loads(rows[0][0] or "{}")
+        return ParallelLayout.parse(cfg[key], cfg.get(order_key))
+    except (KeyError, ValueError, TypeError, IndexError, PrismError):
+        return None
+
+
+def _dp_sizes(store: Store, run_id: int, kind: str) -> tuple[int, int]:
+    """(recorded, emulated) data-parallel size: equal unless a sliced run changed it."""
+    if kind != "sliced":
+        return 1, 1
+    rec = _run_layout(store, run_id, key="recorded_layout")
+    tgt = _run_layout(store, run_id)
+    if rec is None or tgt is None:
+        return 1, 1
+    return int(rec.dp), int(tgt.dp)
+
+
+def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
     con = store.con
     ((kind, parent, world, fmt),) = con.execute(
         "SELECT kind, parent_run_id, world_size, source_format FROM run WHERE run_id = ?", [run_id]
@@ -141,7 +162,7 @@ def _load(store: Store, run_id: int, *, name: str) -> _Inputs:
         rank_unit, notes = _with_symmetric_peers(store, name, rank_unit)
     ts = nodes["ts"]
     origin = int(ts.min()) if ts.null_count() < ts.len() else 0  # type: ignore[arg-type]
-    return _Inputs(
+    return LoadedRun(
         run=name,
         run_id=run_id,
         kind=str(kind),
@@ -154,7 +175,8 @@ def _load(store: Store, run_id: int, *, name: str) -> _Inputs:
         nodes=nodes,
         edges=edges,
         origin=origin,
-        notes=notes,
+        dp_sizes=_dp_sizes(store, run_id, str(kind)),
+        notes=tuple(notes),
     )
 
 
@@ -211,7 +233,7 @@ def _rank_lookup(rank_unit: pl.DataFrame, ranks: np.ndarray) -> np.ndarray:
     return np.where(r[pos] == ranks, u[pos], -1).astype(np.int64)
 
 
-def _recorded_transfers(store: Store, inputs: _Inputs) -> pl.DataFrame:
+def _recorded_transfers(store: Store, inputs: LoadedRun) -> pl.DataFrame:
     """Per sync node of the *source* run: its instance's recorded transfer and its skew.
 
     Returns ``source_rank, node_id, transfer, skew`` for every communication node of every

@@ -1,67 +1,59 @@
-"""Emulation, preparing the inputs: loading a run and applying the what-ifs that change the graph
-(slow ranks, a removed GPU, re-indexed replicas)."""
+"""Emulation, the prepare stage: a loaded run with the what-ifs that change the graph applied
+(slow ranks, a removed GPU, re-indexed or vectorised replicas)."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 from prism_trace.replay.des.replicas import class_groups, replica_grid, vector_eligible
 from prism_trace.replay.emulate.config import _COMM, EmulationConfig
-from prism_trace.replay.emulate.load import _fetch, _Inputs, _load, _lookup, _node_index
+from prism_trace.replay.emulate.load import _fetch, _lookup, _node_index, _run_layout
+from prism_trace.replay.emulate.values import LoadedRun, PreparedRun
 from prism_trace.replay.whatif.config import WhatIfError
 from prism_trace.replay.whatif.expansion import expand_replicas, spans_dp
 from prism_trace.replay.whatif.slow import check_slow_matches, slow_factors
 from prism_trace.replay.whatif.variance import resample_durations
 
-from prism_trace.errors import PrismError
-
 if TYPE_CHECKING:
-    from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.store.connection import Store
 
-
-def _prepare(store: Store, run: str) -> _Inputs:
-    run_id = store.require_run(run)
-    ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [run_id]).fetchall()
-    if kind == "recorded":
-        ((n,),) = store.con.execute(
-            "SELECT count(*) FROM graph_node WHERE run_id = ?", [run_id]
-        ).fetchall()
-        if not n:
-            if store.read_only:
-                msg = f"{store.path}: run {run!r} has no graph; open the store writable to build it"
-                raise PrismError(msg)
-            from prism_trace.graph.build import build_graph
-
-            build_graph(store, run)
-    return _load(store, run_id, name=run)
+__all__ = ["check_rank_targets", "prepare"]
 
 
-def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLayout | None:
-    """A layout a sliced run's ``config_json`` records: ``layout`` (the target) or
-    ``recorded_layout`` (the recording's), with its order; None when absent."""
-    from prism_trace.layout.mesh import ParallelLayout
+def prepare(
+    store: Store, loaded: LoadedRun, config: EmulationConfig, *, parent_run_id: int | None = None
+) -> PreparedRun:
+    """The prepare stage: ``loaded`` with ``config.what_if`` applied (see ``_apply_what_if``).
 
-    rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
-    order_key = "order" if key == "layout" else key.replace("layout", "order")
-    try:
-        cfg = json.loads(rows[0][0] or "{}")
-        return ParallelLayout.parse(cfg[key], cfg.get(order_key))
-    except (KeyError, ValueError, TypeError, IndexError, PrismError):
-        return None
+    Args:
+        store: the store ``loaded`` came from (for the run's coordinates, groups and layout).
+        loaded: the load stage's value; not changed.
+        config: the emulation config.
+        parent_run_id: the dp what-if: the run the user named, of which ``loaded`` is a re-slice.
+
+    Raises:
+        WhatIfError: a what-if this run cannot take.
+    """
+    base = {f.name: getattr(loaded, f.name) for f in dataclasses.fields(LoadedRun)}
+    prepared = PreparedRun(**base, parent_run_id=parent_run_id)
+    if config.what_if.active:
+        return _apply_what_if(store, prepared, config)
+    return prepared
 
 
 def _reindex(
-    inputs: _Inputs,
+    inputs: PreparedRun,
     nodes: pl.DataFrame,
     edges: pl.DataFrame,
     follow: np.ndarray,
     edge_rows: tuple[np.ndarray, np.ndarray] | None = None,
-) -> None:
-    """Recompute units, node indices and edge endpoints after the units changed (in place).
+) -> PreparedRun:
+    """``inputs`` on new nodes and edges: units, node indices and edge endpoints recomputed after
+    the units changed.
 
     ``edge_rows``: the edges' ends as rows of ``nodes`` when known (``Expansion.edge_rows``);
     used when ``nodes`` is sorted by ``(rank, node_id)`` already, else looked up.
@@ -88,12 +80,15 @@ def _reindex(
         d = _lookup(keys, e_unit, edges["dst"].to_numpy(), "destination")
     pos = np.minimum(np.searchsorted(unit_rank, follow), unit_rank.size - 1)
     r_unit = np.where(unit_rank[pos] == follow, pos, -1)
-    inputs.nodes = nodes
-    inputs.edges = edges.with_columns(pl.Series("s", s), pl.Series("d", d))
-    inputs.unit_rank = unit_rank
-    inputs.unit_source = nodes["source_rank"].to_numpy()[first].astype(np.int64)
-    inputs.rank_unit = pl.DataFrame(
-        {"rank": np.arange(follow.size, dtype=np.int64), "unit": r_unit.astype(np.int64)}
+    return dataclasses.replace(
+        inputs,
+        nodes=nodes,
+        edges=edges.with_columns(pl.Series("s", s), pl.Series("d", d)),
+        unit_rank=unit_rank,
+        unit_source=nodes["source_rank"].to_numpy()[first].astype(np.int64),
+        rank_unit=pl.DataFrame(
+            {"rank": np.arange(follow.size, dtype=np.int64), "unit": r_unit.astype(np.int64)}
+        ),
     )
 
 
@@ -118,8 +113,8 @@ def check_rank_targets(config: EmulationConfig, world: int, run: str) -> None:
         raise WhatIfError(msg)
 
 
-def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> None:
-    """Turn ``config.what_if`` into units, durations and group sizes (in place).
+def _apply_what_if(store: Store, inputs: PreparedRun, config: EmulationConfig) -> PreparedRun:
+    """``inputs`` with ``config.what_if`` turned into units, durations and group sizes.
 
     Expands the data-parallel replicas that a rank-targeted what-if or the variance mode makes
     distinct (sliced runs only: a recorded run's units are its ranks already), then sets each
@@ -130,6 +125,7 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     targets = w.rank_targets()
     check_rank_targets(config, inputs.world_size, inputs.run)
     coords = _coords(store, inputs.run_id)
+    notes = list(inputs.notes)
     layout = None
     dp_of = dict(zip(coords["rank"].to_list(), coords["dp"].fill_null(0).to_list(), strict=True))
     if inputs.kind == "sliced" and (targets or w.variance):
@@ -139,11 +135,13 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
             raise WhatIfError(msg)
         if vector_eligible(w):
             distinct = None if w.variance else {int(dp_of[r]) for r in targets}
-            inputs.grid = replica_grid(layout, inputs.unit_rank, distinct)
+            inputs = dataclasses.replace(
+                inputs, grid=replica_grid(layout, inputs.unit_rank, distinct)
+            )
     if inputs.grid is not None:
         assert layout is not None
         n_dp, n_col = inputs.grid.grid.shape[1], inputs.grid.n_columns
-        inputs.notes.append(
+        notes.append(
             f"{n_dp} data-parallel replicas simulated as {n_col} distinct columns of a vector"
             f" over the {inputs.unit_rank.size} class graphs (replay.vector); events are the"
             " class exemplars' (replica 0), iterations every rank's"
@@ -164,22 +162,27 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
             layout=layout,
             replicas=replicas,
         )
-        _reindex(inputs, exp.nodes, exp.edges, exp.rank_unit_rank, exp.edge_rows)
-        inputs.notes += exp.notes
+        inputs = _reindex(inputs, exp.nodes, exp.edges, exp.rank_unit_rank, exp.edge_rows)
+        notes += exp.notes
 
     nodes = inputs.nodes
     unit_rank = inputs.unit_rank
     check_slow_matches(nodes, w.slow, inputs.run)
     extra = np.ones(nodes.height)
     if w.remove_gpu is not None:
-        extra = _remove_gpu(store, inputs, coords, w.remove_gpu)
+        extra, left_out, size_override, note = _remove_gpu(store, inputs, coords, w.remove_gpu)
+        notes.append(note)
+        inputs = dataclasses.replace(inputs, left_out=left_out, size_override=size_override)
         if inputs.grid is not None:  # the failed replica is a column: replay.vector
             n_tp = int(coords["tp"].max()) + 1  # type: ignore[arg-type]  # an Int column's max
             f = n_tp / (n_tp - 1)
-            extra = _failed_column(store, inputs, int(dp_of[w.remove_gpu]), f, extra)
+            failed = _failed_column(store, inputs, int(dp_of[w.remove_gpu]), f)
+            # the column carries the failed replica's factor and group sizes instead
+            inputs = dataclasses.replace(inputs, size_override={}, failed_column=failed)
+            extra = np.ones_like(extra)
     dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
     if w.variance and inputs.grid is not None:
-        inputs.notes.append(
+        notes.append(
             f"variance ({w.variance_mode} mode, seed {config.seed}): every replica but 0 (the"
             " recording) draws its durations from its class's recorded iterations"
         )
@@ -190,7 +193,7 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
             # it *is* the recording; every other replica is a virtual peer and draws.
             draw = np.array([dp_of.get(int(r), 0) != 0 for r in unit_rank], dtype=bool)
         dur = resample_durations(nodes, draw, seed=config.seed, mode=w.variance_mode)
-        inputs.notes.append(
+        notes.append(
             f"variance ({w.variance_mode} mode, seed {config.seed}): {int(draw.sum())} of"
             f" {draw.size} units draw their durations from their representative's iterations"
         )
@@ -202,16 +205,17 @@ def _apply_what_if(store: Store, inputs: _Inputs, config: EmulationConfig) -> No
     on_columns = float(np.prod([s.factor for s in w.slow if s not in slow]))
     _check_scaled(inputs, dur, np.where(is_comm, 1.0, factor) * on_columns)
     if inputs.grid is not None:  # scaled per replica column (replay.vector.scale_replicas)
-        inputs.nodes = nodes.with_columns(
+        nodes = nodes.with_columns(
             pl.Series("emu_dur", dur),
             pl.Series("factor", np.where(is_comm, factor, 1.0)),
             pl.Series("scale", np.where(is_comm, 1.0, factor)),
         )
-        return
-    emu = np.where(is_comm, dur, np.rint(dur * factor)).astype(np.int64)
-    inputs.nodes = nodes.with_columns(
-        pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
-    )
+    else:
+        emu = np.where(is_comm, dur, np.rint(dur * factor)).astype(np.int64)
+        nodes = nodes.with_columns(
+            pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
+        )
+    return dataclasses.replace(inputs, nodes=nodes, notes=tuple(notes))
 
 
 _MAX_UNIT_NS = 2.0**62
@@ -219,7 +223,7 @@ _MAX_UNIT_NS = 2.0**62
 the other half for the recorded gaps, the transfers and the start time."""
 
 
-def _check_scaled(inputs: _Inputs, dur: np.ndarray, factor: np.ndarray) -> None:
+def _check_scaled(inputs: PreparedRun, dur: np.ndarray, factor: np.ndarray) -> None:
     """Refuse slow-downs whose scaled durations could overflow int64 ns on this run.
 
     Each factor is bounded (``whatif.MAX_SLOW_FACTOR``), but a long run times a large factor
@@ -244,23 +248,24 @@ def _check_scaled(inputs: _Inputs, dur: np.ndarray, factor: np.ndarray) -> None:
 
 
 def _failed_column(
-    store: Store, inputs: _Inputs, replica: int, f: float, extra: np.ndarray
-) -> np.ndarray:
-    """remove-gpu on the replica vector: the failed replica's column gets the compute and
-    transfer factor and its smaller tp groups (``inputs.failed_column``), instead of the per-node
-    factor and the group sizes ``_remove_gpu`` set for every column; returns factors of 1."""
+    store: Store, inputs: PreparedRun, replica: int, f: float
+) -> tuple[int, Mapping[int, int], float]:
+    """remove-gpu on the replica vector: the failed replica's column, its smaller tp groups and
+    its compute and transfer factor (``PreparedRun.failed_column``), which take the place of the
+    per-node factor and the group sizes ``_remove_gpu`` gave every column."""
     assert inputs.grid is not None
     groups = _fetch(
         store.con, "SELECT group_id, ranks FROM comm_group WHERE run_id = $1", [inputs.run_id]
     )
-    sizes = class_groups(inputs.grid, replica, groups, inputs.size_override)
-    inputs.size_override = {}
-    inputs.failed_column = (int(inputs.grid.column[replica]), sizes, f)
-    return np.ones_like(extra)
+    sizes = class_groups(inputs.grid, replica, groups, dict(inputs.size_override))
+    return int(inputs.grid.column[replica]), sizes, f
 
 
-def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) -> np.ndarray:
-    """The failed-GPU what-if: per-node compute factor; fills ``left_out``/``size_override``."""
+def _remove_gpu(
+    store: Store, inputs: PreparedRun, coords: pl.DataFrame, rank: int
+) -> tuple[np.ndarray, dict[int, str], dict[int, int], str]:
+    """The failed-GPU what-if: the per-node compute factor, the ranks it leaves out (with why),
+    the tp groups it shrinks (group id: new size) and its note."""
     c = coords.filter(pl.col("rank") == rank)
     if c.is_empty() or c["tp"][0] is None or c["dp"][0] is None:
         msg = (
@@ -278,7 +283,7 @@ def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) 
         raise WhatIfError(msg)
     replica = coords.filter(pl.col("dp") == dp_of)
     slot = replica.filter(pl.col("tp") == tp_of)["rank"].to_list()
-    inputs.left_out = {int(r): ("removed" if r == rank else "idle") for r in slot}
+    left_out = {int(r): ("removed" if r == rank else "idle") for r in slot}
     scale = n_tp / (n_tp - 1)
     in_replica = np.isin(inputs.nodes["rank"].to_numpy(), replica["rank"].to_numpy())
     groups = _fetch(
@@ -286,13 +291,14 @@ def _remove_gpu(store: Store, inputs: _Inputs, coords: pl.DataFrame, rank: int) 
         "SELECT group_id, size, ranks, axis FROM comm_group WHERE run_id = $1",
         [inputs.run_id],
     )
+    size_override: dict[int, int] = {}
     for gid, size, members, axis in groups.iter_rows():
         tp_group = axis is not None and "tp" in str(axis).split("-") and not spans_dp(axis)
-        if tp_group and members and any(int(m) in inputs.left_out for m in members):
-            inputs.size_override[int(gid)] = int(size) - 1
-    inputs.notes.append(
+        if tp_group and members and any(int(m) in left_out for m in members):
+            size_override[int(gid)] = int(size) - 1
+    note = (
         f"remove-gpu {rank}: replica dp={dp_of} runs at tp={n_tp - 1}; its compute x{scale:.4f},"
-        f" {len(inputs.size_override)} tp groups at {n_tp - 1} members; ranks"
-        f" {sorted(inputs.left_out)} (tp slot {tp_of}) leave the results"
+        f" {len(size_override)} tp groups at {n_tp - 1} members; ranks"
+        f" {sorted(left_out)} (tp slot {tp_of}) leave the results"
     )
-    return np.where(in_replica, scale, 1.0)
+    return np.where(in_replica, scale, 1.0), left_out, size_override, note

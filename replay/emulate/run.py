@@ -1,11 +1,10 @@
-"""Emulation, the run itself: the discrete-event core over the loaded graph (or the replica vector),
-with the timing model and the what-ifs applied."""
+"""Emulation, the run stage: the discrete-event core over the prepared graph (or the replica
+vector), with the timing model and the what-ifs applied."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,11 +22,11 @@ from prism_trace.replay.des.vector import ReplicaTimeline, emulate_replicas
 from prism_trace.replay.emulate.config import _COMM, EmulationConfig
 from prism_trace.replay.emulate.load import (
     _groups,
-    _Inputs,
     _rank_lookup,
     _recorded_transfers,
     _sync_frame,
 )
+from prism_trace.replay.emulate.values import EmulationResult, PreparedRun
 from prism_trace.replay.model.timing import TransferQuery, transfer_model
 from prism_trace.replay.whatif.config import SlowDown, WhatIfError
 from prism_trace.replay.whatif.typical import typical_durations, typical_transfers
@@ -35,22 +34,25 @@ from prism_trace.replay.whatif.typical import typical_durations, typical_transfe
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
 
-
-@dataclass
-class _Result:
-    inputs: _Inputs
-    timeline: Timeline
-    sync: pl.DataFrame  # sync frame + instance, unit
-    n_collective: int
-    n_p2p: int
-    seconds: float
-    memory: pl.DataFrame | None = None  # unit + replay.memory.MEMORY_COLUMNS less rank
-    replicas: ReplicaTimeline | None = None  # every replica's times (inputs.grid set)
-    shared: np.ndarray | None = None  # per instance: spans the replicas (inputs.grid set)
+__all__ = ["run_emulation"]
 
 
-def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
+def run_emulation(store: Store, inputs: PreparedRun, config: EmulationConfig) -> EmulationResult:
+    """The run stage: resolve the communication instances, time their transfers and run the core.
+
+    Args:
+        store: the store the run came from (groups, recorded transfers, calibration).
+        inputs: the prepare stage's value; not changed (the result carries an amended copy).
+        config: the emulation config (``completion``, ``timing``, ``topology``, the what-ifs
+            applied here: ``bandwidth``, ``no-stragglers``, ``no-launch-delay``).
+
+    Raises:
+        MissingParticipantError: a collective or send/recv that some participant never issues.
+        DeadlockError: the graph cannot make progress.
+        WhatIfError: the bandwidth scaled twice.
+    """
     nodes, edges = inputs.nodes, inputs.edges
+    notes: list[str] = []
     sync = _sync_frame(nodes, edges)
     rec = _recorded_transfers(store, inputs)
     sync = sync.with_columns(pl.col("source_rank").cast(pl.Int64)).join(
@@ -58,20 +60,20 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
     )
     lone_notes = sync.filter((pl.col("kind") == "collective") & pl.col("group_id").is_null()).height
     if lone_notes:
-        inputs.notes.append(
+        notes.append(
             f"{lone_notes} collective nodes without a communicator run alone (recorded duration)"
         )
     sync = sync.filter(~((pl.col("kind") == "collective") & pl.col("group_id").is_null()))
     # A send/recv whose peer the trace does not say (a bare `c10d::send`) cannot be paired.
     lone_p2p = sync.filter(pl.col("kind").is_in(["send", "recv"]) & pl.col("peer").is_null())
     if lone_p2p.height:
-        inputs.notes.append(
+        notes.append(
             f"{lone_p2p.height} send/recv nodes without a known peer run alone (recorded duration)"
         )
         sync = sync.filter(~(pl.col("kind").is_in(["send", "recv"]) & pl.col("peer").is_null()))
     untimed = sync.filter(pl.col("transfer").is_null() & pl.col("dur").is_null()).height
     if untimed:
-        inputs.notes.append(
+        notes.append(
             f"{untimed} communication nodes have no recorded duration: transfer 0"
             " (a modelled transfer, timing.model = 'alpha_beta', fills them in)"
         )
@@ -91,9 +93,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         present = inputs.rank_unit.filter(pl.col("unit") >= 0)["rank"].to_numpy()
         missing = missing_ranks(inputs.world_size, present, None)
         if missing is not None:
-            inputs.notes.append(
-                f"partial: {missing}; their collectives complete over the ranks present"
-            )
+            notes.append(f"partial: {missing}; their collectives complete over the ranks present")
 
     sidx = sync["sync_idx"].to_numpy().astype(np.int64)
     unit = sync["unit"].to_numpy().astype(np.int64)
@@ -209,7 +209,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
 
         cal = calibrate_run(store, inputs.source_run_id, base=topology)
         topology = cal.topology
-        inputs.notes.extend(cal.notes)
+        notes.extend(cal.notes)
     model = transfer_model(config.timing, topology)
     rec_size = per["rec_size"].fill_null(pl.Series(gsize)).to_numpy().astype(np.int64)
     rec_nodes, _ = topology.group_nodes(
@@ -305,6 +305,7 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         return f"rank {r['rank']} node {r['node_id']} ({r['kind']} {r['name']!r})"
 
     t = time.perf_counter()
+    done = dataclasses.replace(inputs, notes=(*inputs.notes, *notes))
     if inputs.grid is not None:
         t_cols = None
         if failed is not None:
@@ -315,14 +316,14 @@ def _emulate(store: Store, inputs: _Inputs, config: EmulationConfig) -> _Result:
         )
         seconds = time.perf_counter() - t
         timeline = Timeline(vt.start[:, 0], vt.end[:, 0], vt.arrival[:, 0], vt.rounds)
-        return _Result(inputs, timeline, sync, nc, npp, seconds, replicas=vt, shared=shared)
+        return EmulationResult(done, timeline, sync, nc, npp, seconds, replicas=vt, shared=shared)
     timeline = emulate(graph, comm, label=label)
     seconds = time.perf_counter() - t
-    return _Result(inputs, timeline, sync, nc, npp, seconds)
+    return EmulationResult(done, timeline, sync, nc, npp, seconds)
 
 
 def _emulate_replicas(
-    inputs: _Inputs,
+    inputs: PreparedRun,
     graph: EmulatorGraph,
     comm: CommInstances,
     sync: pl.DataFrame,

@@ -18,15 +18,17 @@ slowdown (``no-stragglers`` keeps the own time before computations, see ``replay
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import numpy as np
 import polars as pl
 from prism_trace.replay.emulate.config import EmulationConfig
-from prism_trace.replay.emulate.frames import _iteration_frame, _recorded_iterations
-from prism_trace.replay.emulate.load import _Inputs
-from prism_trace.replay.emulate.prepare import _prepare
-from prism_trace.replay.emulate.run import _emulate
+from prism_trace.replay.emulate.frames import recorded_iterations, unit_iterations
+from prism_trace.replay.emulate.load import load_run
+from prism_trace.replay.emulate.prepare import prepare
+from prism_trace.replay.emulate.run import run_emulation
+from prism_trace.replay.emulate.values import PreparedRun
 from prism_trace.replay.whatif.config import WhatIfConfig
 
 from prism_trace.errors import PrismError
@@ -45,15 +47,15 @@ _PP_COMM = {  # StragglerAnalysis groups a direction's sends and receives as one
 }
 
 
-def _mean_step(store: Store, inputs: _Inputs, config: EmulationConfig) -> float:
+def _mean_step(store: Store, inputs: PreparedRun, config: EmulationConfig) -> float:
     """Mean over iterations of the emulated step time (mean over units per iteration), ns."""
-    res = _emulate(store, inputs, config)
-    it = _iteration_frame(res, _recorded_iterations(store, inputs))
+    res = run_emulation(store, inputs, config)
+    it = unit_iterations(res, recorded_iterations(store, inputs))
     per = it.group_by("iteration").agg(pl.col("dur").mean())
     return float(per["dur"].mean())  # type: ignore[arg-type]
 
 
-def _labels(store: Store, inputs: _Inputs, by: str) -> pl.Series:
+def _labels(store: Store, inputs: PreparedRun, by: str) -> pl.Series:
     """The group of every node for ``by``."""
     nodes = inputs.nodes
     if by == "optype":
@@ -79,6 +81,30 @@ def _labels(store: Store, inputs: _Inputs, by: str) -> pl.Series:
     )
 
 
+def _slowdown_rows(store: Store, run: str, by: str | None) -> list[tuple[str, str, float, float]]:
+    """``slowdown``'s rows: the overall ones, then one per group of ``by``, slowest first."""
+    # Prepared once, as recorded: the what-ifs compared here (no-stragglers, no-launch-delay)
+    # change no graph, the run stage applies them; each group's keep_recorded is an amended copy.
+    inputs = prepare(store, load_run(store, run), EmulationConfig())
+    ideal_cfg = EmulationConfig(what_if=WhatIfConfig(no_stragglers=True))
+    ideal = _mean_step(store, inputs, ideal_cfg)
+    nodelay = _mean_step(store, inputs, EmulationConfig(what_if=WhatIfConfig(no_launch_delay=True)))
+    emulated = _mean_step(store, inputs, EmulationConfig())
+    rows: list[tuple[str, str, float, float]] = [
+        ("", "all", nodelay / ideal, nodelay),
+        ("", "all+own delays", emulated / ideal, emulated),
+    ]
+    if by is not None:
+        labels = _labels(store, inputs, by)
+        per: list[tuple[str, str, float, float]] = []
+        for group in sorted({g for g in labels.to_list() if g is not None}):
+            keep = (labels == group).fill_null(value=False).to_numpy()
+            t = _mean_step(store, dataclasses.replace(inputs, keep_recorded=keep), ideal_cfg)
+            per.append((by, group, t / ideal, t))
+        rows += sorted(per, key=lambda r: -r[2])
+    return rows
+
+
 def slowdown(store: Store, run: str, *, by: str | None = None) -> pl.DataFrame:
     """The straggler slowdown of a recorded run, overall and per group.
 
@@ -98,24 +124,8 @@ def slowdown(store: Store, run: str, *, by: str | None = None) -> pl.DataFrame:
     if by is not None and by not in BY:
         msg = f"slowdown --by must be one of {', '.join(BY)}, got {by!r}"
         raise PrismError(msg)
-    inputs = _prepare(store, run)
-    ideal_cfg = EmulationConfig(what_if=WhatIfConfig(no_stragglers=True))
-    ideal = _mean_step(store, inputs, ideal_cfg)
-    nodelay = _mean_step(store, inputs, EmulationConfig(what_if=WhatIfConfig(no_launch_delay=True)))
-    emulated = _mean_step(store, inputs, EmulationConfig())
-    rows: list[tuple[str, str, float, float]] = [
-        ("", "all", nodelay / ideal, nodelay),
-        ("", "all+own delays", emulated / ideal, emulated),
-    ]
-    if by is not None:
-        labels = _labels(store, inputs, by)
-        per: list[tuple[str, str, float, float]] = []
-        for group in sorted({g for g in labels.to_list() if g is not None}):
-            inputs.keep_recorded = (labels == group).fill_null(value=False).to_numpy()
-            t = _mean_step(store, inputs, ideal_cfg)
-            per.append((by, group, t / ideal, t))
-        inputs.keep_recorded = None
-        rows += sorted(per, key=lambda r: -r[2])
+    with store.transaction():  # a graph built for the run is kept only if this succeeds
+        rows = _slowdown_rows(store, run, by)
     return pl.DataFrame(
         {
             "by": [r[0] for r in rows],

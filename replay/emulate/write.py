@@ -1,9 +1,9 @@
-"""Emulation, writing: the emulated run in one transaction, the events on a worker thread."""
+"""Emulation, the write stage: the emulated run in the command's transaction, the events on a
+worker thread while the memory and iterations are worked out."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -19,76 +19,105 @@ from prism_trace.replay.emulate.frames import (
     _kept,
     _memory_rows,
     _rank_step_rows,
+    all_iterations,
+    recorded_iterations,
+    with_memory,
 )
 from prism_trace.replay.emulate.load import _fetch
-from prism_trace.replay.emulate.run import _Result
+from prism_trace.replay.emulate.values import EmulationResult, WrittenRun
 
+from prism_trace.store.connection import Store
 from prism_trace.store.write import append, drop_run, new_run
 
 if TYPE_CHECKING:
     import duckdb
 
-    from prism_trace.store.connection import Store
+__all__ = ["write_run"]
 
 
-@dataclass
+def write_run(
+    store: Store,
+    res: EmulationResult,
+    *,
+    out_run: str,
+    old_id: int | None,
+    config: EmulationConfig,
+) -> WrittenRun:
+    """The write stage: ``res`` as the emulated run ``out_run``, with its memory and iterations.
+
+    Writes in ``store.transaction()``: the caller's, when it has one (``prism emulate`` writes
+    everything in one), else one of its own. The events (every node of every unit: the bulk of
+    the write) go in on a worker thread; DuckDB inserts them on one core without the GIL, so the
+    memory and iterations, worked out meanwhile through a second connection (which reads only
+    the recording: it does not see the transaction's writes), overlap with them. On an error the
+    worker's insert is stopped and the transaction rolls back.
+
+    Args:
+        store: an open, writable store.
+        res: the run stage's result (without memory: it is re-timed here).
+        out_run: the new run's name.
+        old_id: the run ``out_run`` replaces (``claim_run_name``), dropped first.
+        config: the emulation config (``keep_events``; stored in ``run.config_json``).
+    """
+    with _writing(store, res, out_run=out_run, old_id=old_id, config=config) as w:
+        res = with_memory(w.reader, res, config)
+        w.queue("memory", _memory_rows(res, w.run_id))
+        iters = all_iterations(res, recorded_iterations(w.reader, res.inputs))
+        n_events = w.wait()
+        append(w.con, "iteration", iters.with_columns(run_id=pl.lit(w.run_id, pl.Int32)))
+        coll, p2p = _comm_frames(res, w.run_id, w.g_size)
+        append(w.con, "collective", coll)
+        append(w.con, "p2p", p2p)
+        t = time.perf_counter()
+        n_rank_step = append(w.con, "rank_step", _rank_step_rows(res, w.run_id))
+        rank_step_s = time.perf_counter() - t
+    return WrittenRun(
+        result=res,
+        iterations=iters,
+        run_id=w.run_id,
+        n_events=n_events,
+        n_rank_step=n_rank_step,
+        rank_step_s=rank_step_s,
+    )
+
+
+@dataclass(frozen=True)
 class _Writing:
-    """An emulated run being written (see ``_writing``)."""
+    """An emulated run being written (see ``_writing``): the inserts queued on the worker."""
 
     con: duckdb.DuckDBPyConnection
     reader: Store  # the store on a second connection: for reads while the events go in
-    res: _Result
     run_id: int
     g_size: dict[int, int]
     pending: list[Future[int]]  # inserts on the worker thread, in order (events first)
     worker: ThreadPoolExecutor
-    n_events: int = 0
-    n_rank_step: int = 0
-    rank_step_s: float = 0.0  # working out and inserting the rank_step rows
 
-    def memory(self) -> None:
-        """Queue the memory rows (``res.memory``, once worked out) behind the events."""
-        rows = _memory_rows(self.res, self.run_id)
-        self.pending.append(self.worker.submit(append, self.con, "memory", rows))
+    def queue(self, table: str, rows: pl.DataFrame) -> None:
+        """Queue the insert of ``rows`` into ``table`` on the worker, behind the events."""
+        self.pending.append(self.worker.submit(append, self.con, table, rows))
 
-    def finish(self, iters: pl.DataFrame) -> int:
-        """Wait for the queued inserts, write the iterations and the communication rows.
-
-        Returns:
-            The number of iteration rows.
-        """
-        self.n_events = self.pending[0].result()
+    def wait(self) -> int:
+        """Wait for the queued inserts; returns the number of events inserted."""
+        n_events = self.pending[0].result()
         for f in self.pending[1:]:
             f.result()
-        n_iter = append(
-            self.con, "iteration", iters.with_columns(run_id=pl.lit(self.run_id, pl.Int32))
-        )
-        coll, p2p = _comm_frames(self.res, self.run_id, self.g_size)
-        append(self.con, "collective", coll)
-        append(self.con, "p2p", p2p)
-        t = time.perf_counter()
-        self.n_rank_step = append(self.con, "rank_step", _rank_step_rows(self.res, self.run_id))
-        self.rank_step_s = time.perf_counter() - t
-        return n_iter
+        return n_events
 
 
 @contextlib.contextmanager
 def _writing(
     store: Store,
-    res: _Result,
+    res: EmulationResult,
     *,
     out_run: str,
     old_id: int | None,
     config: EmulationConfig,
 ) -> Iterator[_Writing]:
-    """Write the emulated run in one transaction, the events while the caller works on.
+    """Open (or join) the transaction, write the run, its ranks, groups and tracks, and start
+    inserting the events on a worker thread; the caller queues more and waits (``_Writing``).
 
-    Opens the transaction, writes the run, its ranks, groups and tracks, and starts inserting the
-    events (every node of every unit: the bulk of the write) on a worker thread. DuckDB inserts
-    them on one core without the GIL, so the caller's work meanwhile (the memory and iterations,
-    reading through ``reader``, a second connection) overlaps. The caller queues the memory rows
-    (``_Writing.memory``) and ends with ``_Writing.finish``; the block commits on exit, or rolls
-    everything back (after stopping the worker's insert) on an error.
+    The block commits on exit when it opened the transaction, or rolls everything back (after
+    stopping the worker's insert) on an error.
     """
     inputs = res.inputs
     sizes = _fetch(
@@ -105,8 +134,7 @@ def _writing(
             events = worker.submit(append, con, "event", frame)
             w = _Writing(
                 con=con,
-                reader=dataclasses.replace(store, con=cursor),
-                res=res,
+                reader=Store(cursor, store.path, read_only=True),
                 run_id=run_id,
                 g_size=g_size,
                 pending=[events],
@@ -124,7 +152,7 @@ def _writing(
 
 def _write_header(
     con: duckdb.DuckDBPyConnection,
-    res: _Result,
+    res: EmulationResult,
     *,
     out_run: str,
     old_id: int | None,

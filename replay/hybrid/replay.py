@@ -95,55 +95,62 @@ def replay_run(
             " gaps='none', instrument='none' and ranks replayed alone (together=False)"
         )
         raise PrismError(msg)
-    old_id = claim_run_name(store, out_run, replace=replace, over=("replayed",))
-    run_id = store.require_run(run)
-    _, source_run = _source_of(store, run_id)
-    # One emulation; each rank replayed alone sees every other rank, selected or not, as virtual.
-    from prism_trace.replay.emulate.driver import emulate_in_memory
+    # One transaction for the command: a graph built for a recorded run without one, the dp
+    # what-if's temporary re-slice (deleted before the commit) and the replayed run commit
+    # together, or a refusal at any point leaves the store as it was.
+    with store.transaction():
+        old_id = claim_run_name(store, out_run, replace=replace, over=("replayed",))
+        run_id = store.require_run(run)
+        _, source_run = _source_of(store, run_id)
+        # One emulation; each rank replayed alone sees every other rank, selected or not, as
+        # virtual.
+        from prism_trace.replay.emulate.driver import emulate_in_memory
 
-    config = config or EmulationConfig()
-    res, iters = emulate_in_memory(store, run=run, config=config)
-    together = options.together and len(ranks) > 1
-    schedules = {
-        r: rank_schedule(store, res, iters, run=run, rank=r, real=list(ranks) if together else [r])
-        for r in ranks
-    }
-    inputs = [_load_rank(store, run_id, source_run, r, schedules[r]) for r in ranks]
-    t_load = time.perf_counter() - t0
-    torch.manual_seed(options.seed)
-    threads = torch.get_num_threads()
-    if options.threads is not None:
-        torch.set_num_threads(options.threads)
-    try:
-        if together:
-            results = _replay_together(inputs, options)
-        else:
-            results = [_replay_rank(i, options) for i in inputs]
-    finally:
-        torch.set_num_threads(threads)
-    t_replay = time.perf_counter() - t0 - t_load
-    device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
-    cfg = {
-        "input_run": run,
-        "ranks": list(ranks),
-        # The resolved config, in the sections of `prism replay --config` (replay.config_file).
-        "config": {
-            "kernel_replay": options.as_dict(),
-            **config.as_dict(),
-        },
-        "torch_version": torch.__version__,
-        "per_rank": [r.as_dict() for r in results],
-    }
-    out_id = _write(
-        store,
-        input_run_id=run_id,
-        source_run_id=source_run,
-        out_run=out_run,
-        old_id=old_id,
-        results=results,
-        config=cfg,
-        device_name=device_name,
-    )
+        config = config or EmulationConfig()
+        res, iters = emulate_in_memory(store, run=run, config=config)
+        together = options.together and len(ranks) > 1
+        schedules = {
+            r: rank_schedule(
+                store, res, iters, run=run, rank=r, real=list(ranks) if together else [r]
+            )
+            for r in ranks
+        }
+        inputs = [_load_rank(store, run_id, source_run, r, schedules[r]) for r in ranks]
+        t_load = time.perf_counter() - t0
+        torch.manual_seed(options.seed)
+        threads = torch.get_num_threads()
+        if options.threads is not None:
+            torch.set_num_threads(options.threads)
+        try:
+            if together:
+                results = _replay_together(inputs, options)
+            else:
+                results = [_replay_rank(i, options) for i in inputs]
+        finally:
+            torch.set_num_threads(threads)
+        t_replay = time.perf_counter() - t0 - t_load
+        device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
+        cfg = {
+            "input_run": run,
+            "ranks": list(ranks),
+            # The resolved config, in the sections of `prism replay --config` (replay.config_file).
+            "config": {
+                "kernel_replay": options.as_dict(),
+                **config.as_dict(),
+            },
+            "torch_version": torch.__version__,
+            "per_rank": [r.as_dict() for r in results],
+        }
+        out_id = _write(
+            store,
+            input_run_id=run_id,
+            source_run_id=source_run,
+            out_run=out_run,
+            old_id=old_id,
+            results=results,
+            config=cfg,
+            device_name=device_name,
+        )
     notes = []
     if together:
         n_real = sum(r.real_calls for r in results)

@@ -88,6 +88,14 @@ def _write(
     config: dict[str, Any],
     device_name: str,
 ) -> int:
+    """Write the replayed run: header, tracks, events, iterations, memory and communication rows.
+
+    In ``store.transaction()``: the command's when it has one (``replay_run`` writes everything
+    in one, the graph its emulation may build included), else one of its own.
+
+    Returns:
+        The new run's id.
+    """
     with store.transaction() as con:
         run_id = write_replayed_header(
             con,

@@ -91,33 +91,35 @@ def write_launched_run(
             " marked by torch.profiler's step() or an optimizer step)"
         )
         raise PrismError(msg)
-    old_id = claim_run_name(store, out_run, replace=replace, over=("replayed",))
-    input_id = store.require_run(run)
-    ranks = [r.rank for r in result.ranks]
-    recorded = _recorded_starts(store, input_id, ranks)
-    # Anchor: the first step both measured and recorded (a warm-up step may be unrecorded).
-    common = set(steps["iteration"].to_list()) & set(recorded["iteration"].to_list())
-    first = min(common) if common else int(steps["iteration"].min())  # type: ignore[arg-type]
-    rec_first = recorded.filter(pl.col("iteration") == first)["ts"]
-    measured_first = steps.filter(pl.col("iteration") == first)["ts"].min()
-    origin = (int(rec_first.min()) if rec_first.len() else 0) - int(measured_first)  # type: ignore[arg-type]
-    iters = steps.with_columns(
-        (pl.col("ts") + origin).alias("ts"),
-        pl.format("ProfilerStep#{}", pl.col("iteration")).alias("name"),
-    )
-    config: dict[str, Any] = {
-        "input_run": run,
-        "source": "prism run",
-        "command": list(command),
-        "world_size": result.world_size,
-        "ranks": ranks,
-        "per_rank": [
-            {k: v for k, v in (r.report or {}).items() if k not in ("calls", "log")}
-            | {"rank": r.rank, "returncode": r.returncode}
-            for r in result.ranks
-        ],
-    }
+    # One transaction from the name's claim to the last row: what is checked is what is written,
+    # and a refusal anywhere leaves the store as it was.
     with store.transaction() as con:
+        old_id = claim_run_name(store, out_run, replace=replace, over=("replayed",))
+        input_id = store.require_run(run)
+        ranks = [r.rank for r in result.ranks]
+        recorded = _recorded_starts(store, input_id, ranks)
+        # Anchor: the first step both measured and recorded (a warm-up step may be unrecorded).
+        common = set(steps["iteration"].to_list()) & set(recorded["iteration"].to_list())
+        first = min(common) if common else int(steps["iteration"].min())  # type: ignore[arg-type]
+        rec_first = recorded.filter(pl.col("iteration") == first)["ts"]
+        measured_first = steps.filter(pl.col("iteration") == first)["ts"].min()
+        origin = (int(rec_first.min()) if rec_first.len() else 0) - int(measured_first)  # type: ignore[arg-type]
+        iters = steps.with_columns(
+            (pl.col("ts") + origin).alias("ts"),
+            pl.format("ProfilerStep#{}", pl.col("iteration")).alias("name"),
+        )
+        config: dict[str, Any] = {
+            "input_run": run,
+            "source": "prism run",
+            "command": list(command),
+            "world_size": result.world_size,
+            "ranks": ranks,
+            "per_rank": [
+                {k: v for k, v in (r.report or {}).items() if k not in ("calls", "log")}
+                | {"rank": r.rank, "returncode": r.returncode}
+                for r in result.ranks
+            ],
+        }
         run_id = write_replayed_header(
             con,
             old_id=old_id,

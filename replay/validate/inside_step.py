@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 if TYPE_CHECKING:
-    from prism_trace.replay.emulate.run import _Result
+    from prism_trace.replay.emulate.values import EmulationResult
 
 __all__ = ["InsideStep", "inside_step"]
 
@@ -58,7 +58,7 @@ class InsideStep:
 
 
 def inside_step(
-    res: _Result, recorded_iterations: pl.DataFrame, emulated_iterations: pl.DataFrame
+    res: EmulationResult, recorded_iterations: pl.DataFrame, emulated_iterations: pl.DataFrame
 ) -> InsideStep:
     """Op-start and communication-time errors of an emulation against its recording.
 

@@ -65,7 +65,8 @@ def test_the_bandwidth_is_scaled_in_one_place(tmp_path: Path) -> None:
     """`topology.bandwidth_scale` and `--what-if bandwidth=` are one knob: both are refused."""
     from dataclasses import replace
 
-    from prism_trace.replay.emulate.driver import EmulationConfig, emulate_run
+    from prism_trace.replay.emulate.config import EmulationConfig
+    from prism_trace.replay.emulate.driver import emulate_run
     from prism_trace.replay.whatif.config import WhatIfError, parse_what_if
 
     from tests.replay.test_emulate import hand_store

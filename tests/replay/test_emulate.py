@@ -25,6 +25,12 @@ def row_counts(store: Store) -> dict[str, int]:
     return {t: q(store, f"SELECT count(*) FROM {t}")[0][0] for t in tables}
 
 
+def contents(store: Store) -> dict[str, list[tuple]]:
+    """Every row of every table, sorted: what a refused emulation leaves exactly as it was."""
+    tables = [t for (t,) in q(store, "SELECT table_name FROM duckdb_tables() ORDER BY 1")]
+    return {t: q(store, f'SELECT * FROM "{t}" ORDER BY ALL') for t in tables}
+
+
 def hand_store(tmp_path: Path, *, drop_rank1_collective: bool = False) -> Store:
     """Two ranks, one iteration (ts 0..200 on both).
 
@@ -167,7 +173,7 @@ def test_error_while_writing_rolls_everything_back(
 ) -> None:
     """The events go in on a worker thread while the memory is worked out: an error then stops
     the insert and rolls the whole run back (the replaced run stays as it was)."""
-    import prism_trace.replay.emulate.driver as run_module
+    import prism_trace.replay.emulate.write as write_module
 
     store = hand_store(tmp_path)
     first = emulate_run(store, run="h", out_run="e")
@@ -176,11 +182,28 @@ def test_error_while_writing_rolls_everything_back(
     def fail(*args: object, **kwargs: object) -> None:
         raise RuntimeError("memory failed")
 
-    monkeypatch.setattr(run_module, "_memory", fail)
+    monkeypatch.setattr(write_module, "with_memory", fail)
+    every_row = contents(store)
     with pytest.raises(RuntimeError, match="memory failed"):
         emulate_run(store, run="h", out_run="e", replace=True)
     assert row_counts(store) == before
+    assert contents(store) == every_row
     assert q(store, "SELECT run_id FROM run WHERE name = 'e'") == [(first.run_id,)]
     monkeypatch.undo()
     again = emulate_run(store, run="h", out_run="e", replace=True)
     assert q(store, "SELECT count(*) FROM event WHERE run_id = ?", again.run_id) == [(7,)]
+
+
+def test_a_refused_remove_gpu_leaves_every_table_as_it_was(tmp_path: Path) -> None:
+    """`remove-gpu=0` on a run without tp/dp coordinates is refused by the prepare stage, after
+    the run was loaded and its replaced run claimed: nothing changes."""
+    from prism_trace.replay.whatif.config import WhatIfError, parse_what_if
+
+    store = hand_store(tmp_path)
+    emulate_run(store, run="h", out_run="e")
+    every_row = contents(store)
+    config = EmulationConfig(what_if=parse_what_if(["remove-gpu=0"]))
+    with pytest.raises(WhatIfError, match="has no tp/dp coordinates"):
+        emulate_run(store, run="h", out_run="e", replace=True, config=config)
+    assert contents(store) == every_row
+    assert not store.in_transaction

@@ -189,3 +189,106 @@ def test_a_refused_emulate_builds_no_graph(
     _refused(path, ["emulate", "--run", "sample", "--out-run", "e", *extra], "outside the world")
     with duckdb.connect(str(path), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM graph_node").fetchall() == [(0,)]
+
+
+def table_contents(db: Path) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every table of the store at ``db``, sorted: what a refused command must
+    leave exactly as it was (the graph, the layout's coordinates and the run ids included)."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        tables = [
+            t
+            for (t,) in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
+                " ORDER BY table_name"
+            ).fetchall()
+        ]
+        return {t: con.execute(f'SELECT * FROM "{t}" ORDER BY ALL').fetchall() for t in tables}
+
+
+def _refused_unchanged(db: Path, args: list[str], needle: str) -> None:
+    """``_refused``, and every table's contents as they were."""
+    before = table_contents(db)
+    _refused(db, args, needle)
+    after = table_contents(db)
+    assert after.keys() == before.keys()
+    for table, rows in before.items():
+        assert after[table] == rows, f"{table} changed"
+
+
+@pytest.mark.parametrize(
+    ("what_ifs", "needle"),
+    [
+        (("slow-ops=nomatch@2",), "matches no node of run 'sample'"),
+        (("dp=4", "slow-ops=nomatch@2"), "matches no node of run 'sample'"),
+    ],
+    ids=["after-graph", "after-graph-and-dp-reslice"],
+)
+def test_a_what_if_refused_after_loading_leaves_every_table_as_it_was(
+    tmp_path: Path, sample_template: Path, what_ifs: tuple[str, ...], needle: str
+) -> None:
+    """A recorded run without a graph, and a what-if refused only once the run is loaded: the
+    graph was built (and for dp=4 the run re-sliced, its layout's coordinates written) in the
+    command's one transaction, which the refusal rolls back."""
+    path = tmp_path / "fresh.duckdb"
+    shutil.copyfile(sample_template, path)
+    args = ["emulate", "--run", "sample", "--out-run", "e"]
+    _refused_unchanged(path, args + [a for w in what_ifs for a in ("--what-if", w)], needle)
+    assert table_contents(path)["graph_node"] == []
+
+
+@pytest.mark.slow
+def test_a_partial_recording_refused_leaves_every_table_as_it_was(tmp_path: Path) -> None:
+    """Ranks 0 and 2 of the sample, without a graph: the graph is built, then the run stage
+    finds a receive without its send; nothing of it stays."""
+    from prism_trace.datasets import SAMPLE
+
+    from tests.conftest import ingest_runs
+
+    files = sorted(p for p in Path(SAMPLE).iterdir() if p.name.startswith(("rank0.", "rank2.")))
+    path = tmp_path / "part.duckdb"
+    ingest_runs(path, {"p": files}).close()  # type: ignore[attr-defined]
+    args = ["emulate", "--run", "p", "--out-run", "e"]
+    _refused_unchanged(path, args, "has no matching send")
+
+
+def test_a_refused_emulate_of_a_slice_leaves_every_table_as_it_was(db: Path) -> None:
+    """The dp what-if's re-slice of `s16`, then a what-if refused: no trace of either."""
+    args = _emulate("--what-if", "dp=2", "--what-if", "slow-ops=nomatch@2")
+    _refused_unchanged(db, args, "matches no node of run 's16'")
+
+
+def test_the_dp_what_ifs_reslice_never_reaches_the_store(tmp_path: Path, db: Path) -> None:
+    """A successful dp what-if writes its emulated run and nothing of the temporary re-slice:
+    no run of that name, and no row of any table under a run id that is not a run's."""
+    path = tmp_path / "dp.duckdb"
+    shutil.copyfile(db, path)
+    before = [name for _, name, _, _ in _runs(path)]
+    res = CliRunner().invoke(
+        main, ["emulate", str(path), "--run", "s16", "--out-run", "d", "--what-if", "dp=2"]
+    )
+    assert res.exit_code == 0, res.output
+    with duckdb.connect(str(path), read_only=True) as con:
+        names = [n for (n,) in con.execute("SELECT name FROM run ORDER BY run_id").fetchall()]
+        assert names == [*before, "d"]
+        ids = {i for (i,) in con.execute("SELECT run_id FROM run").fetchall()}
+        tables = con.execute(
+            "SELECT table_name FROM duckdb_columns() WHERE column_name = 'run_id'"
+            " AND schema_name = 'main' AND table_name <> 'run'"
+        ).fetchall()
+        for (t,) in tables:
+            found = {i for (i,) in con.execute(f'SELECT DISTINCT run_id FROM "{t}"').fetchall()}
+            assert found <= ids, t
+
+
+@pytest.mark.torch
+def test_a_replay_refused_after_its_emulation_leaves_every_table_as_it_was(
+    tmp_path: Path, sample_template: Path
+) -> None:
+    """`prism replay` of a recorded run without a graph: the virtual peers' emulation builds it,
+    then the rank turns out not to be one of the run's; the command's one transaction undoes
+    the graph too."""
+    pytest.importorskip("torch")
+    path = tmp_path / "fresh.duckdb"
+    shutil.copyfile(sample_template, path)
+    args = ["replay", "--run", "sample", "--ranks", "99", "--out-run", "r"]
+    _refused_unchanged(path, args, "rank 99 is not a rank of run 'sample'")
