@@ -142,15 +142,21 @@ def analyze(
             store, run, compare, threshold_pct=threshold_pct, iteration=iteration
         )
         return _by_ranks(diff.frames(), ranks)
-    sel = {"iteration": iteration, "ranks": ranks}
     if what in ("temporal", "overlap", "kernels", "idle"):
-        fn = {"temporal": temporal, "overlap": overlap, "kernels": kernels, "idle": idle}[what]
-        return {what: fn(store, run, window=window, **sel)}  # type: ignore[operator]
+        breakdowns: dict[str, Callable[..., pl.DataFrame]] = {
+            "temporal": temporal,
+            "overlap": overlap,
+            "kernels": kernels,
+            "idle": idle,
+        }
+        fn = breakdowns[what]
+        return {what: fn(store, run, window=window, iteration=iteration, ranks=ranks)}
     if what == "skew":
         # An emulated run also ranks every rank of the world (rank_step), not only its
         # exemplars' collective rows.
-        every = rank_step_waits(store, run, **sel)
-        return {what: skew(store, run, **sel), **({"rank_step": every} if every.height else {})}
+        every = rank_step_waits(store, run, iteration=iteration, ranks=ranks)
+        frames = {what: skew(store, run, iteration=iteration, ranks=ranks)}
+        return {**frames, **({"rank_step": every} if every.height else {})}
     if what == "bubbles":
         return {what: bubble_summary(store, run, iteration=iteration, min_ns=min_ns)}
     if what == "bubble-windows":

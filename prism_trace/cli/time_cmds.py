@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -78,7 +79,7 @@ def emulate_cmd(
     seed: int,
     keep_events: list[int] | None,
     system: str,
-    timing_model: str,
+    timing_model: Literal["recorded", "scaled", "alpha_beta"],  # click.Choice checks it
     calibrate: bool,
     config_file: Path | None,
     partial: bool,
@@ -338,14 +339,14 @@ def run_cmd(
         timeout_s=timeout_s,
     )
     echo_report(res, as_json, err=not as_json)
-    if out_run is not None and res.returncode == 0:
+    if out_run is not None and db is not None and run_name is not None and res.returncode == 0:
         from prism_trace.replay.pg.launched_run import write_launched_run
         from prism_trace.store.connection import open_store
 
-        with open_store(db) as store:  # type: ignore[arg-type]
+        with open_store(db) as store:
             write_launched_run(
                 store, run=run_name, out_run=out_run, result=res, command=command, replace=replace
-            )  # type: ignore[arg-type]
+            )
         click.echo(
             f"wrote replayed run {out_run!r}; compare: prism validate {db} --replayed {out_run}",
             err=True,

@@ -217,7 +217,7 @@ def run_emulation(store: Store, inputs: PreparedRun, config: EmulationConfig) ->
         per["rec_hi"].fill_null(pl.Series(hi)).to_numpy(),
         rec_size,
     )
-    msg = per["msg_bytes"].fill_null(-1).to_numpy()
+    msg_bytes = per["msg_bytes"].fill_null(-1).to_numpy()
 
     def transfer_at(sizes: np.ndarray) -> np.ndarray:
         """Each instance's transfer with these group sizes."""
@@ -225,13 +225,13 @@ def run_emulation(store: Store, inputs: PreparedRun, config: EmulationConfig) ->
         return model.transfer(
             TransferQuery(
                 kind=kinds,
-                msg_bytes=msg,
+                msg_bytes=msg_bytes,
                 group_size=sizes,
                 spans_nodes=n_nodes > 1,
                 recorded_ns=per["transfer"].to_numpy().astype(np.int64),
                 n_nodes=n_nodes,
                 recorded_group_size=rec_size,
-                recorded_msg_bytes=per["rec_bytes"].fill_null(pl.Series(msg)).to_numpy(),
+                recorded_msg_bytes=per["rec_bytes"].fill_null(pl.Series(msg_bytes)).to_numpy(),
                 recorded_n_nodes=rec_nodes,
             )
         )

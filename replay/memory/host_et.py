@@ -535,7 +535,7 @@ def lifetime_events(
     return (
         ev.with_columns(rank=pl.lit(rank), total_reserved=pl.lit(None))
         .select(MEMORY_COLUMNS)
-        .cast(MEMORY_SCHEMA)
+        .cast(pl.Schema(MEMORY_SCHEMA))
     )
 
 

@@ -460,7 +460,7 @@ def calibrate(
             y[one],
             np.zeros(int(one.sum())),
             weight[one],
-            (float(base.intra_node_latency_ns), float(base.intra_node_gbps)),
+            (base._resolved("intra_node_latency_ns"), base._resolved("intra_node_gbps")),
         )
         off = cost.intra_steps * intra.alpha_ns
         inter = _fit_link(
@@ -471,7 +471,7 @@ def calibrate(
             y[~one],
             off[~one],
             weight[~one],
-            (float(base.inter_node_latency_ns), float(base.inter_node_gbps)),
+            (base._resolved("inter_node_latency_ns"), base._resolved("inter_node_gbps")),
         )
         topo = replace(
             topo,

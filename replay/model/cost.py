@@ -81,9 +81,9 @@ class CollectiveCost:
 
     def latency_ns(self, topology: Topology) -> np.ndarray:
         """The latency term, ns (independent of the bandwidth what-if)."""
-        return self.intra_steps * float(topology.intra_node_latency_ns) + self.inter_steps * float(
-            topology.inter_node_latency_ns
-        )
+        intra = topology._resolved("intra_node_latency_ns")
+        inter = topology._resolved("inter_node_latency_ns")
+        return self.intra_steps * intra + self.inter_steps * inter
 
     def bandwidth_ns(self, topology: Topology) -> np.ndarray:
         """The bandwidth term, ns, at the topology's effective (what-if) bandwidths."""

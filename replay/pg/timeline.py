@@ -66,7 +66,8 @@ class _Timeline:
         calls = [c for c in (schedule.calls if schedule is not None else ()) if c.seq >= 0]
         # Communicators are told apart by their members; several with the same members (a dp
         # group that is the whole world) by their name, as torch names groups in creation order.
-        names = {int(g): name for g, (name, _) in (groups or {}).items()}
+        # A call whose group is unknown (None) keys as the text 'None', as it always did.
+        names: dict[int | None, str] = {int(g): name for g, (name, _) in (groups or {}).items()}
         by_members: dict[tuple[int, ...], set[Any]] = {}
         for g, (_, ranks) in (groups or {}).items():
             by_members.setdefault(tuple(int(r) for r in ranks), set()).add(int(g))
