@@ -12,7 +12,8 @@ Sequence numbers are 0-based and count from process start (calls before the prof
 count too), so the first profiled call of a group may have ``seq > 0``; every member rank agrees.
 Collectives count per group. Point-to-point calls count per (group, peer): the k-th send from A to
 B and the k-th recv on B from A carry the same ``seq``, whatever other peers A and B talk to.
-For send and recv, ``in_bytes`` and ``out_bytes`` both hold the message size.
+For send and recv, ``in_bytes`` and ``out_bytes`` both hold the message size; for all_gather
+``out_bytes`` is the group size times ``in_bytes``, for reduce_scatter ``in_bytes`` is.
 """
 
 from __future__ import annotations
@@ -199,7 +200,14 @@ class Comm:
         return seq
 
     def _annotate(
-        self, group: CommGroup, op: Op, t: torch.Tensor, *, out_numel: int, peer: int = -1
+        self,
+        group: CommGroup,
+        op: Op,
+        t: torch.Tensor,
+        *,
+        out_numel: int,
+        peer: int = -1,
+        in_numel: int | None = None,
     ) -> torch.profiler.record_function:
         size = t.element_size()
         name = format_annotation(
@@ -207,7 +215,7 @@ class Comm:
             desc=group.desc,
             seq=self._next(group, peer),
             op=op,
-            in_bytes=t.numel() * size,
+            in_bytes=(t.numel() if in_numel is None else in_numel) * size,
             out_bytes=out_numel * size,
             dtype=dtype_name(t.dtype),
             peer=peer,
@@ -226,6 +234,16 @@ class Comm:
         out = [torch.empty_like(t) for _ in range(n)]
         with self._annotate(group, "all_gather", t, out_numel=t.numel() * n):
             dist.all_gather(out, t.contiguous(), group=group.pg)
+        return out
+
+    def reduce_scatter(
+        self, out: torch.Tensor, inputs: Sequence[torch.Tensor], group: CommGroup
+    ) -> torch.Tensor:
+        """Sum `inputs` (one tensor per member, in group-rank order) over `group`; this rank's
+        sum lands in `out`. ``in_bytes`` is the whole input, ``out_bytes`` this rank's part."""
+        in_numel = sum(t.numel() for t in inputs)
+        with self._annotate(group, "reduce_scatter", out, out_numel=out.numel(), in_numel=in_numel):
+            dist.reduce_scatter(out, list(inputs), group=group.pg)
         return out
 
     def barrier(self, group: CommGroup) -> None:

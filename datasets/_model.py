@@ -14,7 +14,14 @@ from torch import nn
 if TYPE_CHECKING:
     from prism_trace.datasets._comm import Comm, CommGroup
 
-__all__ = ["ModelConfig", "Stage", "TensorParallel", "stage_layers"]
+__all__ = [
+    "ModelConfig",
+    "Stage",
+    "TensorParallel",
+    "layer_numel",
+    "stage_layers",
+    "stage_param_shapes",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,6 +64,41 @@ def stage_layers(layers: int, pp: int, stage: int) -> range:
     base, extra = divmod(layers, pp)
     start = stage * base + min(stage, extra)
     return range(start, start + base + (stage < extra))
+
+
+def _block_param_shapes(cfg: ModelConfig, tp: int) -> list[tuple[int, ...]]:
+    h, f = cfg.hidden, cfg.ffn_mult * cfg.hidden
+    col = [(h // tp, h), (h // tp,)]
+    return [
+        (h,), (h,),  # ln1
+        *col, *col, *col,  # q, k, v
+        (h, h // tp), (h,),  # proj (row-parallel)
+        (h,), (h,),  # ln2
+        (f // tp, h), (f // tp,),  # fc1 (column-parallel)
+        (h, f // tp), (h,),  # fc2 (row-parallel)
+    ]  # fmt: skip
+
+
+def stage_param_shapes(
+    cfg: ModelConfig, *, stage: int, stages: int, tp: int
+) -> list[tuple[int, ...]]:
+    """The shapes of `Stage`'s parameters, in ``Stage.parameters()`` order, without building it.
+
+    Wait mode sizes its DP gradient buckets and ZeRO shards from these (no weights, no math).
+    """
+    shapes: list[tuple[int, ...]] = []
+    if stage == 0:
+        shapes += [(cfg.vocab, cfg.hidden), (cfg.seq, cfg.hidden)]
+    for _ in stage_layers(cfg.layers, stages, stage):
+        shapes += _block_param_shapes(cfg, tp)
+    if stage == stages - 1:
+        shapes += [(cfg.hidden,), (cfg.hidden,), (cfg.vocab // tp, cfg.hidden), (cfg.vocab // tp,)]
+    return shapes
+
+
+def layer_numel(cfg: ModelConfig) -> int:
+    """Parameters of one transformer layer, unsplit (the unit of the wait-mode optimizer step)."""
+    return sum(math.prod(s) for s in _block_param_shapes(cfg, 1))
 
 
 def _full_weight(key: str, shape: tuple[int, ...]) -> torch.Tensor:

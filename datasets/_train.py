@@ -1,85 +1,32 @@
-"""One rank of the generated job: GPipe over micro-batches, DP gradient all-reduce, profiling."""
+"""One rank of the generated job: process groups, its stage's work, the profiled step loop."""
 
 from __future__ import annotations
 
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from prism_trace.datasets._comm import Comm, CommGroup, Layout, groups_metadata, new_groups
-from prism_trace.datasets._model import ModelConfig, Stage, TensorParallel
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from prism_trace.datasets._comm import Comm, CommGroup, groups_metadata, new_groups
+from prism_trace.datasets._measure import max_rss_kb, peak_allocated
+from prism_trace.datasets._model import TensorParallel
+from prism_trace.datasets._ops import STATS
+from prism_trace.datasets._pipeline import Neighbours, run_step
+from prism_trace.datasets._real import RealStage
+from prism_trace.datasets._schedule import schedule
+from prism_trace.datasets._wait import WaitStage
 
 from prism_trace.profiling.scratch import ram_scratch_dir
 
-__all__ = ["ALL_RANKS", "JobConfig", "run_rank"]
+if TYPE_CHECKING:
+    from pathlib import Path
 
-ALL_RANKS = -2
-"""``JobConfig.straggler_rank`` for "every rank sleeps" (``--straggler all@SECONDS``)."""
+    from prism_trace.datasets._config import JobConfig
 
-
-@torch.library.custom_op("prism::straggle", mutates_args=())
-def straggle(x: torch.Tensor, seconds: float, spin: bool) -> torch.Tensor:  # noqa: FBT001
-    """A profiled op that takes ``seconds``: a straggler's slow compute (``--straggler``).
-
-    It sleeps, or with ``spin`` busy-waits: on a host with fewer free cores than ranks a sleeping
-    rank hands its core to the others, which then compute faster than in the clean recording
-    (no GPU straggler does that); a spinning one keeps its core as slow compute would.
-    """
-    if seconds > 0 and spin:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-    elif seconds > 0:
-        time.sleep(seconds)
-    return x.new_empty(0)
-
-
-@dataclass(frozen=True, kw_only=True)
-class JobConfig:
-    """Everything that defines a generated run.
-
-    ``straggler_rank >= 0`` makes every rank call the ``prism::straggle`` op after each
-    micro-batch forward; on that rank it sleeps ``straggler_s / microbatches`` seconds (so
-    ``straggler_s`` per step), elsewhere it returns at once. The sleep is inside a profiled op, so
-    the trace shows it as that rank's compute time; the same job with ``straggler_s = 0`` is the
-    clean recording to compare with. ``straggler_rank = ALL_RANKS`` makes every rank sleep: with
-    ``straggler_s = S / N`` that is the job whose every rank takes the mean (over N replicas) of
-    one straggler's ``S``, the ground truth of what ``no-stragglers`` keeps by definition.
-    ``straggler_spin`` busy-waits instead of sleeping (``straggle``).
-    """
-
-    dp: int = 2
-    tp: int = 2
-    pp: int = 2
-    microbatches: int = 4
-    microbatch_size: int = 2
-    steps: int = 2
-    model: ModelConfig = field(default_factory=ModelConfig)
-    optimizer: Literal["sgd", "adam"] = "adam"
-    lr: float = 1e-3
-    bucket_bytes: int = 256 * 1024
-    seed: int = 0
-    timeout_s: float = 60.0
-    straggler_rank: int = -1
-    straggler_s: float = 0.0
-    straggler_spin: bool = False
-
-    @property
-    def layout(self) -> Layout:
-        """The parallel layout (Megatron rank order)."""
-        return Layout(tp=self.tp, dp=self.dp, pp=self.pp)
-
-    def to_json(self) -> dict[str, object]:
-        """Plain-JSON form of the config."""
-        return asdict(self)
+__all__ = ["et_path", "kineto_path", "run_rank", "steps_path"]
 
 
 def kineto_path(out: Path, rank: int) -> Path:
@@ -97,97 +44,6 @@ def steps_path(out: Path, rank: int) -> Path:
     return out / f"rank{rank}.steps.json"
 
 
-@dataclass
-class _Rank:
-    cfg: JobConfig
-    rank: int
-    comm: Comm
-    tp: CommGroup
-    dp: CommGroup
-    pp: CommGroup
-    stage: Stage
-    optimizer: torch.optim.Optimizer
-
-    @property
-    def coords(self) -> tuple[int, int, int]:
-        return self.cfg.layout.coords(self.rank)
-
-    def _batch(self, step: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # Same tokens on every TP and PP rank of one DP replica.
-        _, dp_rank, _ = self.coords
-        m = self.cfg.model
-        seed = ((self.cfg.seed * 1009 + dp_rank) * 1009 + step) * 1009 + mb
-        gen = torch.Generator().manual_seed(seed)
-        tokens = torch.randint(m.vocab, (self.cfg.microbatch_size, m.seq + 1), generator=gen)
-        return tokens[:, :-1], tokens[:, 1:]
-
-    def _peer(self, offset: int) -> int:
-        tp_rank, dp_rank, pp_rank = self.coords
-        return self.cfg.layout.rank(tp=tp_rank, dp=dp_rank, pp=pp_rank + offset)
-
-    def train_step(self, step: int) -> float | None:
-        """One GPipe step: all forwards, all backwards (reversed), DP grad sync, optimizer step.
-
-        Returns:
-            The mean loss on the last stage, None elsewhere.
-        """
-        cfg, m = self.cfg, self.cfg.model
-        act_shape = (cfg.microbatch_size, m.seq, m.hidden)
-        first, last = self.stage.first, self.stage.last
-        inputs: list[torch.Tensor] = []
-        outputs: list[torch.Tensor] = []
-        losses: list[float] = []
-        for mb in range(cfg.microbatches):
-            tokens, targets = self._batch(step, mb)
-            if first:
-                x = tokens
-            else:
-                x = self.comm.recv(torch.empty(act_shape), self._peer(-1), self.pp)
-                x.requires_grad_()
-            y = self.stage(x)
-            if cfg.straggler_rank >= 0 or cfg.straggler_rank == ALL_RANKS:
-                mine = cfg.straggler_rank in (self.rank, ALL_RANKS)
-                secs = cfg.straggler_s / cfg.microbatches if mine else 0.0
-                straggle(y.detach(), secs, cfg.straggler_spin)
-            if last:
-                y = F.cross_entropy(y.reshape(-1, m.vocab), targets.reshape(-1)) / cfg.microbatches
-                losses.append(y.item())
-            else:
-                self.comm.send(y.detach(), self._peer(1), self.pp)
-            inputs.append(x)
-            outputs.append(y)
-        for x, y in zip(reversed(inputs), reversed(outputs), strict=True):
-            if last:
-                y.backward()
-            else:
-                dy = self.comm.recv(torch.empty(act_shape), self._peer(1), self.pp)
-                torch.autograd.backward(y, dy)
-            if not first:
-                assert x.grad is not None
-                self.comm.send(x.grad, self._peer(-1), self.pp)
-        self._sync_grads()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return sum(losses) if last else None
-
-    def _sync_grads(self) -> None:
-        """Average gradients over DP in buckets of about `bucket_bytes`, last parameters first."""
-        if self.cfg.dp == 1:
-            return
-        grads = [p.grad for p in reversed(list(self.stage.parameters())) if p.grad is not None]
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for i, g in enumerate(grads):
-            bucket.append(g)
-            size += g.numel() * g.element_size()
-            if size >= self.cfg.bucket_bytes or i == len(grads) - 1:
-                flat = self.comm.all_reduce(_flatten_dense_tensors(bucket), self.dp)
-                flat /= self.cfg.dp
-                for g_, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket), strict=True):
-                    g_.copy_(synced)
-                bucket, size = [], 0
-
-
 def _mine(groups: list[CommGroup], rank: int, desc: str) -> CommGroup:
     return next(g for g in groups if g.desc == desc and rank in g.ranks)
 
@@ -195,7 +51,7 @@ def _mine(groups: list[CommGroup], rank: int, desc: str) -> CommGroup:
 def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
     """Body of one spawned process: join the job, train `1 + steps` steps, profile the last `steps`.
 
-    Writes `kineto_path`, `et_path` and `steps_path` for this rank.
+    Writes `kineto_path`, `et_path` (unless ``cfg.et`` is off) and `steps_path` for this rank.
 
     Args:
         rank: Global rank.
@@ -218,24 +74,26 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
         groups = new_groups(layout, timeout=timeout)
         tp_rank, dp_rank, pp_rank = layout.coords(rank)
         comm = Comm()
-        tp = _mine(groups, rank, "tp")
-        stage = Stage(
-            cfg.model,
-            stage=pp_rank,
-            stages=cfg.pp,
-            tp=TensorParallel(rank=tp_rank, size=cfg.tp, group=tp, comm=comm),
-        )
-        optimizer: torch.optim.Optimizer
-        if cfg.optimizer == "adam":  # fused: one op per step keeps the trace small
-            optimizer = torch.optim.Adam(stage.parameters(), lr=cfg.lr, fused=True)
+        tp, dp, pp = (_mine(groups, rank, axis) for axis in ("tp", "dp", "pp"))
+        work: RealStage | WaitStage
+        if cfg.compute == "wait":
+            work = WaitStage(cfg, rank, comm=comm, tp=tp, dp=dp)
         else:
-            optimizer = torch.optim.SGD(stage.parameters(), lr=cfg.lr)
-        dp, pp = _mine(groups, rank, "dp"), _mine(groups, rank, "pp")
-        r = _Rank(cfg, rank, comm, tp, dp, pp, stage, optimizer)
-        # The observer writes its uncompressed trace to a temporary file (gzipped into `out` at
-        # the end): in RAM when it can, as disk writes stall the profiled ops at random.
-        tempfile.tempdir = str(ram_scratch_dir() or tempfile.gettempdir())
-        et = torch.profiler.ExecutionTraceObserver().register_callback(str(et_path(out, rank)))
+            tp_info = TensorParallel(rank=tp_rank, size=cfg.tp, group=tp, comm=comm)
+            work = RealStage(cfg, rank, comm=comm, tp=tp_info, dp=dp)
+        plan = schedule(cfg.schedule, stage=pp_rank, stages=cfg.pp, microbatches=cfg.microbatches)
+        neighbours = Neighbours(
+            pp,
+            layout.rank(tp=tp_rank, dp=dp_rank, pp=pp_rank - 1) if pp_rank > 0 else -1,
+            layout.rank(tp=tp_rank, dp=dp_rank, pp=pp_rank + 1) if pp_rank < cfg.pp - 1 else -1,
+        )
+        act_shape = (cfg.microbatch_size, cfg.model.seq, cfg.model.hidden)
+        et = None
+        if cfg.et:
+            # The observer writes its uncompressed trace to a temporary file (gzipped into `out`
+            # at the end): in RAM when it can, as disk writes stall the profiled ops at random.
+            tempfile.tempdir = str(ram_scratch_dir() or tempfile.gettempdir())
+            et = torch.profiler.ExecutionTraceObserver().register_callback(str(et_path(out, rank)))
         kineto = str(kineto_path(out, rank))
         prof = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU],
@@ -254,21 +112,38 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
         steps = []
         with prof:  # exiting also finalizes (gzips) the execution trace
             for step in range(1 + cfg.steps):
+                STATS.reset()
                 start_unix_ns = time.time_ns()
                 t0 = time.perf_counter_ns()
-                loss = r.train_step(step)
-                dur_ns = time.perf_counter_ns() - t0
-                steps.append(
-                    {
-                        "step": step,
-                        "profiled": step >= 1,
-                        "start_unix_ns": start_unix_ns,
-                        "dur_ns": dur_ns,
-                        "loss": loss,
-                    }
+                cpu0 = time.process_time_ns()
+                loss = run_step(
+                    work, plan, step=step, comm=comm, pp=neighbours, act_shape=act_shape
                 )
+                dur_ns = time.perf_counter_ns() - t0
+                cpu_ns = time.process_time_ns() - cpu0
+                record: dict[str, object] = {
+                    "step": step,
+                    "profiled": step >= 1,
+                    "start_unix_ns": start_unix_ns,
+                    "dur_ns": dur_ns,
+                    "cpu_ns": cpu_ns,
+                    "loss": loss,
+                }
+                if cfg.compute == "wait":
+                    record["sleep_requested_ns"] = round(STATS.requested_s * 1e9)
+                    record["sleep_ns"] = round(STATS.slept_s * 1e9)
+                steps.append(record)
                 prof.step()
-        steps_path(out, rank).write_text(json.dumps({"rank": rank, **coords, "steps": steps}))
+        rank_record: dict[str, object] = {**coords, "steps": steps, "max_rss_kb": max_rss_kb()}
+        rank_record["peak_allocated_bytes"] = peak_allocated(kineto_path(out, rank))
+        rank_record["state_bytes"] = work.state_bytes()
+        if isinstance(work, WaitStage):
+            rank_record["wait"] = {
+                "rank_factor": work.durations.rank_factor,
+                "straggler_factor": work.durations.straggler,
+                "optimizer_base_ms": work.optimizer_base_ms(),
+            }
+        steps_path(out, rank).write_text(json.dumps(rank_record))
         comm.barrier(_mine(groups, rank, "world"))
     finally:
         dist.destroy_process_group()

@@ -7,7 +7,7 @@ Run as::
 
 Each rank writes ``rank{r}.kineto.json.gz`` (Kineto trace of the profiled steps) and
 ``rank{r}.et.json.gz`` (host execution trace of the same steps); ``run.json`` holds the config
-and every rank's measured step times (ground truth for validation).
+and every rank's measured step times and peak memory (ground truth for validation).
 """
 
 from __future__ import annotations
@@ -23,16 +23,77 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from prism_trace.datasets._config import ALL_RANKS, COMPUTE_MODES, JobConfig, microbatches_for
+from prism_trace.datasets._durations import base_ms
+from prism_trace.datasets._measure import PssSampler
 from prism_trace.datasets._model import ModelConfig
-from prism_trace.datasets._train import ALL_RANKS, JobConfig, run_rank, steps_path
+from prism_trace.datasets._schedule import SCHEDULES
+from prism_trace.datasets._train import run_rank, steps_path
 
-__all__ = ["JobConfig", "ModelConfig", "generate", "main"]
+__all__ = [
+    "JobConfig",
+    "ModelConfig",
+    "add_job_arguments",
+    "generate",
+    "job_config",
+    "join_timeout_s",
+    "main",
+]
+
+PEAK_MEMORY = (
+    "peak_allocated_bytes: the largest 'Total Allocated' of the Kineto trace's [memory] events"
+    " within the profiled steps (bytes allocated since the profiler started recording and not"
+    " yet freed; not the parameters or optimizer state allocated before)"
+)
 
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _start_method(config: JobConfig) -> str:
+    """``spawn`` for real compute, as always; ``forkserver`` for wait mode.
+
+    A spawned rank imports torch on its own: about 3 s of CPU and 100+ MB of private memory each,
+    which is what limits a many-rank wait-mode job on a few cores. The fork server imports the
+    rank's module (and torch) once and forks every rank from it, so the ranks start in well under
+    a second each and share the imported pages until they write to them.
+    """
+    if config.compute != "wait":
+        return "spawn"
+    mp.get_context("forkserver").set_forkserver_preload([run_rank.__module__])
+    return "forkserver"
+
+
+def _run_record(config: JobConfig, ranks: list[dict[str, object]]) -> dict[str, object]:
+    run: dict[str, object] = {
+        "config": config.to_json(),
+        "world_size": config.layout.world,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "backend": "gloo",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "schedule": config.schedule,
+        "compute": config.compute,
+        "global_batch": config.global_batch or None,
+        "zero": config.zero,
+        "profiled_steps": "steps 1..steps; step 0 is the profiler warm-up and is not traced",
+        "peak_memory": PEAK_MEMORY,
+    }
+    if config.compute == "wait":
+        run["wait"] = {
+            "ms_per_layer": config.wait_ms_per_layer,
+            "cv": config.wait_cv,
+            "rank_jitter": config.rank_jitter,
+            "straggler_factor": config.straggler_factor,
+            "base_ms": base_ms(config),
+            "base_ms_note": "per micro-batch and call at this tp; optimizer_step per one unsplit"
+            " layer's parameters updated (each rank's own is ranks[].wait.optimizer_base_ms)",
+        }
+    run["ranks"] = ranks
+    return run
 
 
 def generate(out: Path, config: JobConfig, *, join_timeout_s: float = 300.0) -> Path:
@@ -47,26 +108,30 @@ def generate(out: Path, config: JobConfig, *, join_timeout_s: float = 300.0) -> 
         The path of the written ``run.json``.
 
     Raises:
-        ValueError: The model cannot be split as ``config`` says (checked before any rank starts).
+        ValueError: The job cannot run as ``config`` says (checked before any rank starts).
         RuntimeError: A rank failed, or the job did not finish in time.
     """
     try:
-        config.model.check(tp=config.tp, pp=config.pp)
+        config.check()
     except ValueError as exc:
         msg = f"{out}: {exc}"
         raise ValueError(msg) from None
     out.mkdir(parents=True, exist_ok=True)
     world = config.layout.world
+    t0 = time.perf_counter()
     ctx = mp.start_processes(
         run_rank,
         args=(config, out, _free_port()),
         nprocs=world,
         join=False,
-        start_method="spawn",
+        start_method=_start_method(config),
     )
     deadline = time.monotonic() + join_timeout_s
+    pss = PssSampler()
+    pids = [p.pid for p in ctx.processes if p.pid is not None]
     try:
         while not ctx.join(timeout=1.0):
+            pss.sample(pids)
             if time.monotonic() > deadline:
                 msg = f"{out}: job of {world} ranks did not finish within {join_timeout_s:g} s"
                 raise RuntimeError(msg)
@@ -86,29 +151,19 @@ def generate(out: Path, config: JobConfig, *, join_timeout_s: float = 300.0) -> 
         path = steps_path(out, r)
         ranks.append(json.loads(path.read_text()))
         path.unlink()
-    run = {
-        "config": config.to_json(),
-        "world_size": world,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "backend": "gloo",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "schedule": "gpipe",
-        "profiled_steps": "steps 1..steps; step 0 is the profiler warm-up and is not traced",
-        "ranks": ranks,
-    }
+    run = _run_record(config, ranks)
+    run["wall_s"] = round(time.perf_counter() - t0, 2)
+    run["peak_pss_kb"] = pss.peak_kb
     path = out / "run.json"
     path.write_text(json.dumps(run, indent=1) + "\n")
     return path
 
 
-def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
+def add_job_arguments(p: argparse.ArgumentParser, *, layout: bool = True) -> None:
+    """Add the options that define a job (all but ``--out``); `layout` adds dp, tp and pp."""
     d, m = JobConfig(), ModelConfig()
-    p = argparse.ArgumentParser(
-        prog="python -m prism_trace.datasets.generate", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    for name in ("dp", "tp", "pp", "microbatches", "microbatch_size", "steps", "seed"):
+    names = ("dp", "tp", "pp") if layout else ()
+    for name in (*names, "microbatches", "microbatch_size", "steps", "seed"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     for name in ("vocab", "hidden", "heads", "layers", "seq"):
         p.add_argument(f"--{name}", type=int, default=getattr(m, name))
@@ -121,7 +176,8 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         metavar="RANK@SECONDS",
         default=None,
         help="rank RANK sleeps SECONDS per step inside its forward compute (prism::straggle);"
-        " RANK@0 records the same job without the sleep, all@SECONDS makes every rank sleep",
+        " RANK@0 records the same job without the sleep, all@SECONDS makes every rank sleep;"
+        " with --compute wait, RANK@xFACTOR makes RANK's ops take FACTOR times as long",
     )
     p.add_argument(
         "--straggler-spin",
@@ -129,25 +185,99 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         help="the straggler busy-waits instead of sleeping: it keeps its core, as slow compute"
         " would, where ranks outnumber the host's free cores",
     )
-    a = p.parse_args(argv)
-    s_rank, s_secs = -1, 0.0
-    if a.straggler is not None:
-        rank_text, at, secs_text = a.straggler.partition("@")
+    p.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=d.schedule,
+        help="pipeline schedule: all forwards then all backwards, or Megatron's 1F1B",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        metavar="G",
+        help="fixed global batch: micro-batches per rank = G / (dp * microbatch-size)"
+        " (replaces --microbatches)",
+    )
+    p.add_argument(
+        "--zero",
+        type=int,
+        choices=[0, 1],
+        default=d.zero,
+        help="1: ZeRO-1, optimizer state sharded over the DP group",
+    )
+    p.add_argument(
+        "--compute",
+        choices=COMPUTE_MODES,
+        default=d.compute,
+        help="real: the model's math; wait: one sleeping custom op per compute op",
+    )
+    p.add_argument(
+        "--wait-ms-per-layer",
+        type=float,
+        default=d.wait_ms_per_layer,
+        help="wait mode: ms of one layer's forward for one micro-batch at tp=1",
+    )
+    p.add_argument(
+        "--wait-cv",
+        type=float,
+        default=d.wait_cv,
+        help="wait mode: coefficient of variation of each call's lognormal noise",
+    )
+    p.add_argument(
+        "--rank-jitter",
+        type=float,
+        default=d.rank_jitter,
+        help="wait mode: sigma of each rank's persistent lognormal speed factor",
+    )
+    p.add_argument("--no-et", action="store_true", help="record no host execution trace")
+
+
+def _straggler(text: str | None) -> tuple[int, float, float] | None:
+    """(rank, seconds, factor) of a ``--straggler`` value, (-1, 0, 1) for none; None if bad."""
+    if text is None:
+        return -1, 0.0, 1.0
+    rank_text, at, value = text.partition("@")
+    factor = value.startswith("x")
+    try:
+        rank = ALL_RANKS if rank_text == "all" else max(int(rank_text), -1)
+        number = float(value[1:] if factor else value)
+    except ValueError:
+        return None
+    if not at or (rank < 0 and rank != ALL_RANKS) or number < 0 or (factor and number <= 0):
+        return None
+    return (rank, 0.0, number) if factor else (rank, number, 1.0)
+
+
+def job_config(
+    p: argparse.ArgumentParser, a: argparse.Namespace, *, dp: int, tp: int, pp: int
+) -> JobConfig:
+    """The `JobConfig` of parsed `add_job_arguments` options at the given layout; a bad value
+    ends the program through ``p.error`` (one line)."""
+    straggler = _straggler(a.straggler)
+    if straggler is None:
+        p.error(
+            f"--straggler {a.straggler!r}: expected RANK@SECONDS, all@SECONDS or RANK@xFACTOR,"
+            " e.g. 1@0.5"
+        )
+    s_rank, s_secs, s_factor = straggler
+    model = replace(
+        ModelConfig(), vocab=a.vocab, hidden=a.hidden, heads=a.heads, layers=a.layers, seq=a.seq
+    )
+    microbatches, global_batch = a.microbatches, 0
+    if a.global_batch is not None:
         try:
-            s_rank = ALL_RANKS if rank_text == "all" else max(int(rank_text), -1)
-            s_secs = float(secs_text)
-        except ValueError:
-            s_rank = -1
-        if not at or (s_rank < 0 and s_rank != ALL_RANKS) or s_secs < 0:
-            p.error(
-                f"--straggler {a.straggler!r}: expected RANK@SECONDS or all@SECONDS, e.g. 1@0.5"
+            microbatches = microbatches_for(
+                a.global_batch, dp=dp, microbatch_size=a.microbatch_size
             )
-    model = replace(m, vocab=a.vocab, hidden=a.hidden, heads=a.heads, layers=a.layers, seq=a.seq)
+        except ValueError as exc:
+            p.error(f"--global-batch: {exc}")
+        global_batch = a.global_batch
     config = JobConfig(
-        dp=a.dp,
-        tp=a.tp,
-        pp=a.pp,
-        microbatches=a.microbatches,
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        microbatches=microbatches,
         microbatch_size=a.microbatch_size,
         steps=a.steps,
         model=model,
@@ -159,6 +289,15 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         straggler_rank=s_rank,
         straggler_s=s_secs,
         straggler_spin=a.straggler_spin,
+        schedule=a.schedule,
+        global_batch=global_batch,
+        zero=a.zero,
+        compute=a.compute,
+        wait_ms_per_layer=a.wait_ms_per_layer,
+        wait_cv=a.wait_cv,
+        rank_jitter=a.rank_jitter,
+        straggler_factor=s_factor,
+        et=not a.no_et,
     )
     try:
         config.model.check(tp=config.tp, pp=config.pp)
@@ -166,14 +305,34 @@ def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
         p.error(str(exc))
     if s_rank >= config.layout.world:
         p.error(f"--straggler rank {s_rank} is outside the world of {config.layout.world} ranks")
-    return a.out, config
+    try:
+        config.check()
+    except ValueError as exc:
+        p.error(str(exc))
+    return config
+
+
+def _parse(argv: list[str] | None) -> tuple[Path, JobConfig]:
+    p = argparse.ArgumentParser(
+        prog="python -m prism_trace.datasets.generate", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    add_job_arguments(p)
+    a = p.parse_args(argv)
+    return a.out, job_config(p, a, dp=a.dp, tp=a.tp, pp=a.pp)
+
+
+def join_timeout_s(config: JobConfig) -> float:
+    """How long the parent waits for a job: 4 collective timeouts, at least 120 s, and 3 s more
+    per rank beyond 16 (each spawned rank imports torch; on a few cores that adds up)."""
+    return max(120.0, 4 * config.timeout_s) + 3.0 * max(0, config.layout.world - 16)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point."""
     out, config = _parse(argv)
     t0 = time.perf_counter()
-    path = generate(out, config, join_timeout_s=max(120.0, 4 * config.timeout_s))
+    path = generate(out, config, join_timeout_s=join_timeout_s(config))
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     print(f"wrote {out} ({size / 1e6:.2f} MB) in {time.perf_counter() - t0:.1f} s; see {path.name}")
 

@@ -194,7 +194,7 @@ def test_generate_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.torch
 def test_straggler_option() -> None:
     pytest.importorskip("torch")
-    from prism_trace.datasets._train import ALL_RANKS
+    from prism_trace.datasets._config import ALL_RANKS
     from prism_trace.datasets.generate import _parse
 
     _, cfg = _parse(["--out", "x", "--dp", "2", "--tp", "1", "--pp", "1", "--straggler", "1@0.5"])

@@ -231,7 +231,7 @@ def test_generated_straggler_pair(tmp_path: Path) -> None:
     comparison is recorded once more before it counts (``benchmarks/bench_stragglers.py --source
     generated`` measures with repeats)."""
     pytest.importorskip("torch")
-    from prism_trace.datasets._train import ALL_RANKS
+    from prism_trace.datasets._config import ALL_RANKS
     from prism_trace.datasets.generate import JobConfig, generate
 
     def measure(root: Path) -> Store:

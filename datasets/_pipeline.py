@@ -1,0 +1,86 @@
+"""One training step of one rank: its pipeline schedule's actions, with the annotated PP calls.
+
+The compute of a micro-batch and the step's end (DP sync, optimizer) belong to a `StageWork`
+(real model or wait-mode ops); this module only sequences them with the sends and receives of
+the schedule (`_schedule`), so both compute modes talk to their neighbours identically.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from prism_trace.datasets._comm import Comm, CommGroup
+    from prism_trace.datasets._schedule import Action
+
+__all__ = ["Neighbours", "StageWork", "run_step"]
+
+
+class StageWork(Protocol):
+    """The compute side of a stage, called by `run_step`."""
+
+    def prepare(self, step: int, mb: int) -> None:
+        """Called once per micro-batch before anything else of its forward (its first recv)."""
+
+    def forward(self, step: int, mb: int, x: torch.Tensor | None) -> torch.Tensor | None:
+        """Forward of `mb` on the received activations `x` (None on the first stage); returns the
+        activations to send (None on the last stage)."""
+
+    def backward(self, step: int, mb: int, dy: torch.Tensor | None) -> torch.Tensor | None:
+        """Backward of `mb` from the received output gradient `dy` (None on the last stage);
+        returns the input gradient to send (None on the first stage)."""
+
+    def finish(self, step: int) -> float | None:
+        """The step's end: gradient sync and optimizer step; the loss on the last stage."""
+
+
+class Neighbours:
+    """The PP group and this rank's previous and next stage (global ranks; -1 where none)."""
+
+    def __init__(self, group: CommGroup, prev: int, nxt: int) -> None:
+        """Record the group and the two peers."""
+        self.group, self.prev, self.next = group, prev, nxt
+
+
+def run_step(
+    work: StageWork,
+    plan: list[Action],
+    *,
+    step: int,
+    comm: Comm,
+    pp: Neighbours,
+    act_shape: tuple[int, ...],
+) -> float | None:
+    """Perform `plan` (this stage's schedule) for `step`, then ``work.finish``.
+
+    Returns:
+        ``work.finish``'s value: the step's loss on the last stage, None elsewhere.
+    """
+    received: dict[int, torch.Tensor] = {}
+    to_send: dict[int, torch.Tensor] = {}
+    grads_in: dict[int, torch.Tensor] = {}
+    grads_out: dict[int, torch.Tensor] = {}
+    prepared: set[int] = set()
+    for a in plan:
+        if a.kind in ("recv_fwd", "fwd") and a.mb not in prepared:
+            work.prepare(step, a.mb)
+            prepared.add(a.mb)
+        if a.kind == "recv_fwd":
+            received[a.mb] = comm.recv(torch.empty(act_shape), pp.prev, pp.group)
+        elif a.kind == "fwd":
+            y = work.forward(step, a.mb, received.pop(a.mb, None))
+            if y is not None:
+                to_send[a.mb] = y
+        elif a.kind == "send_fwd":
+            comm.send(to_send.pop(a.mb), pp.next, pp.group)
+        elif a.kind == "recv_bwd":
+            grads_in[a.mb] = comm.recv(torch.empty(act_shape), pp.next, pp.group)
+        elif a.kind == "bwd":
+            dx = work.backward(step, a.mb, grads_in.pop(a.mb, None))
+            if dx is not None:
+                grads_out[a.mb] = dx
+        else:  # send_bwd
+            comm.send(grads_out.pop(a.mb), pp.prev, pp.group)
+    return work.finish(step)
