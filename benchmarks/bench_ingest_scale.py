@@ -401,9 +401,10 @@ def main(argv: list[str] | None = None) -> int:
                 n = None if tool == "wd" else int(tool[1])
                 m = run_prism(prism, ts, work / f"{tool}.duckdb", n, args.timeout)
                 if tool == "wd":  # the plan the default would take now (the load has moved)
-                    from prism_trace.ingest.pipeline import reader_processes
+                    from prism_trace.ingest.discover import find
+                    from prism_trace.ingest.plan import reader_processes
 
-                    m.extra["plan"] = reader_processes([ts.path])
+                    m.extra["plan"] = reader_processes(find([ts.path]))
             print(
                 f"  {ts.name} {m.tool:<18} {m.wall_s:7.2f} s {m.peak_tree_mb:6.0f} MB",
                 file=sys.stderr,

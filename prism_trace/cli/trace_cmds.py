@@ -98,9 +98,11 @@ def ingest_cmd(
     order: str | None,
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
+    from prism_trace.ingest.discover import find
     from prism_trace.ingest.memory import ingest_memory_limit
     from prism_trace.ingest.parts import preforked
-    from prism_trace.ingest.pipeline import ingest, reader_processes
+    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingest.plan import reader_processes
     from prism_trace.layout.choice import declare_layout_of_new_run
     from prism_trace.store.connection import open_store, removed_if_new_and_failed
     from prism_trace.store.write import check_run_name
@@ -111,7 +113,8 @@ def ingest_cmd(
         paths[0].resolve().name.split(".")[0], where=f"{paths[0]}: the run name from its name"
     )
     given = workers or jobs  # --jobs: the former name
-    n = reader_processes(list(paths), format=fmt, workers=given or "auto")  # type: ignore[arg-type]
+    found = find(list(paths), format=fmt)  # type: ignore[arg-type]
+    n = reader_processes(found, workers=given or "auto")
     # The workers are forked before the store is opened: a fork must not copy a DuckDB database.
     with (
         removed_if_new_and_failed(db),
@@ -130,6 +133,7 @@ def ingest_cmd(
             engine=engine,  # type: ignore[arg-type]
             scheduler=scheduler,
             scratch=scratch,
+            found=found,
         )
         if declared is not None:
             declare_layout_of_new_run(store, name, declared, run_id=report.run_id)
