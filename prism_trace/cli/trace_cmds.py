@@ -101,9 +101,9 @@ def ingest_cmd(
     from prism_trace.ingest.discover import find
     from prism_trace.ingest.memory import ingest_memory_limit
     from prism_trace.ingest.parts import preforked
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingest.pipeline import ingesting
     from prism_trace.ingest.plan import reader_processes
-    from prism_trace.layout.choice import declare_layout_of_new_run
+    from prism_trace.layout.choice import declare_layout
     from prism_trace.store.connection import open_store, removed_if_new_and_failed
     from prism_trace.store.write import check_run_name
 
@@ -116,12 +116,13 @@ def ingest_cmd(
     found = find(list(paths), format=fmt)  # type: ignore[arg-type]
     n = reader_processes(found, workers=given or "auto")
     # The workers are forked before the store is opened: a fork must not copy a DuckDB database.
+    # The layout is declared inside the ingest's transaction: a refused layout leaves the store
+    # as it was, a replaced run included.
     with (
         removed_if_new_and_failed(db),
         preforked(n if engine == "local" else 0),
         open_store(db) as store,
-    ):
-        report = ingest(
+        ingesting(
             store,
             list(paths),
             run=name,
@@ -134,9 +135,10 @@ def ingest_cmd(
             scheduler=scheduler,
             scratch=scratch,
             found=found,
-        )
+        ) as report,
+    ):
         if declared is not None:
-            declare_layout_of_new_run(store, name, declared, run_id=report.run_id)
+            declare_layout(store, name, declared)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     elif not quiet:

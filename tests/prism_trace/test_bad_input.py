@@ -194,6 +194,29 @@ def test_failure_inside_the_write_rolls_back(
     assert snapshot(seeded_db) == before
 
 
+def _rows(db: Path) -> dict[str, list[tuple]]:
+    """Every row of every table, sorted: what a refused ingest must leave exactly as it was."""
+    with open_store(db, read_only=True) as store:
+        return {
+            t.name: sorted(store.con.execute(f"SELECT * FROM {t.name}").fetchall(), key=repr)
+            for t in schema.TABLES
+        }
+
+
+def test_a_refused_layout_leaves_the_replaced_run_as_it_was(
+    seeded_db: Path, shared_datasets: Path
+) -> None:
+    """Issue 33: ``ingest --replace --layout`` whose layout the new run refuses keeps the old
+    run, row for row: the ingest and the layout's declaration are one transaction (the
+    replacement was committed, then dropped with the refused layout: no run was left)."""
+    before = _rows(seeded_db)
+    assert before["event"], "the seeded run has rows to lose"
+    src = shared_datasets / "chakra-et/astrasim_et_examples/microbenchmarks/all_to_all/4npus_1MB"
+    args = [src, "--run", "seed", "--replace", "--layout", "tp=3"]
+    assert_fails_cleanly(seeded_db, args, "records a world of 4")
+    assert _rows(seeded_db) == before
+
+
 def test_locked_database(seeded_db: Path) -> None:
     holder = subprocess.Popen(
         [
