@@ -52,8 +52,8 @@ import duckdb
 
 from prism_trace.errors import PrismError
 from prism_trace.formats.base import TraceTables
-from prism_trace.formats.kineto.batch import plan_batches, try_read_kineto_batch
-from prism_trace.formats.kineto.reader import stage_kineto
+from prism_trace.formats.kineto import batch as kineto_batch
+from prism_trace.formats.kineto import reader as kineto_reader
 from prism_trace.ingest.discover import TraceFile
 from prism_trace.ingest.readers import (
     _batch_candidates,
@@ -189,7 +189,7 @@ def _parse_kineto(job: FileJob, out: Path) -> FilePart:
 
     alias = f"_prism_part{job.index}"
     with _work_database(con, alias, file=work, spill_to=job.out_dir) as cur:
-        t = stage_kineto(
+        t = kineto_reader.stage_kineto(
             job.trace.path, con=cur, events_into=write, rank=job.rank, tmp_dir=job.out_dir
         )
     return FilePart(t, out if seen else None, seen)
@@ -223,7 +223,7 @@ def _parse_kineto_batch(jobs: list[FileJob]) -> list[FilePart] | None:
     con = _connection(first.threads, first.memory_limit)
     alias = f"_prism_batch{first.index}"
     with _work_database(con, alias, spill_to=first.out_dir) as cur:
-        got = try_read_kineto_batch(
+        got = kineto_batch.try_read_kineto_batch(
             [j.trace.path for j in jobs],
             ranks=[j.rank for j in jobs],
             con=cur,
@@ -262,7 +262,8 @@ def parts(
         with _dask_parts(jobs, workers=n, scheduler=scheduler) as it:
             yield it
         return
-    batches = [[jobs[i] for i in b] for b in plan_batches(_batch_candidates(files, rank), n)]
+    planned = kineto_batch.plan_batches(_batch_candidates(files, rank), n)
+    batches = [[jobs[i] for i in b] for b in planned]
     forked = _PREFORKED
     if forked is not None and forked[1] >= n:
         futures = [forked[0].submit(parse_batch, b) for b in batches]

@@ -21,8 +21,8 @@ import duckdb
 
 from prism_trace.errors import PrismError
 from prism_trace.formats.base import TraceTables
-from prism_trace.formats.kineto.batch import plan_batches, try_read_kineto_batch
-from prism_trace.formats.kineto.reader import stage_kineto
+from prism_trace.formats.kineto import batch as kineto_batch
+from prism_trace.formats.kineto import reader as kineto_reader
 from prism_trace.ingest import memory as ingest_memory
 from prism_trace.ingest.append import Pending, _stream_events
 from prism_trace.ingest.discover import TraceFile
@@ -89,7 +89,8 @@ def _reading(
         return
     small = _batch_candidates(files, shared.rank)
     pool = ThreadPoolExecutor(max_workers=1)  # reads the next batch while one is stored
-    futures = [pool.submit(_read_files, shared, files, b) for b in plan_batches(small, 1)]
+    batches = kineto_batch.plan_batches(small, 1)
+    futures = [pool.submit(_read_files, shared, files, b) for b in batches]
     try:
         yield ((t, None) for fut in futures for t in _raised(fut.result()))
     except BaseException:
@@ -134,7 +135,7 @@ def _read_batch_here(
 ) -> list[TraceTables] | None:
     """The batch read in a work database of its own beside the store (as ``_read_file``)."""
     with _work_database(shared.store.con, f"{_WORK}b{index}", lock=shared.lock) as cur:
-        return try_read_kineto_batch(
+        return kineto_batch.try_read_kineto_batch(
             [f.path for f in files], ranks=[None] * len(files), con=cur, tmp_dir=shared.tmp
         )
 
@@ -178,6 +179,6 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
 
     work = shared.tmp / f"work{index}.duckdb" if on_disk else None
     with _work_database(store.con, f"{_WORK}{index}", file=work, lock=shared.lock) as cur:
-        return stage_kineto(
+        return kineto_reader.stage_kineto(
             trace.path, con=cur, events_into=append, rank=shared.rank, tmp_dir=shared.tmp
         )
