@@ -232,8 +232,9 @@ def _load_child(out: str, path: str, db: str) -> None:
     pays to check and store the records of the file before it models one event."""
     import duckdb
 
+    from prism_trace.formats.kineto.header import _resolve_rank
     from prism_trace.formats.kineto.json_array import split_trace_events
-    from prism_trace.formats.kineto.reader import _Reader, _resolve_rank
+    from prism_trace.formats.kineto.reader import _Reader
     from prism_trace.ingest.memory import ingest_memory_limit
 
     Path(db).unlink(missing_ok=True)

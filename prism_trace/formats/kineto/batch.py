@@ -32,21 +32,16 @@ import polars as pl
 
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto.comms import _CommTables, comm_raw_sql
+from prism_trace.formats.kineto.events import _DEVICE_CATEGORIES
+from prism_trace.formats.kineto.frames import _MEMORY_COLUMNS
+from prism_trace.formats.kineto.header import _base_ns, _resolve_rank, ranks_frame_of
 from prism_trace.formats.kineto.json_array import (
     TraceEventsFile,
     json_size_guess,
     split_trace_events,
 )
-from prism_trace.formats.kineto.reader import (
-    _DEVICE_CATEGORIES,
-    _FREE_BYTES,
-    _MEMORY_COLUMNS,
-    _OBJECT_BYTES,
-    _base_ns,
-    _Reader,
-    _resolve_rank,
-    ranks_frame_of,
-)
+from prism_trace.formats.kineto.load import _OBJECT_BYTES
+from prism_trace.formats.kineto.reader import _FREE_BYTES, _Reader, read_kineto
 from prism_trace.formats.kineto.sql import _LAUNCH_CATEGORIES, _SELECT_FAST, ARG_ROW_SQL, ev0_sql
 from prism_trace.limits import check_world_size
 
@@ -112,8 +107,6 @@ def read_kineto_batch(
     Raises:
         The errors of ``read_kineto`` for the first file it refuses.
     """
-    from prism_trace.formats.kineto.reader import read_kineto
-
     paths = [Path(p) for p in paths]
     the_ranks: list[int | None] = list(ranks) if ranks is not None else [None] * len(paths)
     with contextlib.closing(duckdb.connect()) as con:
