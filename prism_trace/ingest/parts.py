@@ -10,7 +10,7 @@ rows of a file it read itself, so the stored rows do not depend on where a file 
 (``tests/prism_trace/test_ingest_workers.py``).
 
 Small Kineto files go to a worker in batches (``parse_batch``: one run of the reader's
-statements for several files, ``formats/kineto_batch.py``), about one batch a worker; a batch
+statements for several files, ``formats/kineto/batch.py``), about one batch a worker; a batch
 that cannot be read as one is read file by file, each file's error raised at its turn. A
 batch's events come back in its frames, not as parts: they are small, and the pipe is cheaper
 than Parquet written and read back.

@@ -1,6 +1,6 @@
 """Read a Kineto (torch.profiler Chrome-trace JSON) file of one rank into the contract's frames.
 
-The ``traceEvents`` array is copied into files of its own (``_json_array``; cut in parts DuckDB
+The ``traceEvents`` array is copied into files of its own (``json_array``; cut in parts DuckDB
 parses in parallel) and parsed by DuckDB; every transformation is SQL (plus vectorised nesting, a
 slice of a track at a time), so no Python object is made per event.
 
