@@ -232,8 +232,9 @@ def _load_child(out: str, path: str, db: str) -> None:
     pays to check and store the records of the file before it models one event."""
     import duckdb
 
+    from prism_trace.formats.kineto.header import _resolve_rank
     from prism_trace.formats.kineto.json_array import split_trace_events
-    from prism_trace.formats.kineto.reader import _Reader, _resolve_rank
+    from prism_trace.formats.kineto.reader import _Reader
     from prism_trace.ingest.memory import ingest_memory_limit
 
     Path(db).unlink(missing_ok=True)
@@ -401,9 +402,10 @@ def main(argv: list[str] | None = None) -> int:
                 n = None if tool == "wd" else int(tool[1])
                 m = run_prism(prism, ts, work / f"{tool}.duckdb", n, args.timeout)
                 if tool == "wd":  # the plan the default would take now (the load has moved)
-                    from prism_trace.ingest.pipeline import reader_processes
+                    from prism_trace.ingest.discover import find
+                    from prism_trace.ingest.plan import reader_processes
 
-                    m.extra["plan"] = reader_processes([ts.path])
+                    m.extra["plan"] = reader_processes(find([ts.path]))
             print(
                 f"  {ts.name} {m.tool:<18} {m.wall_s:7.2f} s {m.peak_tree_mb:6.0f} MB",
                 file=sys.stderr,

@@ -51,9 +51,10 @@ class ZeroOptimizer:
             self.inner = torch.optim.SGD([self.master], lr=cfg.lr)
 
     def _flat(self, b: Bucket, *, grads: bool) -> torch.Tensor:
-        ts = [self.params[i] for i in b.params]
+        params = [self.params[i] for i in b.params]
+        ts: list[torch.Tensor] = list(params)
         if grads:
-            ts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ts]
+            ts = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = _flatten_dense_tensors([t.detach() for t in ts])
         return F.pad(flat, (0, b.padded - b.numel))
 

@@ -237,3 +237,11 @@ def store_contents(store: Store) -> dict[str, list[tuple]]:
     return {
         t.name: store.con.execute(f"SELECT * FROM {t.name} ORDER BY ALL").fetchall() for t in TABLES
     }
+
+
+def db_contents(db: Path) -> dict[str, list[tuple]]:
+    """``store_contents`` of the store at ``db``, opened read-only."""
+    from prism_trace.store.connection import open_store
+
+    with open_store(db, read_only=True) as store:
+        return store_contents(store)

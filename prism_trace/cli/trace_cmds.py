@@ -100,10 +100,12 @@ def ingest_cmd(
     order: str | None,
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
+    from prism_trace.ingest.discover import find
     from prism_trace.ingest.memory import ingest_memory_limit
     from prism_trace.ingest.parts import preforked
-    from prism_trace.ingest.pipeline import ingest, reader_processes
-    from prism_trace.layout.declare import declare_layout_of_new_run
+    from prism_trace.ingest.pipeline import ingesting
+    from prism_trace.ingest.plan import reader_processes
+    from prism_trace.layout.declare import declare_layout
     from prism_trace.store.connection import open_store, removed_if_new_and_failed
     from prism_trace.store.write import check_run_name
 
@@ -113,14 +115,16 @@ def ingest_cmd(
         paths[0].resolve().name.split(".")[0], where=f"{paths[0]}: the run name from its name"
     )
     given = workers or jobs  # --jobs: the former name
-    n = reader_processes(list(paths), format=fmt, workers=given or "auto")  # type: ignore[arg-type]
+    found = find(list(paths), format=fmt)  # type: ignore[arg-type]
+    n = reader_processes(found, workers=given or "auto")
     # The workers are forked before the store is opened: a fork must not copy a DuckDB database.
+    # The layout is declared inside the ingest's transaction: a refused layout leaves the store
+    # as it was, a replaced run included.
     with (
         removed_if_new_and_failed(db),
         preforked(n if engine == "local" else 0),
         open_store(db) as store,
-    ):
-        report = ingest(
+        ingesting(
             store,
             list(paths),
             run=name,
@@ -132,9 +136,11 @@ def ingest_cmd(
             engine=engine,  # type: ignore[arg-type]
             scheduler=scheduler,
             scratch=scratch,
-        )
+            found=found,
+        ) as report,
+    ):
         if declared is not None:
-            declare_layout_of_new_run(store, name, declared, run_id=report.run_id)
+            declare_layout(store, name, declared)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
     elif not quiet:

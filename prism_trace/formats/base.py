@@ -2,8 +2,27 @@
 
 A reader turns one file into polars frames shaped like the store's tables (see ``schema.py``),
 minus ``run_id`` (which ingest assigns) and with communicator *names* instead of minted group ids.
-Readers never touch the store, so they can be tested alone, and ingest can validate everything
-before it writes.
+Readers never read or write the store's tables: a reader is tested alone, and ingest checks each
+file's frames before it appends them (a failure rolls the whole ingest back).
+
+Where a reader's work runs is another matter, for Kineto. ``read_kineto`` works in a DuckDB
+connection of its own. Ingest instead calls ``stage_kineto`` (one file) and
+``try_read_kineto_batch`` (several small ones), which run their SQL on a connection the caller
+gives and make their work tables in that connection's default database, which the caller makes
+fresh for the file and drops after it. In a worker process that is the worker's own connection;
+in the ingest's own process it is a cursor of the *store's* connection, with a work database
+attached and made its default (``ingest.readers._work_database``: in memory, or a file for a
+trace larger than the memory limit). So the statements run inside the store's DuckDB, but they
+never name the store's database or its tables, and the store's transaction never reads the work
+database (a transaction keeps every database it read attached until it ends): the frames come
+back as polars frames, and ``stage_kineto``'s events as a relation handed to the caller's sink,
+which ingest streams into ``event`` as Arrow batches (``ingest.append._stream_events``).
+
+Why the store's DuckDB rather than one of the reader's own: one DuckDB in the process is one
+memory limit, one buffer pool and one thread pool for the whole ingest (``ingest.memory``). A
+second database instance would bring its own limit, so the ingest's peak could reach twice it,
+and its threads would compete with the store's for the cores; the events would cross between
+the two the same way (an Arrow stream), so nothing would be gained in speed.
 
 Frames and their columns (each frame may hold several ranks; every frame has a ``rank`` column):
 

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from prism_trace.errors import TraceFormatError, UnknownFormatError
+from prism_trace.errors import PrismError, TraceFormatError, UnknownFormatError
 from prism_trace.formats.base import FormatName
 from prism_trace.limits import check_regular_file, gzip_errors
 
-__all__ = ["TraceFile", "detect_format", "discover", "fingerprint"]
+__all__ = ["FormatArg", "Found", "TraceFile", "detect_format", "discover", "find", "fingerprint"]
+
+FormatArg = Literal["auto", "kineto", "host_et", "chakra", "op_timeline"]
+"""What ``--format`` may say: a format forced on every file, or ``auto`` (detected per file)."""
 
 _HEAD_BYTES = 1 << 16
 _OP_TIMELINE_SIDECARS = re.compile(r"^(meta|result|timeline)[-_].*", re.IGNORECASE)
@@ -81,9 +84,7 @@ def _is_op_timeline_dir(folder: Path) -> bool:
 
 
 def discover(
-    paths: list[Path],
-    *,
-    format: Literal["auto", "kineto", "host_et", "chakra", "op_timeline"] = "auto",
+    paths: list[Path], *, format: FormatArg = "auto"
 ) -> tuple[list[TraceFile], list[Path]]:
     """Expand files and folders into trace files.
 
@@ -134,6 +135,48 @@ def discover(
             raise UnknownFormatError(msg)
         found.append(TraceFile(p, fmt))
     return found, skipped
+
+
+@dataclass(frozen=True)
+class Found:
+    """``discover``'s answer for the paths of one ingest, asked once (``find``).
+
+    The CLI needs the files before it opens the store, to plan the worker processes it forks
+    (``plan.reader_processes``), and ``ingest`` needs them to read: it takes this answer
+    instead of walking the folders and sniffing every file again. An error ``discover`` raised
+    is kept and raised where ``ingest`` asks for the files (``checked``, after it checked the
+    run name), so a bad path is reported exactly as when ingest discovered the files itself.
+    """
+
+    paths: list[Path]
+    format: FormatArg
+    files: list[TraceFile]
+    skipped: list[Path]
+    error: PrismError | None = None
+
+    def checked(self) -> tuple[list[TraceFile], list[Path]]:
+        """The trace files and the skipped ones, as ``discover`` returns them (copies: ingest
+        reorders its list).
+
+        Raises:
+            What ``discover`` raised for these paths.
+        """
+        if self.error is not None:
+            raise self.error
+        return list(self.files), list(self.skipped)
+
+
+def find(paths: list[Path], *, format: FormatArg = "auto") -> Found:
+    """``discover(paths, format=format)`` once, its error kept for later (``Found``).
+
+    Only a ``PrismError`` (a missing path, a file of no known kind, a bad gzip) is kept; any
+    other error (a file that cannot be read) is raised here.
+    """
+    try:
+        files, skipped = discover(paths, format=format)
+    except PrismError as exc:
+        return Found(list(paths), format, [], [], exc)
+    return Found(list(paths), format, files, skipped)
 
 
 def fingerprint(path: Path, *, edge_bytes: int = 4 << 20) -> str:

@@ -10,7 +10,7 @@ rows of a file it read itself, so the stored rows do not depend on where a file 
 (``tests/prism_trace/test_ingest_workers.py``).
 
 Small Kineto files go to a worker in batches (``parse_batch``: one run of the reader's
-statements for several files, ``formats/kineto_batch.py``), about one batch a worker; a batch
+statements for several files, ``formats/kineto/batch.py``), about one batch a worker; a batch
 that cannot be read as one is read file by file, each file's error raised at its turn. A
 batch's events come back in its frames, not as parts: they are small, and the pipe is cheaper
 than Parquet written and read back.
@@ -52,7 +52,15 @@ import duckdb
 
 from prism_trace.errors import PrismError
 from prism_trace.formats.base import TraceTables
+from prism_trace.formats.kineto import batch as kineto_batch
+from prism_trace.formats.kineto import reader as kineto_reader
 from prism_trace.ingest.discover import TraceFile
+from prism_trace.ingest.readers import (
+    _batch_candidates,
+    _work_database,
+    _works_on_disk,
+    read_trace,
+)
 
 __all__ = [
     "Engine",
@@ -155,8 +163,6 @@ def parse_file(job: FileJob) -> FilePart:
         The reader's errors (``TraceFormatError`` and its kin), which name the file; the driver
         re-raises the first one in file order.
     """
-    from prism_trace.ingest.read import read_trace
-
     out = job.out_dir / f"events{job.index:06d}.parquet"
     if job.trace.format != "kineto":
         t = read_trace(job.trace, rank=job.rank)
@@ -170,37 +176,22 @@ def parse_file(job: FileJob) -> FilePart:
 
 
 def _parse_kineto(job: FileJob, out: Path) -> FilePart:
-    """The Kineto reader on the worker's connection, in a work database of its own."""
-    from prism_trace.formats.kineto.reader import stage_kineto
-
-    # The same rule as the driver's own path: a large trace is worked on in a database file.
-    from prism_trace.ingest.memory import works_on_disk
-    from prism_trace.ingest.read import _json_size_guess, _quote
-
+    """The Kineto reader on the worker's connection, in a work database of its own (a file for
+    a large trace: the same rule as the driver's own path)."""
     con = _connection(job.threads, job.memory_limit)
-    cur = con.cursor()
-    work = job.out_dir / f"work{job.index:06d}.duckdb"
-    on_disk = works_on_disk(_json_size_guess(job.trace.path), _CON_LIMIT)
-    alias = f"_prism_part{job.index}"
+    on_disk = _works_on_disk(job.trace.path, _CON_LIMIT)
+    work = job.out_dir / f"work{job.index:06d}.duckdb" if on_disk else None
     seen: list[int] = []
 
     def write(rank: int, events: duckdb.DuckDBPyRelation) -> None:
         events.to_parquet(str(out))
         seen.append(rank)
 
-    try:
-        cur.execute(f"SET temp_directory = '{_quote(job.out_dir)}'")
-        cur.execute(f"ATTACH '{_quote(work) if on_disk else ':memory:'}' AS {alias}")
-        cur.execute(f"USE {alias}")
-        t = stage_kineto(
+    alias = f"_prism_part{job.index}"
+    with _work_database(con, alias, file=work, spill_to=job.out_dir) as cur:
+        t = kineto_reader.stage_kineto(
             job.trace.path, con=cur, events_into=write, rank=job.rank, tmp_dir=job.out_dir
         )
-    finally:
-        cur.execute("USE memory")
-        cur.execute(f"DETACH DATABASE IF EXISTS {alias}")
-        cur.close()
-        for p in (work, work.with_name(work.name + ".wal")):
-            p.unlink(missing_ok=True)
     return FilePart(t, out if seen else None, seen)
 
 
@@ -228,27 +219,16 @@ def parse_batch(jobs: list[FileJob]) -> list[FilePart | Exception]:
 def _parse_kineto_batch(jobs: list[FileJob]) -> list[FilePart] | None:
     """The batch read on the worker's connection, in a work database of its own; each file's
     events come back in its frames (no Parquet part)."""
-    from prism_trace.formats.kineto.batch import try_read_kineto_batch
-    from prism_trace.ingest.read import _quote
-
     first = jobs[0]
     con = _connection(first.threads, first.memory_limit)
-    cur = con.cursor()
     alias = f"_prism_batch{first.index}"
-    try:
-        cur.execute(f"SET temp_directory = '{_quote(first.out_dir)}'")
-        cur.execute(f"ATTACH ':memory:' AS {alias}")
-        cur.execute(f"USE {alias}")
-        got = try_read_kineto_batch(
+    with _work_database(con, alias, spill_to=first.out_dir) as cur:
+        got = kineto_batch.try_read_kineto_batch(
             [j.trace.path for j in jobs],
             ranks=[j.rank for j in jobs],
             con=cur,
             tmp_dir=first.out_dir,
         )
-    finally:
-        cur.execute("USE memory")
-        cur.execute(f"DETACH DATABASE IF EXISTS {alias}")
-        cur.close()
     if got is None:
         return None
     # The events stay in the frames: a batch is small files (``kineto_batch.BATCH_TOTAL_BYTES``
@@ -282,10 +262,8 @@ def parts(
         with _dask_parts(jobs, workers=n, scheduler=scheduler) as it:
             yield it
         return
-    from prism_trace.formats.kineto.batch import plan_batches
-    from prism_trace.ingest.read import _batch_candidates
-
-    batches = [[jobs[i] for i in b] for b in plan_batches(_batch_candidates(files, rank), n)]
+    planned = kineto_batch.plan_batches(_batch_candidates(files, rank), n)
+    batches = [[jobs[i] for i in b] for b in planned]
     forked = _PREFORKED
     if forked is not None and forked[1] >= n:
         futures = [forked[0].submit(parse_batch, b) for b in batches]

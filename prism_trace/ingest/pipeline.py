@@ -2,46 +2,55 @@
 
 The whole ingest is one DuckDB transaction on the store: the files' rows are appended in file
 order as they are read, one append per table for many files (``ingest_append.Pending``; a large
-Kineto file's events stream from its scratch database straight into ``event``), and any failure
+Kineto file's events stream from its work database straight into ``event``), and any failure
 (a bad file, a rank or run-name clash, a full disk) rolls everything back, so a failed ingest
 leaves the store exactly as it was. Rows are written once: there is no staging copy.
 With several workers the files are read in other processes (or on a dask cluster) and each file's
 events come back as a Parquet part that this process appends, in file order, inside the same
-transaction (``ingest_parts``).
+transaction (``ingest_parts``). ``ingesting`` leaves that transaction open for the caller's own
+writes (``prism ingest --layout``), which then commit or roll back with the run.
+
+This module is the driver; the steps are its neighbours': finding the files (``discover``), where
+they are read (``plan``, ``read``, ``parts``), the rank book-keeping and checks (``ranks``), the
+writes (``append``), the columns derived across files (``derive``) and the linking of host ETs
+(``link``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import duckdb
 import polars as pl
 from tqdm import tqdm
 
-from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
-from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
+from prism_trace.errors import PrismError
+from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.graph.matching import check_member_counts, settle_order_matching
 from prism_trace.ingest import memory as ingest_memory
-from prism_trace.ingest.append import Pending
-from prism_trace.ingest.discover import TraceFile, discover, fingerprint
-from prism_trace.ingest.read import (
-    _clash,
-    _hold_part,
-    _Plan,
-    _reading,
-    _Shared,
-    _stored,
-    read_trace,
+from prism_trace.ingest.append import Pending, _stored
+from prism_trace.ingest.derive import (
+    _TIMELINE_PRIORITY,
+    _concat,
+    _merge_groups,
+    _number,
+    _rank_rows,
+    assign_iteration,
+    fill_sizes,
 )
-from prism_trace.limits import check_rank, check_world_size
+from prism_trace.ingest.discover import FormatArg, Found, TraceFile, find
+from prism_trace.ingest.parts import Engine
+from prism_trace.ingest.plan import _Plan
+from prism_trace.ingest.ranks import _check_bounds, _check_fingerprints, _RankBook
+from prism_trace.ingest.read import _hold_part, _reading, _Shared
+from prism_trace.ingest.settings import _ingest_settings
 from prism_trace.store.connection import Store
 from prism_trace.store.write import (
     RUN_TABLES,
@@ -52,24 +61,7 @@ from prism_trace.store.write import (
     next_run_id,
 )
 
-if TYPE_CHECKING:
-    from prism_trace.ingest.parts import Engine
-
-__all__ = ["IngestReport", "assign_iteration", "ingest", "read_trace", "reader_processes"]
-
-# Frames concatenated across files into the run's tables, and the table each one fills.
-_TABLE_OF_FRAME = {
-    "tracks": "track",
-    "events": "event",
-    "flows": "flow",
-    "iterations": "iteration",
-    "et_ops": "et_op",
-}
-# Parallel coordinates a reader may put in a rank's args (directly, or as our generator's
-# ``prism_layout`` {"tp_rank": ...}); slicing infers them otherwise.
-_AXES = ("tp", "cp", "ep", "dp", "pp")
-# Where a rank has several sources, timeline frames come from the best one.
-_TIMELINE_PRIORITY: dict[str, int] = {"kineto": 0, "op_timeline": 1, "chakra": 2, "host_et": 3}
+__all__ = ["IngestReport", "ingest", "ingesting"]
 
 
 @dataclass
@@ -101,173 +93,16 @@ class IngestReport:
         }
 
 
-def _concat(frames: list[pl.DataFrame]) -> pl.DataFrame:
-    return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-
-
-def _merge_groups(frames: list[pl.DataFrame], comm_names: set[str], world: int) -> pl.DataFrame:
-    """One row per group name; member lists from whichever source knows them."""
-    groups = _concat(frames).with_columns(has_ranks=pl.col("ranks").is_not_null())
-    groups = (
-        groups.sort(["name", "has_ranks"], descending=[False, True], nulls_last=True)
-        .group_by("name", maintain_order=True)
-        .agg(
-            pl.col("description").drop_nulls().first(),
-            pl.col("backend").drop_nulls().first(),
-            pl.col("size").drop_nulls().first(),
-            pl.col("ranks").drop_nulls().first(),
-        )
-    )
-    missing = sorted(comm_names - set(groups["name"].to_list()))
-    if missing:
-        groups = pl.concat(
-            [groups, pl.DataFrame({"name": missing}, schema={"name": pl.Utf8})], how="diagonal"
-        )
-    groups = groups.with_columns(
-        size=pl.coalesce(pl.col("size"), pl.col("ranks").list.len().cast(pl.Int32))
-    )
-    default = list(range(world))
-    # The default group "0" spans the world when no source lists its members.
-    groups = groups.with_columns(
-        ranks=pl.when(pl.col("ranks").is_null() & (pl.col("name") == "0"))
-        .then(pl.lit(default, dtype=pl.List(pl.Int32)))
-        .otherwise(pl.col("ranks")),
-    ).with_columns(size=pl.coalesce(pl.col("size"), pl.col("ranks").list.len().cast(pl.Int32)))
-    return (
-        groups.sort([pl.col("name").cast(pl.Int64, strict=False), "name"], nulls_last=True)
-        .with_row_index("group_id")
-        .with_columns(pl.col("group_id").cast(pl.Int32))
-    )
-
-
-def fill_sizes(calls: pl.DataFrame, groups: pl.DataFrame) -> pl.DataFrame:
-    """Sizes a reader could not finish without the group's size, from the run's groups.
-
-    A Chakra file without process groups gives an all-gather's input (``comm_size``) but not
-    its output, which is ``group size x`` that; the number of files tells the default group's
-    size only here. Fills ``group_size``, an all-gather's ``out_bytes`` (a reduce-scatter's:
-    ``in / size``) and ``msg_bytes = max(in, out)`` where they are NULL; known values stay.
-    """
-    need = ("kind", "group_name", "group_size", "in_bytes", "out_bytes", "msg_bytes")
-    if calls.is_empty() or any(c not in calls.columns for c in need):
-        return calls
-    if calls["msg_bytes"].null_count() == 0 and calls["group_size"].null_count() == 0:
-        return calls
-    sizes = groups.select(pl.col("name").alias("group_name"), pl.col("size").alias("_gsize"))
-    n = pl.col("group_size")
-    return (
-        calls.join(sizes, on="group_name", how="left", maintain_order="left")
-        .with_columns(group_size=pl.coalesce(n, pl.col("_gsize")).cast(calls["group_size"].dtype))
-        .with_columns(
-            out_bytes=pl.coalesce(
-                pl.col("out_bytes"),
-                pl.when(pl.col("kind") == "all_gather")
-                .then(pl.col("in_bytes") * n)
-                .when(pl.col("kind") == "reduce_scatter")
-                .then(pl.col("in_bytes") // n),
-            ).cast(calls["out_bytes"].dtype)
-        )
-        .with_columns(
-            msg_bytes=pl.coalesce(
-                pl.col("msg_bytes"), pl.max_horizontal("in_bytes", "out_bytes")
-            ).cast(calls["msg_bytes"].dtype)
-        )
-        .drop("_gsize")
-    )
-
-
-def _number(df: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """Fill a null ``seq`` by host-time order within ``keys`` (all rows of a key, or none).
-
-    ``seq_by_order`` says which rows were numbered here: across ranks they are one instance
-    only if ``collectives.settle_order_matching`` finds the ranks' sequences agree.
-    """
-    if df.is_empty() or df["seq"].null_count() == 0:
-        return df.with_columns(seq_by_order=pl.lit(value=False))
-    by_order = pl.col("seq").null_count().over(keys) > 0
-    return df.sort([*keys, "host_ts", "event_id"], nulls_last=True).with_columns(
-        seq=pl.when(by_order)
-        .then(pl.int_range(pl.len()).over(keys))
-        .otherwise(pl.col("seq"))
-        .cast(pl.Int64),
-        seq_by_order=by_order,
-    )
-
-
-def assign_iteration(df: pl.DataFrame, ts_col: str, iterations: pl.DataFrame) -> pl.DataFrame:
-    """Fill a null ``iteration`` from the step window containing ``ts_col`` on the same rank.
-
-    ``iterations`` has ``rank, iteration, ts, dur``; rows outside every window stay null. Used for
-    the rows a reader could not place (ingest) and for a replay's allocator rows.
-    """
-    if df.is_empty() or iterations.is_empty() or df["iteration"].null_count() == 0:
-        return df
-    steps = iterations.select(
-        "rank",
-        pl.col("iteration").alias("_it"),
-        pl.col("ts").alias("_ts"),
-        (pl.col("ts") + pl.col("dur")).alias("_end"),
-    ).sort("_ts")
-    known = df.filter(pl.col(ts_col).is_not_null()).with_row_index("_row")
-    # Both sides are sorted on their time column as a whole, so within every rank too: polars
-    # cannot check that itself when ``by`` is given (and warns), so it is told.
-    joined = known.sort(ts_col).join_asof(
-        steps,
-        left_on=ts_col,
-        right_on="_ts",
-        by="rank",
-        strategy="backward",
-        check_sortedness=False,
-    )
-    joined = joined.with_columns(
-        iteration=pl.coalesce(
-            pl.col("iteration"), pl.when(pl.col(ts_col) < pl.col("_end")).then(pl.col("_it"))
-        )
-    ).sort("_row")
-    return pl.concat(
-        [joined.select(df.columns), df.filter(pl.col(ts_col).is_null())], how="vertical"
-    )
-
-
-class _RankBook:
-    """Which file gave each rank what, so clashes are caught as files stream in."""
-
-    def __init__(self) -> None:
-        self.timeline: dict[int, tuple[str, Path]] = {}
-        self.host_et: dict[int, Path] = {}
-
-    def add(self, t: TraceTables) -> None:
-        for r in t.rank_ids:
-            if t.format == "host_et":
-                other = self.host_et.get(r)
-                self.host_et[r] = t.path
-            else:
-                prev = self.timeline.get(r)
-                other = None if prev is None else prev[1]
-                self.timeline[r] = (t.format, t.path)
-            if other is not None:
-                raise _clash(t.path, r, other)
-
-
-def _check_bounds(t: TraceTables) -> None:
-    """Whatever a reader let through, no rank or world size beyond ``MAX_RANKS`` is stored:
-    ingest builds the default group's member list from them."""
-    if t.world_size is not None:
-        check_world_size(t.path, t.world_size, "the world size")
-    for r in t.rank_ids:
-        check_rank(t.path, r, "a rank")
-        if t.world_size is not None and r >= t.world_size:
-            msg = f"{t.path}: rank {r} is not below the world size {t.world_size} it states"
-            raise TraceFormatError(msg)
-
-
-def _link_rank(con: object, run_id: int, rank: int, ops: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+def _link_rank(
+    con: duckdb.DuckDBPyConnection, run_id: int, rank: int, ops: pl.DataFrame
+) -> tuple[pl.DataFrame, int]:
     """Link one rank's host ET ops to its Kineto events already written by this ingest."""
+    # Imported here: only a run with host ETs pays for the linker and the host ET reader.
     from prism_trace.ingest.link import HOST_CATEGORIES, link_et_to_kineto
 
     cols = ", ".join(FRAME_SCHEMAS["events"])
     cats = ", ".join(f"'{c}'" for c in HOST_CATEGORIES)
-    events = con.sql(  # type: ignore[attr-defined]
+    events = con.sql(
         f"SELECT {cols} FROM event WHERE run_id = $1 AND rank = $2 AND category IN ({cats})",
         params=[run_id, rank],
     ).pl()
@@ -284,7 +119,7 @@ def ingest(
     paths: list[Path],
     *,
     run: str,
-    format: Literal["auto", "kineto", "host_et", "chakra", "op_timeline"] = "auto",
+    format: FormatArg = "auto",
     rank: int | None = None,
     replace: bool = False,
     progress: bool = True,
@@ -293,6 +128,7 @@ def ingest(
     scheduler: str | None = None,
     scratch: Path | None = None,
     jobs: int | None = None,
+    found: Found | None = None,
 ) -> IngestReport:
     """Ingest the traces under ``paths`` as one recorded run.
 
@@ -316,7 +152,7 @@ def ingest(
             each of which hands its files' events back as Parquet parts
             (``prism_trace.ingest.parts``). More is faster on idle cores, but each file in
             flight holds its own work tables. ``"auto"`` (the CLI's default): up to one a core,
-            but a set too small for workers to pay is read here (``ingest_read._Plan``:
+            but a set too small for workers to pay is read here (``ingest_plan._Plan``:
             docs/ingest.md, "How many workers"). The stored rows are the same either way.
         engine: ``local`` (worker processes on this machine) or ``dask`` (dask.distributed,
             the ``prism-trace[cluster]`` extra; every file is read by a dask worker).
@@ -325,6 +161,9 @@ def ingest(
         scratch: where the work files and parts go (default: the system temp dir); with a
             remote dask scheduler, a directory every worker sees under the same path.
         jobs: the former name of ``workers`` (deprecated).
+        found: ``discover``'s answer for ``paths`` and ``format`` when the caller has it
+            already (``discover.find``: the CLI, which plans its worker fork on it), so the
+            files are not looked for twice; default: found here.
 
     Returns:
         What was written.
@@ -336,6 +175,51 @@ def ingest(
         OutOfMemoryError: DuckDB ran out of its memory limit (``ingest_memory``).
         PrismError: ``PRISM_INGEST_MEMORY_LIMIT`` is not a size of at least 256 MB, or another
             argument is invalid.
+    """
+    with ingesting(
+        store,
+        paths,
+        run=run,
+        format=format,
+        rank=rank,
+        replace=replace,
+        progress=progress,
+        workers=workers,
+        engine=engine,
+        scheduler=scheduler,
+        scratch=scratch,
+        jobs=jobs,
+        found=found,
+    ) as report:
+        return report
+
+
+@contextlib.contextmanager
+def ingesting(
+    store: Store,
+    paths: list[Path],
+    *,
+    run: str,
+    format: FormatArg = "auto",
+    rank: int | None = None,
+    replace: bool = False,
+    progress: bool = True,
+    workers: int | Literal["auto"] | None = None,
+    engine: Engine = "local",
+    scheduler: str | None = None,
+    scratch: Path | None = None,
+    jobs: int | None = None,
+    found: Found | None = None,
+) -> Iterator[IngestReport]:
+    """``ingest``, its transaction open around the caller's block: what the block writes on
+    ``store`` commits with the run, and what it raises rolls the run back with it (a replaced
+    run is then as it was). ``prism ingest --layout`` declares the layout there.
+
+    The block runs before the ingest's DuckDB settings are put back (``_ingest_settings``):
+    they are the whole database's, and a failed statement leaves the transaction unable to
+    run any other until it is rolled back, so the transaction must end first.
+
+    Args and raises: as ``ingest``.
     """
     auto = workers == "auto"
     if workers == "auto":
@@ -350,9 +234,12 @@ def ingest(
     if engine == "dask" and scheduler is not None and scratch is None:
         msg = "--scheduler needs --scratch: a directory every dask worker sees at the same path"
         raise PrismError(msg)
+    if found is not None and (found.paths != list(paths) or found.format != format):
+        msg = f"found is discover's answer for {found.paths} ({found.format}), not {paths}"
+        raise ValueError(msg)
     memory_limit = ingest_memory.ingest_memory_limit()  # a bad variable stops it here
     old_id = claim_run_name(store, run, replace=replace)
-    files, skipped = discover(paths, format=format)
+    files, skipped = (found or find(paths, format=format)).checked()
     if not files:
         msg = f"{', '.join(map(str, paths))}: no trace files found"
         raise PrismError(msg)
@@ -369,7 +256,7 @@ def ingest(
     ):
         if old_id is not None:
             drop_run(con, old_id)
-        return _ingest_files(
+        yield _ingest_files(
             store,
             run_id=next_run_id(con),
             tmp=Path(tmp),
@@ -384,65 +271,6 @@ def ingest(
             plan=_Plan(workers=workers, engine=engine, scheduler=scheduler, auto=auto),
             memory_limit=limit_in_force,
         )
-
-
-def reader_processes(
-    paths: list[Path],
-    *,
-    format: Literal["auto", "kineto", "host_et", "chakra", "op_timeline"] = "auto",
-    workers: int | Literal["auto"] = "auto",
-) -> int:
-    """How many worker processes ``ingest`` would read ``paths`` with, were they forked from a
-    warm process (``ingest_parts.preforked``); 0 when it would read them here.
-
-    The CLI asks before it opens the store, to fork that many (a fork must come before any
-    DuckDB connection); a set ``ingest`` would refuse gives 0 (``ingest`` then says why).
-    """
-    auto = workers == "auto"
-    n = (os.cpu_count() or 1) if workers == "auto" else workers
-    try:
-        files, _ = discover(paths, format=format)
-    except PrismError:
-        return 0
-    return _Plan(workers=n, auto=auto).processes(files, forked=True) if files else 0
-
-
-@contextlib.contextmanager
-def _ingest_settings(store: Store, memory_limit: int) -> Iterator[float]:
-    """DuckDB settings for the ingest, put back afterwards (they are the whole database's);
-    yields the memory limit in force, in bytes.
-
-    - ``memory_limit`` set to ``memory_limit`` (``ingest_memory.ingest_memory_limit``) when the
-      store's is DuckDB's default (80% of RAM, which lets one large trace's sorts and joins grow
-      to several times the file); under it they spill to the store's temporary directory. A
-      limit the caller set on the store is kept, and is the one in force. DuckDB shows the limit
-      rounded, so ours is put back by RESET.
-    - ``preserve_insertion_order`` on: the Kineto reader numbers the records of a trace by the
-      order a CREATE TABLE AS keeps (``formats.kineto``).
-    """
-    con = store.con
-    limit_sql = "SELECT current_setting('memory_limit')"
-    (limit,) = con.execute(limit_sql).fetchall()[0]
-    ours = limit == _default_memory_limit()
-    (keep_order,) = con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0]
-    if ours:
-        con.execute(f"SET memory_limit = '{memory_limit}B'")
-    con.execute("SET preserve_insertion_order = true")
-    try:
-        yield memory_limit if ours else ingest_memory.size_bytes(str(limit))
-    finally:
-        if ours:
-            con.execute("RESET memory_limit")
-        con.execute(f"SET preserve_insertion_order = {'true' if keep_order else 'false'}")
-
-
-@functools.cache
-def _default_memory_limit() -> str:
-    """DuckDB's default ``memory_limit`` as it shows it, asked once a process: opening a
-    connection to ask costs ~20 ms, twice an ingest."""
-    with duckdb.connect() as fresh:
-        (default,) = fresh.execute("SELECT current_setting('memory_limit')").fetchall()[0]
-    return str(default)
 
 
 def _ingest_files(
@@ -541,7 +369,7 @@ def _ingest_files(
         with shared.lock:
             pending.flush(con)
 
-    ranks = sorted(set(book.timeline) | set(book.host_et))
+    ranks = book.ranks
     world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)
     groups = _merge_groups(group_frames, comm_names, world)
     calls = _concat(coll_frames)
@@ -586,63 +414,7 @@ def _ingest_files(
     )
 
 
-def _check_fingerprints(store: Store, files: list[TraceFile], old_id: int | None) -> list[str]:
-    """Refuse a file given twice, or one already ingested into another run of this store."""
-    prints = [fingerprint(f.path) for f in files]
-    seen_fp: dict[str, Path] = {}
-    for f, fp in zip(files, prints, strict=True):
-        if fp in seen_fp:
-            msg = f"{f.path}: same content as {seen_fp[fp]}; each file may be given once"
-            raise DuplicateRankError(msg)
-        seen_fp[fp] = f.path
-    clash = store.con.execute(
-        "SELECT s.path, r.name FROM source_file s JOIN run r USING (run_id)"
-        " WHERE s.fingerprint IN (SELECT unnest(?)) AND s.run_id IS DISTINCT FROM ?",
-        [list(seen_fp), old_id],
-    ).fetchall()
-    if clash:
-        msg = (
-            f"{clash[0][0]}: already ingested as run {clash[0][1]!r}; re-ingesting is refused"
-            f" (use --run {clash[0][1]} --replace to redo it)"
-        )
-        raise DuplicateRankError(msg)
-    return prints
-
-
-def _rank_rows(frames: list[pl.DataFrame], et_counts: dict[int, tuple[int, int]]) -> pl.DataFrame:
-    """One row per rank: the timeline source's facts first, the others fill its gaps."""
-    rows = (
-        pl.concat(frames, how="vertical")
-        .sort(["rank", "_prio"])
-        .drop("_prio")
-        .group_by("rank", maintain_order=True)
-        .agg(pl.all().drop_nulls().first())
-    )
-    rows = rows.with_columns(
-        [
-            pl.coalesce(
-                pl.col("args").str.json_path_match(f"$.{axis}"),
-                pl.col("args").str.json_path_match(f"$.prism_layout.{axis}_rank"),
-            )
-            .cast(pl.Int32, strict=False)
-            .alias(axis)
-            for axis in _AXES
-        ]
-    )
-    et_df = pl.DataFrame(
-        {
-            "rank": list(et_counts),
-            "et_ops": [v[0] for v in et_counts.values()],
-            "et_ops_linked": [v[1] for v in et_counts.values()],
-        },
-        schema={"rank": pl.Int32, "et_ops": pl.Int64, "et_ops_linked": pl.Int64},
-    )
-    return rows.join(et_df, on="rank", how="left")
-
-
-# Every per-run table: what a --replace deletes and what the report counts.
-def _count(con: object, table_name: str, run_id: int) -> int:
-    row = con.execute(  # type: ignore[attr-defined]
-        f"SELECT count(*) FROM {table_name} WHERE run_id = ?", [run_id]
-    ).fetchall()[0]
-    return int(row[0])
+def _count(con: duckdb.DuckDBPyConnection, table_name: str, run_id: int) -> int:
+    """Rows of ``table_name`` the run holds (the report's counts)."""
+    row = con.execute(f"SELECT count(*) FROM {table_name} WHERE run_id = ?", [run_id]).fetchall()
+    return int(row[0][0])

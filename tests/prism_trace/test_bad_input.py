@@ -26,6 +26,7 @@ from prism_trace.ingest.pipeline import ingest
 from prism_trace.store.connection import open_store
 from prism_trace.store.schema import SCHEMA_VERSION
 from prism_trace.store.tables import TABLES
+from tests.conftest import db_contents
 
 pytestmark = pytest.mark.shared_data
 
@@ -192,6 +193,20 @@ def test_failure_inside_the_write_rolls_back(
     with open_store(seeded_db) as store, pytest.raises(OSError, match="simulated"):
         ingest(store, [src], run="y", progress=False)
     assert snapshot(seeded_db) == before
+
+
+def test_a_refused_layout_leaves_the_replaced_run_as_it_was(
+    seeded_db: Path, shared_datasets: Path
+) -> None:
+    """Issue 33: ``ingest --replace --layout`` whose layout the new run refuses keeps the old
+    run, row for row: the ingest and the layout's declaration are one transaction (the
+    replacement was committed, then dropped with the refused layout: no run was left)."""
+    before = db_contents(seeded_db)
+    assert before["event"], "the seeded run has rows to lose"
+    src = shared_datasets / "chakra-et/astrasim_et_examples/microbenchmarks/all_to_all/4npus_1MB"
+    args = [src, "--run", "seed", "--replace", "--layout", "tp=3"]
+    assert_fails_cleanly(seeded_db, args, "records a world of 4")
+    assert db_contents(seeded_db) == before
 
 
 def test_locked_database(seeded_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:

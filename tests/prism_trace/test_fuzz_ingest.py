@@ -577,7 +577,7 @@ def test_unexpected_error_is_one_line_and_debug_shows_it(
         msg = "a bug"
         raise KeyError(msg)
 
-    monkeypatch.setattr(ingest_mod, "ingest", boom)
+    monkeypatch.setattr(ingest_mod, "ingesting", boom)
     args = ["ingest", str(SAMPLE / "rank0.kineto.json.gz"), "--db", str(tmp_path / "s.duckdb")]
     res = CliRunner().invoke(main, args)
     lines = [ln for ln in res.output.splitlines() if ln.strip()]

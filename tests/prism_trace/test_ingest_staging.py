@@ -16,7 +16,7 @@ import pytest
 
 import prism_trace.ingest.memory as ingest_memory
 import prism_trace.ingest.pipeline as ingest_mod
-import prism_trace.ingest.read as ingest_read
+import prism_trace.ingest.readers as ingest_readers
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
 from prism_trace.ingest.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
@@ -55,14 +55,14 @@ def test_work_on_disk_stores_the_same_rows(
     in_memory: dict[str, list[tuple]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[bool] = []
-    real = ingest_read._json_size_guess
+    real = ingest_readers.json_size_guess
 
     def guess(path: Path) -> int:
         seen.append(True)
         return real(path)
 
     monkeypatch.setattr(ingest_memory, "works_on_disk", lambda *_: True)
-    monkeypatch.setattr(ingest_read, "_json_size_guess", guess)
+    monkeypatch.setattr(ingest_readers, "json_size_guess", guess)
     on_disk = _ingest(tmp_path / "d.duckdb")
     assert seen, "the Kineto files were not read through the staged path"
     assert in_memory["event"], "the sample has events"

@@ -254,12 +254,13 @@ def test_a_bad_file_read_by_a_forked_worker_is_one_line_and_changes_nothing(
 def test_the_default_reads_a_small_set_here(tmp_path: Path, job: Path) -> None:
     """Without --workers, a set under the plan's size is read in the prism process (no
     workers: they would cost more than they save); --workers 2 still uses two."""
-    from prism_trace.ingest.pipeline import reader_processes
+    from prism_trace.ingest.discover import find
+    from prism_trace.ingest.plan import reader_processes
 
-    assert reader_processes([job]) == 0
-    assert reader_processes([job], workers=2) == 2
-    assert reader_processes([job], workers=1) == 0
-    assert reader_processes([SAMPLE / "rank0.kineto.json.gz"], workers=4) == 0
+    assert reader_processes(find([job])) == 0
+    assert reader_processes(find([job]), workers=2) == 2
+    assert reader_processes(find([job]), workers=1) == 0
+    assert reader_processes(find([SAMPLE / "rank0.kineto.json.gz"]), workers=4) == 0
 
 
 def test_a_test_runner_process_is_not_forked() -> None:
@@ -280,15 +281,16 @@ def test_the_default_uses_workers_only_on_idle_cores(
     job: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Over the size, the default takes one worker an idle core: none on a busy machine."""
-    from prism_trace.ingest import read as ingest_read
-    from prism_trace.ingest.pipeline import reader_processes
+    from prism_trace.ingest import plan as ingest_plan
+    from prism_trace.ingest.discover import find
+    from prism_trace.ingest.plan import reader_processes
 
-    monkeypatch.setattr(ingest_read, "_PARALLEL_MIN_BYTES_FORKED", 0)
-    monkeypatch.setattr(ingest_read.os, "cpu_count", lambda: 4)
-    monkeypatch.setattr(ingest_read.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
-    assert reader_processes([job], workers="auto") == 4
-    monkeypatch.setattr(ingest_read.os, "getloadavg", lambda: (2.4, 0.0, 0.0))
-    assert reader_processes([job], workers="auto") == 2
-    monkeypatch.setattr(ingest_read.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
-    assert reader_processes([job], workers="auto") == 0
-    assert reader_processes([job], workers=3) == 3, "an explicit --workers is kept"
+    monkeypatch.setattr(ingest_plan, "_PARALLEL_MIN_BYTES_FORKED", 0)
+    monkeypatch.setattr(ingest_plan.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(ingest_plan.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert reader_processes(find([job]), workers="auto") == 4
+    monkeypatch.setattr(ingest_plan.os, "getloadavg", lambda: (2.4, 0.0, 0.0))
+    assert reader_processes(find([job]), workers="auto") == 2
+    monkeypatch.setattr(ingest_plan.os, "getloadavg", lambda: (3.0, 0.0, 0.0))
+    assert reader_processes(find([job]), workers="auto") == 0
+    assert reader_processes(find([job]), workers=3) == 3, "an explicit --workers is kept"

@@ -23,8 +23,9 @@ from prism_trace.errors import (
     UnknownFormatError,
 )
 from prism_trace.formats.base import FRAME_SCHEMAS
+from prism_trace.formats.kineto.header import rank_from_file_name
 from prism_trace.formats.kineto.json_array import sniff_kineto, split_trace_events
-from prism_trace.formats.kineto.reader import rank_from_file_name, read_kineto
+from prism_trace.formats.kineto.reader import read_kineto
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"
 DLRM = "param-dlrm-8rank/kineto"

@@ -16,6 +16,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+import prism_trace.formats.kineto.events as kineto_events
 import prism_trace.formats.kineto.json_array as json_array
 import prism_trace.formats.kineto.reader as kineto
 from prism_trace.formats.kineto.json_array import split_trace_events
@@ -129,7 +130,7 @@ def test_nesting_long_tracks_in_slices_gives_the_same_frames(
         slices.append(len(out))
         return out
 
-    monkeypatch.setattr(kineto, "_NEST_ROWS", 2)
+    monkeypatch.setattr(kineto_events, "_NEST_ROWS", 2)
     monkeypatch.setattr(kineto._Reader, "quiet_slices", spy)
     cut = frames(path)
     assert sum(slices) > len(slices) + 10  # the host thread (flow points on it) is cut too

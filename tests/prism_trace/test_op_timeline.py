@@ -10,7 +10,8 @@ import pytest
 
 from prism_trace.errors import MissingFieldError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS, TraceTables
-from prism_trace.formats.op_timeline.reader import read_op_timeline, sniff_op_timeline
+from prism_trace.formats.op_timeline.files import sniff_op_timeline
+from prism_trace.formats.op_timeline.reader import read_op_timeline
 
 ST = Path("megatron-straggler-st-8rank")
 

@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from prism_trace.cli import main
+from tests.conftest import db_contents
 
 
 @pytest.fixture(scope="module")
@@ -191,25 +192,11 @@ def test_a_refused_emulate_builds_no_graph(
         assert con.execute("SELECT count(*) FROM graph_node").fetchall() == [(0,)]
 
 
-def table_contents(db: Path) -> dict[str, list[tuple[object, ...]]]:
-    """Every row of every table of the store at ``db``, sorted: what a refused command must
-    leave exactly as it was (the graph, the layout's coordinates and the run ids included)."""
-    with duckdb.connect(str(db), read_only=True) as con:
-        tables = [
-            t
-            for (t,) in con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'"
-                " ORDER BY table_name"
-            ).fetchall()
-        ]
-        return {t: con.execute(f'SELECT * FROM "{t}" ORDER BY ALL').fetchall() for t in tables}
-
-
 def _refused_unchanged(db: Path, args: list[str], needle: str) -> None:
     """``_refused``, and every table's contents as they were."""
-    before = table_contents(db)
+    before = db_contents(db)
     _refused(db, args, needle)
-    after = table_contents(db)
+    after = db_contents(db)
     assert after.keys() == before.keys()
     for table, rows in before.items():
         assert after[table] == rows, f"{table} changed"
@@ -233,7 +220,7 @@ def test_a_what_if_refused_after_loading_leaves_every_table_as_it_was(
     shutil.copyfile(sample_template, path)
     args = ["emulate", "--run", "sample", "--out-run", "e"]
     _refused_unchanged(path, args + [a for w in what_ifs for a in ("--what-if", w)], needle)
-    assert table_contents(path)["graph_node"] == []
+    assert db_contents(path)["graph_node"] == []
 
 
 @pytest.mark.slow

@@ -32,17 +32,16 @@ import polars as pl
 
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto.comms import _CommTables, comm_raw_sql
-from prism_trace.formats.kineto.json_array import TraceEventsFile, split_trace_events
-from prism_trace.formats.kineto.reader import (
-    _DEVICE_CATEGORIES,
-    _FREE_BYTES,
-    _MEMORY_COLUMNS,
-    _OBJECT_BYTES,
-    _base_ns,
-    _Reader,
-    _resolve_rank,
-    ranks_frame_of,
+from prism_trace.formats.kineto.events import _DEVICE_CATEGORIES
+from prism_trace.formats.kineto.frames import _MEMORY_COLUMNS
+from prism_trace.formats.kineto.header import _base_ns, _resolve_rank, ranks_frame_of
+from prism_trace.formats.kineto.json_array import (
+    TraceEventsFile,
+    json_size_guess,
+    split_trace_events,
 )
+from prism_trace.formats.kineto.load import _OBJECT_BYTES
+from prism_trace.formats.kineto.reader import _FREE_BYTES, _Reader, read_kineto
 from prism_trace.formats.kineto.sql import _LAUNCH_CATEGORIES, _SELECT_FAST, ARG_ROW_SQL, ev0_sql
 from prism_trace.limits import check_world_size
 
@@ -108,8 +107,6 @@ def read_kineto_batch(
     Raises:
         The errors of ``read_kineto`` for the first file it refuses.
     """
-    from prism_trace.formats.kineto.reader import read_kineto
-
     paths = [Path(p) for p in paths]
     the_ranks: list[int | None] = list(ranks) if ranks is not None else [None] * len(paths)
     with contextlib.closing(duckdb.connect()) as con:
@@ -119,16 +116,9 @@ def read_kineto_batch(
     return [read_kineto(p, rank=r, tmp_dir=tmp_dir) for p, r in zip(paths, the_ranks, strict=True)]
 
 
-def _json_size_guess(path: Path) -> int:
-    """The JSON bytes of ``path``, guessed: gzipped Kineto JSON shrinks about 8 times."""
-    with path.open("rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
-    return path.stat().st_size * (8 if gz else 1)
-
-
 def batchable(path: Path) -> bool:
     """Whether a file is small enough to be read in a batch (its JSON size guessed)."""
-    return _json_size_guess(path) < BATCH_MAX_BYTES
+    return json_size_guess(path) < BATCH_MAX_BYTES
 
 
 def try_read_kineto_batch(
@@ -559,7 +549,7 @@ def plan_batches(paths: list[Path | None], ways: int) -> list[list[int]]:
             batch: list[int] = []
             total = 0
             for i in run:
-                guess = _json_size_guess(Path(str(paths[i])))
+                guess = json_size_guess(Path(str(paths[i])))
                 if batch and (len(batch) >= size or total + guess > BATCH_TOTAL_BYTES):
                     out.append(batch)
                     batch, total = [], 0

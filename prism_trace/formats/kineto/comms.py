@@ -4,7 +4,7 @@ point-to-point calls, and their groups."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 import polars as pl
@@ -16,7 +16,10 @@ from prism_trace.formats.kineto.sql import (
     _dtype_sql,
     _op_kind_sql,
 )
+from prism_trace.formats.kineto.work import _Work
 from prism_trace.limits import check_count, check_rank, check_text, wrong_type
+
+__all__ = ["comm_raw_sql"]
 
 
 def _json_list(value: Any) -> Any:
@@ -257,23 +260,9 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
             LEFT JOIN ev_it i ON i.event_id = c.event_id"""
 
 
-class _CommTables:
-    """The communication half of the Kineto reader (``kineto._Reader`` inherits it): groups and
-    calls read from the staged ``ev``/``raw`` tables of one file."""
-
-    path: Path
-    rank: int
-    meta: dict[str, Any]
-    info: dict[str, Any]
-    world_size: int | None
-
-    if TYPE_CHECKING:  # provided by ``kineto._Reader``
-
-        def sql(self, query: str, params: list[Any] | None = None) -> None: ...
-
-        def rows(self, query: str) -> list[tuple[Any, ...]]: ...
-
-        def frame(self, query: str) -> pl.DataFrame: ...
+class _CommTables(_Work):
+    """The communication stage of the Kineto reader (``reader._Reader`` inherits it):
+    groups and calls read from the staged ``ev``/``raw`` tables of one file."""
 
     def _call_ranks(self, text: Any) -> list[int] | None:
         """The members a call's args list (``Process Group Ranks``), checked as the header's."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prism_trace.limits import MAX_COMM_BYTES
 
+__all__ = ["ARG_ROW_SQL", "ev0_sql"]
+
 _LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 """Host categories of the runtime calls that launch device work."""
 

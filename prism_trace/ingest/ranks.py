@@ -1,0 +1,90 @@
+"""Which file gave each rank what, and the checks that refuse a set of files before its rows are
+stored: a rank given twice, a rank or world size out of bounds, a file given twice or ingested
+already."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prism_trace.errors import DuplicateRankError, TraceFormatError
+from prism_trace.formats.base import TraceTables
+from prism_trace.ingest.discover import TraceFile, fingerprint
+from prism_trace.limits import check_rank, check_world_size
+from prism_trace.store.connection import Store
+
+__all__: list[str] = []
+
+
+def _clash(path: Path, rank: int, other: Path) -> DuplicateRankError:
+    """The error for a rank ``path`` gives that ``other`` gave already."""
+    msg = (
+        f"{path}: rank {rank} appears twice in one run (also in {other});"
+        " ingest each job as its own --run"
+    )
+    return DuplicateRankError(msg)
+
+
+class _RankBook:
+    """Which file gave each rank what, so clashes are caught as files stream in."""
+
+    def __init__(self) -> None:
+        self.timeline: dict[int, tuple[str, Path]] = {}
+        self.host_et: dict[int, Path] = {}
+
+    def add(self, t: TraceTables) -> None:
+        """Record ``t``'s ranks: a rank has one timeline source and one host ET at most.
+
+        Raises:
+            DuplicateRankError: another file gave one of them the same kind of source.
+        """
+        for r in t.rank_ids:
+            if t.format == "host_et":
+                other = self.host_et.get(r)
+                self.host_et[r] = t.path
+            else:
+                prev = self.timeline.get(r)
+                other = None if prev is None else prev[1]
+                self.timeline[r] = (t.format, t.path)
+            if other is not None:
+                raise _clash(t.path, r, other)
+
+    @property
+    def ranks(self) -> list[int]:
+        """Every rank some file gave, sorted."""
+        return sorted(set(self.timeline) | set(self.host_et))
+
+
+def _check_bounds(t: TraceTables) -> None:
+    """Whatever a reader let through, no rank or world size beyond ``MAX_RANKS`` is stored:
+    ingest builds the default group's member list from them."""
+    if t.world_size is not None:
+        check_world_size(t.path, t.world_size, "the world size")
+    for r in t.rank_ids:
+        check_rank(t.path, r, "a rank")
+        if t.world_size is not None and r >= t.world_size:
+            msg = f"{t.path}: rank {r} is not below the world size {t.world_size} it states"
+            raise TraceFormatError(msg)
+
+
+def _check_fingerprints(store: Store, files: list[TraceFile], old_id: int | None) -> list[str]:
+    """Refuse a file given twice, or one already ingested into another run of this store;
+    returns each file's fingerprint (stored in ``source_file``)."""
+    prints = [fingerprint(f.path) for f in files]
+    seen_fp: dict[str, Path] = {}
+    for f, fp in zip(files, prints, strict=True):
+        if fp in seen_fp:
+            msg = f"{f.path}: same content as {seen_fp[fp]}; each file may be given once"
+            raise DuplicateRankError(msg)
+        seen_fp[fp] = f.path
+    clash = store.con.execute(
+        "SELECT s.path, r.name FROM source_file s JOIN run r USING (run_id)"
+        " WHERE s.fingerprint IN (SELECT unnest(?)) AND s.run_id IS DISTINCT FROM ?",
+        [list(seen_fp), old_id],
+    ).fetchall()
+    if clash:
+        msg = (
+            f"{clash[0][0]}: already ingested as run {clash[0][1]!r}; re-ingesting is refused"
+            f" (use --run {clash[0][1]} --replace to redo it)"
+        )
+        raise DuplicateRankError(msg)
+    return prints
