@@ -29,7 +29,7 @@ from prism_trace.analysis import (
 )
 from prism_trace.replay import emulate_run
 
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 SETS = {

@@ -110,7 +110,7 @@ def pct(a: float, b: float) -> str:
 def micro(binary: Path, store, tmp: Path) -> tuple[str, list[float], list[float]]:
     from prism_trace.replay import EmulationConfig, TimingConfig, emulate_run
 
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
 
     head = (
         "| collective | NPUs | ASTRA-sim (ns) | prism alpha_beta, plain (ns) | diff |"
@@ -145,7 +145,7 @@ def st_slice(binary: Path, store, tmp: Path) -> str:
 
     from prism_trace.export.chakra.writer import export_chakra
     from prism_trace.graph.build import build_graph
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
 

@@ -49,7 +49,7 @@ def main() -> None:
     from prism_trace.replay.model.timing import ScaledTransfer, TransferQuery
     from prism_trace.replay.model.topology import Topology
 
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     head = ("run", "link", "kind", "alpha us/step", "busbw GB/s", "points", "inst")

@@ -42,7 +42,7 @@ def main() -> None:
     from prism_trace.replay.validate.draws import check_draws
 
     from prism_trace.graph.build import build_graph
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     rows = []

@@ -58,7 +58,7 @@ def main() -> None:
     from prism_trace.replay.whatif.config import parse_what_if
 
     from prism_trace.graph.build import build_graph
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store
@@ -72,8 +72,9 @@ def main() -> None:
             src = Path(__file__).resolve().parents[1] / "datasets" / "sample"
             layout = ParallelLayout.parse(f"tp=2,dp={args.dp or 2048},pp=2")
         else:
+            from prism_trace.datasets._config import JobConfig
             from prism_trace.datasets._model import ModelConfig
-            from prism_trace.datasets.generate import JobConfig, generate
+            from prism_trace.datasets.generate import generate
 
             src = Path(tmp) / "generated"
             model = ModelConfig(heads=args.tp, layers=args.pp)

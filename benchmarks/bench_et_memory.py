@@ -124,7 +124,7 @@ def bench_sample(tmp: Path) -> tuple[str, list[str]]:
     from prism_trace.replay.emulate.frames import rank_peaks
     from prism_trace.replay.memory.host_et import lifetime_events, rank_et_ops, storage_lifetimes
 
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     header = (
@@ -214,7 +214,7 @@ def bench_dlrm(tmp: Path) -> tuple[str, list[str]]:
     from prism_trace.replay.emulate.frames import rank_peaks
     from prism_trace.replay.memory.host_et import lifetime_events, rank_et_ops, storage_lifetimes
 
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     header = (

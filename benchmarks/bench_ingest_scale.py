@@ -205,7 +205,7 @@ def _ingest_forced_child(where: str, argv: list[str]) -> None:
     (``memory``) whatever the trace's size (``ingest_memory.works_on_disk``): the two sides of
     that rule, at the same memory limit. ``argv``: the ``prism`` arguments."""
     import prism_trace.cli
-    import prism_trace.ingest.memory as im
+    import prism_trace.ingestion.memory as im
 
     on_disk = where == "disk"
     im.works_on_disk = lambda *_: on_disk  # type: ignore[assignment]
@@ -235,7 +235,7 @@ def _load_child(out: str, path: str, db: str) -> None:
     from prism_trace.formats.kineto.header import _resolve_rank
     from prism_trace.formats.kineto.json_array import split_trace_events
     from prism_trace.formats.kineto.reader import _Reader
-    from prism_trace.ingest.memory import ingest_memory_limit
+    from prism_trace.ingestion.memory import ingest_memory_limit
 
     Path(db).unlink(missing_ok=True)
     with duckdb.connect(db, config={"memory_limit": f"{ingest_memory_limit()}B"}) as con:
@@ -253,7 +253,7 @@ def _check_pass_child(out: str, path: str) -> None:
     import duckdb
 
     from prism_trace.formats.kineto.json_array import split_trace_events
-    from prism_trace.ingest.memory import ingest_memory_limit
+    from prism_trace.ingestion.memory import ingest_memory_limit
 
     with (
         duckdb.connect(config={"memory_limit": f"{ingest_memory_limit()}B"}) as con,
@@ -402,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                 n = None if tool == "wd" else int(tool[1])
                 m = run_prism(prism, ts, work / f"{tool}.duckdb", n, args.timeout)
                 if tool == "wd":  # the plan the default would take now (the load has moved)
-                    from prism_trace.ingest.discover import find
-                    from prism_trace.ingest.plan import reader_processes
+                    from prism_trace.ingestion.discover import find
+                    from prism_trace.ingestion.plan import reader_processes
 
                     m.extra["plan"] = reader_processes(find([ts.path]))
             print(

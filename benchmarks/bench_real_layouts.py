@@ -43,7 +43,7 @@ from prism_trace.replay.validate.emulated import validate_run
 from prism_trace.errors import PrismError
 from prism_trace.graph.build import build_graph
 from prism_trace.graph.matching import match_comms
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.choice import choose_layout
 from prism_trace.layout.declare import declare_layout
 from prism_trace.layout.mesh import ParallelLayout

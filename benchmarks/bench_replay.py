@@ -124,10 +124,11 @@ def main() -> None:
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()
 
+    from prism_trace.datasets._config import JobConfig
     from prism_trace.datasets._model import ModelConfig
-    from prism_trace.datasets.generate import JobConfig, generate
+    from prism_trace.datasets.generate import generate
 
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     tmp = Path(tempfile.mkdtemp(prefix="prism-replay-bench-"))

@@ -56,14 +56,15 @@ def _record_and_replay(
     """One fresh recording under ``root``, replayed once per ``--instrument``: rows, results."""
     from dataclasses import replace
 
+    from prism_trace.datasets._config import JobConfig
     from prism_trace.datasets._model import ModelConfig
-    from prism_trace.datasets.generate import JobConfig, generate
+    from prism_trace.datasets.generate import generate
     from prism_trace.replay.hybrid.options import KernelReplayOptions
     from prism_trace.replay.hybrid.replay import replay_run
     from prism_trace.replay.validate.replayed import validate_replayed
 
     from prism_trace.graph.build import build_graph
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     root.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,7 @@ def main() -> None:
     from prism_trace.replay import emulate_run
 
     from prism_trace.export.perfetto import export_perfetto
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store

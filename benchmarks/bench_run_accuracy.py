@@ -49,9 +49,9 @@ REPO = HERE.parent
 
 def rank_entry(config: Path, out: Path) -> None:
     """Train one rank of the recorded job: the generator's own entry, unmodified."""
+    from prism_trace.datasets._config import JobConfig
     from prism_trace.datasets._model import ModelConfig
     from prism_trace.datasets._train import run_rank
-    from prism_trace.datasets.generate import JobConfig
 
     d = json.loads(config.read_text())["config"]
     cfg = JobConfig(**{**d, "model": ModelConfig(**d["model"])})

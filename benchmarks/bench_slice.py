@@ -33,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from prism_trace.graph.build import build_graph
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.layout.mesh import ParallelLayout
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.store.connection import open_store

@@ -36,7 +36,7 @@ from prism_trace.replay.emulate.driver import emulate_in_memory
 from prism_trace.replay.emulate.slowdown import slowdown
 from prism_trace.replay.whatif.config import WhatIfConfig
 
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 

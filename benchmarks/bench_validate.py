@@ -51,7 +51,7 @@ def main() -> None:
     from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig
     from prism_trace.replay.validate.emulated import validate_run
 
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     config = EmulationConfig(completion=CompletionConfig(rule=args.completion))

@@ -23,7 +23,7 @@ from prism_trace.analysis import views
 from prism_trace.datasets import SAMPLE
 
 from prism_trace.export.parquet import export_parquet, open_parquet
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import open_store
 
 # The object each reader needs: a plain query of a table, and the view behind each analysis word.

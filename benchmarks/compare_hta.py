@@ -27,7 +27,7 @@ from pathlib import Path
 import polars as pl
 from prism_trace.analysis import ANALYSES, idle, kernels, overlap, temporal
 
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 REPO = Path(__file__).resolve().parents[1]

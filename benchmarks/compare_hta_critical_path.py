@@ -50,7 +50,7 @@ def _prism(path: Path) -> str:
     from prism_trace.analysis.critical_path import critical_path_shares, critical_path_summary
 
     from prism_trace.graph.build import build_graph
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     with tempfile.TemporaryDirectory() as tmp, open_store(Path(tmp) / "c.duckdb") as store:

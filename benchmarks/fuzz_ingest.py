@@ -158,7 +158,7 @@ def _synthetic_op_timeline(folder: Path) -> None:
 def _prism_export(op_timeline: Path, out: Path) -> None:
     """Ingest an op timeline and export it with prism's Chakra export (4 files, ``opt.<r>.et``)."""
     from prism_trace.export.chakra.writer import export_chakra
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     work = out.with_name(out.name + "-store")
@@ -966,7 +966,7 @@ def _peak_mb() -> float:
 def run_inproc(files: list[Path], db: Path) -> tuple[str | None, str | None]:
     """Ingest in this process: (refusal message, crash text)."""
     from prism_trace.errors import PrismError
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     try:
@@ -1053,7 +1053,7 @@ class Harness:
     def _make_base(self) -> None:
         """A store already holding a run (another synthetic Chakra job), so that 'unchanged' is
         checked against content."""
-        from prism_trace.ingest.pipeline import ingest
+        from prism_trace.ingestion.pipeline import ingest
         from prism_trace.store.connection import open_store
 
         src = self.root / "base-run"

@@ -102,8 +102,8 @@ def _instrumented() -> Iterator[tuple[dict[str, float], dict[str, float]]]:
 
 def profile(files: list[Path], top: int, *, batch: bool = False) -> str:
     """Read ``files`` instrumented (one by one, or in batches as ingest does); the report."""
-    from prism_trace.ingest.append import _EVENT_BATCH_ROWS
-    from prism_trace.ingest.memory import ingest_memory_limit
+    from prism_trace.ingestion.append import _EVENT_BATCH_ROWS
+    from prism_trace.ingestion.memory import ingest_memory_limit
 
     # Under the ingest's memory limit, as ingest reads (a large trace's sorts spill past it).
     con = duckdb.connect(config={"memory_limit": f"{ingest_memory_limit()}B"})

@@ -31,8 +31,6 @@ from prism_trace.datasets._schedule import SCHEDULES
 from prism_trace.datasets._train import run_rank, steps_path
 
 __all__ = [
-    "JobConfig",
-    "ModelConfig",
     "add_job_arguments",
     "generate",
     "job_config",

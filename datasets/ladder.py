@@ -21,13 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-from prism_trace.datasets.generate import (
-    JobConfig,
-    add_job_arguments,
-    generate,
-    job_config,
-    join_timeout_s,
-)
+from prism_trace.datasets._config import JobConfig
+from prism_trace.datasets.generate import add_job_arguments, generate, job_config, join_timeout_s
 
 __all__ = ["Recording", "main", "recording_name", "summary"]
 

@@ -42,7 +42,7 @@ CHAKRA_RESNET = "chakra-et/astrasim_et_examples/resnet50_dp_64npus_text_converte
 
 def ingest_runs(db: Path, runs: dict[str, list[Path]]) -> object:
     """A new store at ``db`` holding each of ``runs`` (name → paths), ingested quietly."""
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
 
     store = open_store(db)

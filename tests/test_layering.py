@@ -1,6 +1,8 @@
 """Dependencies point one way, and the core works without torch.
 
-The layers: core (`prism_trace`, minus its CLI) -> `replay` | `analysis` -> `prism_trace.cli`.
+The layers: core (`prism_trace`, minus its CLI and its facade) -> `replay` | `analysis` ->
+`prism_trace.cli` and the facade `prism_trace/__init__.py` (the Python API, which loads each
+name from whichever layer defines it, on first use).
 The core imports neither `replay`, `analysis` nor the CLI; `replay` and `analysis` do not import
 each other (one listed exception) nor the CLI; nothing imports the CLI. Only `replay` and
 `datasets` may import torch. Checked on the source with `ast` (import-linter cannot see
@@ -51,9 +53,12 @@ def test_the_layer_names_resolve() -> None:
     assert "analysis" in imported_modules(REPO / "analysis" / "report" / "html.py")
 
 
+FACADE = REPO / "prism_trace" / "__init__.py"
+
+
 def _core_files() -> list[Path]:
     cli = REPO / "prism_trace" / "cli"
-    return [p for p in (REPO / "prism_trace").rglob("*.py") if cli not in p.parents]
+    return [p for p in (REPO / "prism_trace").rglob("*.py") if cli not in p.parents and p != FACADE]
 
 
 def test_the_cli_is_a_package_on_top() -> None:
@@ -126,3 +131,17 @@ def test_the_cli_loads_without_the_analysis_layer() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_the_facade_loads_nothing_until_asked() -> None:
+    """`import prism_trace` (which every command pays) loads no layer, DuckDB, polars or torch;
+    a name of the API loads its own module only."""
+    code = (
+        "import sys, prism_trace\n"
+        "heavy = ('duckdb', 'polars', 'torch', 'prism_trace.replay', 'prism_trace.analysis')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+        "prism_trace.ParallelLayout\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.splitlines() == ["[]", "[]"]

@@ -100,11 +100,11 @@ def ingest_cmd(
     order: str | None,
 ) -> None:
     """Ingest trace files or folders (the ranks of one job) into DB as one run."""
-    from prism_trace.ingest.discover import find
-    from prism_trace.ingest.memory import ingest_memory_limit
-    from prism_trace.ingest.parts import preforked
-    from prism_trace.ingest.pipeline import ingesting
-    from prism_trace.ingest.plan import reader_processes
+    from prism_trace.ingestion.discover import find
+    from prism_trace.ingestion.memory import ingest_memory_limit
+    from prism_trace.ingestion.parts import preforked
+    from prism_trace.ingestion.pipeline import ingesting
+    from prism_trace.ingestion.plan import reader_processes
     from prism_trace.layout.declare import declare_layout
     from prism_trace.store.connection import open_store, removed_if_new_and_failed
     from prism_trace.store.write import check_run_name

@@ -13,7 +13,7 @@ from prism_trace.replay.hybrid.options import RankReplay
 from prism_trace.replay.hybrid.passes import _Driver, _Pass, _unit_calls
 from prism_trace.replay.kernels.program import Program
 
-from prism_trace.ingest.derive import assign_iteration
+from prism_trace.ingestion.derive import assign_iteration
 
 __all__: list[str] = []
 

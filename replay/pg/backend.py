@@ -467,10 +467,10 @@ def configure(
 ) -> PrismSession:
     """Register the backend and set the world the next `init_process_group("prism", ...)` joins.
 
-    The arguments are those of `pg_session.configure`; registering here means a caller that
+    The arguments are those of `pg_session.start_session`; registering here means a caller that
     configures a session never has to remember ``register()`` as well.
     """
     register()
-    return pg_session.configure(
+    return pg_session.start_session(
         world_size=world_size, real_ranks=real_ranks, schedule=schedule, groups=groups
     )

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from prism_trace.replay.peers import PeerSchedule
 
-__all__ = ["PrismSession", "configure", "reset", "session"]
+__all__ = ["PrismSession", "reset", "session", "start_session"]
 
 
 @dataclass
@@ -42,7 +42,7 @@ class PrismSession:
 _SESSION: PrismSession | None = None
 
 
-def configure(
+def start_session(
     *,
     world_size: int,
     real_ranks: Sequence[int],
@@ -123,7 +123,7 @@ def reset() -> None:
 
 
 def session() -> PrismSession | None:
-    """The current session, if `configure` ran or a `prism` group was created."""
+    """The current session, if `start_session` ran or a `prism` group was created."""
     return _SESSION
 
 
@@ -136,7 +136,7 @@ def _session_from_env(rank: int, world_size: int) -> PrismSession:
         import pickle
 
         payload = pickle.loads(Path(path).read_bytes())  # written by replay.pg.launch
-    s = configure(
+    s = start_session(
         world_size=world_size,
         real_ranks=real,
         schedule=payload.get("schedule"),

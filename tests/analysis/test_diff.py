@@ -15,7 +15,7 @@ from prism_trace.replay import emulate_run
 
 from prism_trace.cli import main
 from prism_trace.errors import PrismError
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 ST = "megatron-straggler-st-8rank"

@@ -21,7 +21,7 @@ from prism_trace.analysis.report.sections import ReportLimits
 from prism_trace.replay import emulate_run
 
 from prism_trace.errors import PrismError
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store, open_store

@@ -22,7 +22,7 @@ from prism_trace.analysis import (
 from prism_trace.cli import main
 from prism_trace.errors import PrismError
 from prism_trace.graph.build import build_graph
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 STEP_S = 1.0

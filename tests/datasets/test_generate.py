@@ -122,7 +122,8 @@ def test_sample() -> None:
 @pytest.mark.slow
 def test_generate(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from prism_trace.datasets.generate import JobConfig, generate
+    from prism_trace.datasets._config import JobConfig
+    from prism_trace.datasets.generate import generate
 
     cfg = JobConfig(dp=2, tp=1, pp=2, microbatches=2, steps=2)
     generate(tmp_path, cfg, join_timeout_s=120)
@@ -134,7 +135,8 @@ def test_generate(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_generate_tp_and_all_gather(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from prism_trace.datasets.generate import JobConfig, generate
+    from prism_trace.datasets._config import JobConfig
+    from prism_trace.datasets.generate import generate
 
     generate(tmp_path, JobConfig(dp=1, tp=2, pp=1, microbatches=2, steps=1), join_timeout_s=120)
     check_dataset(tmp_path)
@@ -153,7 +155,9 @@ def test_generate_refuses_a_bad_layout_before_starting_ranks(
     """heads % tp != 0 is refused up front, naming the output folder: no rank is started."""
     pytest.importorskip("torch")
     from prism_trace.datasets import generate as gen
-    from prism_trace.datasets.generate import JobConfig, ModelConfig, generate
+    from prism_trace.datasets._config import JobConfig
+    from prism_trace.datasets._model import ModelConfig
+    from prism_trace.datasets.generate import generate
 
     def no_ranks(*args: object, **kwargs: object) -> None:
         raise AssertionError("a rank was started")
@@ -179,7 +183,9 @@ def test_generate_fails_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     job of two processes, not three: the same failure, one torch start fewer.
     """
     pytest.importorskip("torch")
-    from prism_trace.datasets.generate import JobConfig, ModelConfig, generate
+    from prism_trace.datasets._config import JobConfig
+    from prism_trace.datasets._model import ModelConfig
+    from prism_trace.datasets.generate import generate
 
     monkeypatch.setattr(ModelConfig, "check", lambda self, *, tp, pp: None)
     cfg = JobConfig(dp=1, tp=2, pp=1, model=ModelConfig(heads=3))

@@ -22,7 +22,7 @@ from prism_trace.errors import (
     TruncatedTraceError,
     UnknownFormatError,
 )
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import open_store
 from prism_trace.store.schema import SCHEMA_VERSION
 from prism_trace.store.tables import TABLES
@@ -176,7 +176,7 @@ def test_replace_keeps_old_run_when_new_input_is_bad(seeded_db: Path, tmp_path: 
 def test_failure_inside_the_write_rolls_back(
     seeded_db: Path, shared_datasets: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import prism_trace.ingest.pipeline as ingest_mod
+    import prism_trace.ingestion.pipeline as ingest_mod
 
     real = ingest_mod.append
 

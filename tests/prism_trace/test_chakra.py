@@ -14,8 +14,9 @@ from chakra.src.third_party.utils.protolib import decodeMessage, encodeMessage, 
 
 from prism_trace.errors import RankUnknownError, TraceFormatError, TruncatedTraceError
 from prism_trace.formats.base import FRAME_SCHEMAS
-from prism_trace.formats.chakra.reader import rank_from_name, read_chakra, sniff_chakra
-from prism_trace.ingest.derive import fill_sizes
+from prism_trace.formats.chakra.reader import rank_from_name, read_chakra
+from prism_trace.formats.chakra.records import sniff_chakra
+from prism_trace.ingestion.derive import fill_sizes
 
 ASTRA = Path("chakra-et") / "astrasim_et_examples"
 TESTS = Path("chakra-et") / "chakra_tests"

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from prism_trace.cli import main
 from prism_trace.errors import PrismError
 from prism_trace.formats.chakra import chakra_pb2 as pb
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import open_store
 
 Attr = tuple[str, str, object]

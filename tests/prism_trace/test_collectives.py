@@ -11,7 +11,7 @@ import pytest
 
 from prism_trace.errors import CollectiveMismatchError
 from prism_trace.graph.matching import check_comms, match_comms
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 

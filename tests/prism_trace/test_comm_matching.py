@@ -16,7 +16,7 @@ from prism_trace.datasets.variants import kineto_variant, two_ranks_of_many
 
 from prism_trace.formats.kineto.sql import _op_kind_sql
 from prism_trace.graph.matching import UNMATCHED, match_comms, settle_order_matching
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 

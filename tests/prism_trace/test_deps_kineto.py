@@ -12,7 +12,7 @@ import pytest
 
 from prism_trace.graph.build import build_graph
 from prism_trace.graph.kineto import kineto_graph
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import open_store
 from tests.prism_trace.test_graph import EV_COLS, empty_comm, frame
 

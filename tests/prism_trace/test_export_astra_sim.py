@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from prism_trace.export.chakra.writer import export_chakra
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store, open_store

@@ -12,16 +12,12 @@ from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 
 from prism_trace.errors import PrismError
-from prism_trace.export.chakra.rules import (
-    CTRL_EDGE_KINDS,
-    PG_INIT_NAME,
-    SYNC_EDGE_KINDS,
-    ChakraExportError,
-)
+from prism_trace.export.chakra.rules import CTRL_EDGE_KINDS, SYNC_EDGE_KINDS, ChakraExportError
 from prism_trace.export.chakra.writer import ExportReport, export_chakra
-from prism_trace.formats.chakra.reader import NODE_COUNT_ATTR
+from prism_trace.formats.chakra.tables import NODE_COUNT_ATTR
+from prism_trace.formats.host_et.comms import PG_INIT_NAME
 from prism_trace.graph.build import build_graph
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store, open_store

@@ -13,7 +13,7 @@ import pytest
 
 from prism_trace.errors import PrismError
 from prism_trace.export.perfetto import PERFETTO_SCHEMA, export_perfetto
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store, open_store

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from prism_trace.cli import main
 from prism_trace.errors import PrismError, TruncatedTraceError
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.limits import MAX_RANKS
 from prism_trace.store.connection import open_store
 
@@ -571,7 +571,7 @@ def test_op_timeline_bad_meta(tmp_path: Path, fuzz: ModuleType, meta: bytes, nee
 def test_unexpected_error_is_one_line_and_debug_shows_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import prism_trace.ingest.pipeline as ingest_mod
+    import prism_trace.ingestion.pipeline as ingest_mod
 
     def boom(*args: object, **kwargs: object) -> None:
         msg = "a bug"

@@ -19,7 +19,7 @@ from prism_trace.graph.build import build_graph
 from prism_trace.graph.chakra import chakra_graph
 from prism_trace.graph.kineto import kineto_graph
 from prism_trace.graph.timeline import timeline_graph
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 SAMPLE = Path(__file__).resolve().parents[2] / "datasets" / "sample"

@@ -19,13 +19,8 @@ from prism_trace.errors import (
     TruncatedTraceError,
 )
 from prism_trace.formats.base import FRAME_SCHEMAS
-from prism_trace.formats.host_et.comms import _from_record_param_comms
-from prism_trace.formats.host_et.reader import (
-    normalize_comm_kind,
-    rank_from_file_name,
-    read_host_et,
-    sniff_host_et,
-)
+from prism_trace.formats.host_et.comms import _from_record_param_comms, normalize_comm_kind
+from prism_trace.formats.host_et.reader import rank_from_file_name, read_host_et, sniff_host_et
 
 RESNET = "param-resnet-et"
 ALLGATHER = "chakra-et/chakra_tests/host_et_1.0.2-chakra.0.0.4_allgather_2rank_rank0.json.gz"

@@ -13,7 +13,7 @@ import polars as pl
 import pytest
 
 from prism_trace.errors import TraceFormatError
-from prism_trace.ingest.append import Pending
+from prism_trace.ingestion.append import Pending
 from prism_trace.store.connection import open_store
 
 

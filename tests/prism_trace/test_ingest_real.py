@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 from tests.conftest import copy_of_template
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-import prism_trace.ingest.memory as ingest_memory
-import prism_trace.ingest.pipeline as ingest_mod
-import prism_trace.ingest.readers as ingest_readers
+import prism_trace.ingestion.memory as ingest_memory
+import prism_trace.ingestion.pipeline as ingest_mod
+import prism_trace.ingestion.readers as ingest_readers
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 # Slow: ingests with work on disk and in parallel; `scripts/test -m "not slow"` leaves it out.
@@ -251,7 +251,7 @@ def test_running_out_of_memory_while_storing_is_one_line(
     the file that was refused) and leaves the store as it was."""
     import duckdb
 
-    import prism_trace.ingest.append as ingest_append
+    import prism_trace.ingestion.append as ingest_append
     from prism_trace.errors import OutOfMemoryError
 
     def oom(*_a: object, **_k: object) -> None:

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from prism_trace.cli import main
 from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 from prism_trace.store.write import RUN_TABLES
 
@@ -165,8 +165,8 @@ def test_a_dead_worker_is_one_error_naming_a_file() -> None:
     from concurrent.futures import Future
     from concurrent.futures.process import BrokenProcessPool
 
-    from prism_trace.ingest.discover import TraceFile
-    from prism_trace.ingest.parts import _results
+    from prism_trace.ingestion.discover import TraceFile
+    from prism_trace.ingestion.parts import _results
 
     fut: Future = Future()
     fut.set_exception(BrokenProcessPool("a child process terminated abruptly"))
@@ -186,7 +186,7 @@ def test_zero_workers_is_refused(tmp_path: Path) -> None:
 # these run the command in a fresh process.
 _SPY = """
 import sys
-from prism_trace.ingest import parts as ingest_parts
+from prism_trace.ingestion import parts as ingest_parts
 from prism_trace.cli import main
 
 seen = []
@@ -254,8 +254,8 @@ def test_a_bad_file_read_by_a_forked_worker_is_one_line_and_changes_nothing(
 def test_the_default_reads_a_small_set_here(tmp_path: Path, job: Path) -> None:
     """Without --workers, a set under the plan's size is read in the prism process (no
     workers: they would cost more than they save); --workers 2 still uses two."""
-    from prism_trace.ingest.discover import find
-    from prism_trace.ingest.plan import reader_processes
+    from prism_trace.ingestion.discover import find
+    from prism_trace.ingestion.plan import reader_processes
 
     assert reader_processes(find([job])) == 0
     assert reader_processes(find([job]), workers=2) == 2
@@ -268,7 +268,7 @@ def test_a_test_runner_process_is_not_forked() -> None:
     start the workers."""
     import duckdb
 
-    from prism_trace.ingest.parts import _safe_to_fork, preforked, preforked_workers
+    from prism_trace.ingestion.parts import _safe_to_fork, preforked, preforked_workers
 
     with duckdb.connect() as con:
         con.execute("SELECT 1").fetchall()
@@ -281,9 +281,9 @@ def test_the_default_uses_workers_only_on_idle_cores(
     job: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Over the size, the default takes one worker an idle core: none on a busy machine."""
-    from prism_trace.ingest import plan as ingest_plan
-    from prism_trace.ingest.discover import find
-    from prism_trace.ingest.plan import reader_processes
+    from prism_trace.ingestion import plan as ingest_plan
+    from prism_trace.ingestion.discover import find
+    from prism_trace.ingestion.plan import reader_processes
 
     monkeypatch.setattr(ingest_plan, "_PARALLEL_MIN_BYTES_FORKED", 0)
     monkeypatch.setattr(ingest_plan.os, "cpu_count", lambda: 4)

@@ -200,7 +200,7 @@ def test_ingest_stores_the_same_rows_batched_or_not(
     The host ETs are left out: batching changes only how Kineto files are read, and the ET
     linking reads the stored Kineto rows, so it would add seconds and no case."""
     from prism_trace.formats.kineto import batch as kineto_batch
-    from prism_trace.ingest.pipeline import ingest
+    from prism_trace.ingestion.pipeline import ingest
     from prism_trace.store.connection import open_store
     from prism_trace.store.write import RUN_TABLES
 

@@ -15,7 +15,7 @@ import pytest
 
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.formats.host_et.reader import read_host_et
-from prism_trace.ingest.link import link_et_to_kineto
+from prism_trace.ingestion.link import link_et_to_kineto
 
 try:  # the Kineto reader lands in parallel; the raw loader below stands in until it does
     from prism_trace.formats.kineto.reader import read_kineto

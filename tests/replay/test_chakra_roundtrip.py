@@ -12,7 +12,7 @@ from prism_trace.replay.des.core import CommInstances, EmulatorGraph, emulate
 
 from prism_trace.export.chakra.writer import export_chakra
 from prism_trace.graph.build import build_graph
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 # Slow: exports, reads back and emulates whole runs; `scripts/test -m "not slow"` leaves it out.

@@ -16,7 +16,7 @@ from prism_trace.replay.emulate.slowdown import slowdown
 from prism_trace.replay.whatif.config import WhatIfConfig, parse_what_if
 
 from prism_trace.errors import PrismError
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
 # Slow: records straggler jobs with torch processes; `scripts/test -m "not slow"` leaves it out.
@@ -231,8 +231,8 @@ def test_generated_straggler_pair(tmp_path: Path) -> None:
     comparison is recorded once more before it counts (``benchmarks/bench_stragglers.py --source
     generated`` measures with repeats)."""
     pytest.importorskip("torch")
-    from prism_trace.datasets._config import ALL_RANKS
-    from prism_trace.datasets.generate import JobConfig, generate
+    from prism_trace.datasets._config import ALL_RANKS, JobConfig
+    from prism_trace.datasets.generate import generate
 
     def measure(root: Path) -> Store:
         """Record the three jobs under ``root`` and check the prediction against them."""

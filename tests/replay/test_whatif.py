@@ -18,7 +18,7 @@ from prism_trace.replay.emulate.driver import emulate_in_memory, emulate_run
 from prism_trace.replay.whatif.config import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.cli import main
-from prism_trace.ingest.pipeline import ingest
+from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
 from prism_trace.store.connection import Store

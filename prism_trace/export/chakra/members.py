@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING
 from prism_trace.export.chakra.rules import (
     CHAKRA_SCHEMA,
     CHAKRA_VERSION,
-    PG_INIT_NAME,
     START_NAME,
     ChakraExportError,
 )
 from prism_trace.export.chakra.template import ExportRun, GraphTemplate
 from prism_trace.export.chakra.wire import attr, attrs_bytes, record_bytes, varint
 from prism_trace.formats.chakra import chakra_pb2 as pb
-from prism_trace.formats.chakra.reader import NODE_COUNT_ATTR
+from prism_trace.formats.chakra.tables import NODE_COUNT_ATTR
+from prism_trace.formats.host_et.comms import PG_INIT_NAME
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store

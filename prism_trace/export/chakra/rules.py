@@ -16,7 +16,6 @@ __all__ = [
     "CTRL_EDGE_KINDS",
     "INPUT_SIZED",
     "MIN_COMM_BYTES",
-    "PG_INIT_NAME",
     "PRISM_DEPS_ATTR",
     "PRISM_DEP_KINDS_ATTR",
     "PRISM_KIND_ATTR",
@@ -33,9 +32,6 @@ CHAKRA_VERSION = "0.0.4"
 
 CHAKRA_SCHEMA = "prism-trace-1-chakra.0.0.4"
 """The ``schema`` attribute of ``GlobalMetadata``: who wrote the file, and for which Chakra."""
-
-PG_INIT_NAME = "## process_group:init ##"
-"""Name of the metadata node listing the rank's communicators (the PyTorch converter's)."""
 
 START_NAME = PRISM_START_NAME
 """Name of the start node (a COMP_NODE of duration 0, id = the METADATA node's + 1) that every

@@ -25,7 +25,7 @@ from prism_trace.export.chakra.rules import (
 )
 from prism_trace.export.chakra.wire import attr, micros, record_bytes
 from prism_trace.formats.chakra import chakra_pb2 as pb
-from prism_trace.formats.chakra.reader import PRISM_MSG_ATTR
+from prism_trace.formats.chakra.tables import PRISM_MSG_ATTR
 from prism_trace.graph.chakra import PRISM_EDGE_CODES
 
 if TYPE_CHECKING:

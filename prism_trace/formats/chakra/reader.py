@@ -71,12 +71,8 @@ from prism_trace.formats.chakra.records import (
     node_label,
     parse,
     records,
-    sniff_chakra,
 )
 from prism_trace.formats.chakra.tables import (
-    DEFAULT_GROUP,
-    NODE_COUNT_ATTR,
-    PRISM_MSG_ATTR,
     PRISM_SCHEMA_PREFIX,
     Graph,
     build,
@@ -95,15 +91,9 @@ from prism_trace.limits import (
 )
 
 __all__ = [
-    "DEFAULT_GROUP",
-    "NODE_COUNT_ATTR",
-    "PRISM_MSG_ATTR",
-    "PRISM_SCHEMA_PREFIX",
     "PRISM_START_NAME",
-    "pb",
     "rank_from_name",
     "read_chakra",
-    "sniff_chakra",
 ]
 
 _RANK_RE = re.compile(r"^(?P<prefix>.+?)\.(?P<rank>\d+)\.et(?:$|[._-])")

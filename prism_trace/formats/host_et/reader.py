@@ -32,7 +32,6 @@ from prism_trace.formats.host_et.comms import (
     default_backend,
     default_group,
     groups_frame,
-    normalize_comm_kind,
     p2p_frame,
 )
 from prism_trace.formats.host_et.load import OLD_IO_KEYS, PROMOTED_ATTRS, check_nodes, load
@@ -40,10 +39,7 @@ from prism_trace.limits import check_rank, check_world_size
 
 __all__ = [
     "ET_ONLY_PREFIX",
-    "PG_INIT_NAME",
-    "check_nodes",
     "is_et_only_name",
-    "normalize_comm_kind",
     "rank_from_file_name",
     "read_host_et",
     "sniff_host_et",

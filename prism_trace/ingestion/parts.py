@@ -54,8 +54,8 @@ from prism_trace.errors import PrismError
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto import batch as kineto_batch
 from prism_trace.formats.kineto import reader as kineto_reader
-from prism_trace.ingest.discover import TraceFile
-from prism_trace.ingest.readers import (
+from prism_trace.ingestion.discover import TraceFile
+from prism_trace.ingestion.readers import (
     _batch_candidates,
     _work_database,
     _works_on_disk,
@@ -142,8 +142,8 @@ def _connection(threads: int, memory_limit: int) -> duckdb.DuckDBPyConnection:
 
 # What a worker imports before its first file (in the fork server, when there is one).
 _PRELOAD = (
-    "prism_trace.ingest.parts",
-    "prism_trace.ingest.pipeline",
+    "prism_trace.ingestion.parts",
+    "prism_trace.ingestion.pipeline",
     "prism_trace.formats.kineto.reader",
     "prism_trace.formats.kineto.batch",
 )

@@ -66,7 +66,7 @@ def detect_format(path: Path) -> FormatName | None:
         if b'"nodes"' in head and b'"schema"' in head:
             return "host_et"
         return None
-    from prism_trace.formats.chakra.reader import sniff_chakra
+    from prism_trace.formats.chakra.records import sniff_chakra
 
     return "chakra" if sniff_chakra(path) else None
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import duckdb
 
-from prism_trace.ingest import memory as ingest_memory
+from prism_trace.ingestion import memory as ingest_memory
 from prism_trace.store.connection import Store
 
 __all__: list[str] = []

@@ -34,9 +34,9 @@ from tqdm import tqdm
 from prism_trace.errors import PrismError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.graph.matching import check_member_counts, settle_order_matching
-from prism_trace.ingest import memory as ingest_memory
-from prism_trace.ingest.append import Pending, _stored
-from prism_trace.ingest.derive import (
+from prism_trace.ingestion import memory as ingest_memory
+from prism_trace.ingestion.append import Pending, _stored
+from prism_trace.ingestion.derive import (
     _TIMELINE_PRIORITY,
     _concat,
     _merge_groups,
@@ -45,12 +45,12 @@ from prism_trace.ingest.derive import (
     assign_iteration,
     fill_sizes,
 )
-from prism_trace.ingest.discover import FormatArg, Found, TraceFile, find
-from prism_trace.ingest.parts import Engine
-from prism_trace.ingest.plan import _Plan
-from prism_trace.ingest.ranks import _check_bounds, _check_fingerprints, _RankBook
-from prism_trace.ingest.read import _hold_part, _reading, _Shared
-from prism_trace.ingest.settings import _ingest_settings
+from prism_trace.ingestion.discover import FormatArg, Found, TraceFile, find
+from prism_trace.ingestion.parts import Engine
+from prism_trace.ingestion.plan import _Plan
+from prism_trace.ingestion.ranks import _check_bounds, _check_fingerprints, _RankBook
+from prism_trace.ingestion.read import _hold_part, _reading, _Shared
+from prism_trace.ingestion.settings import _ingest_settings
 from prism_trace.store.connection import Store
 from prism_trace.store.write import (
     RUN_TABLES,
@@ -98,7 +98,7 @@ def _link_rank(
 ) -> tuple[pl.DataFrame, int]:
     """Link one rank's host ET ops to its Kineto events already written by this ingest."""
     # Imported here: only a run with host ETs pays for the linker and the host ET reader.
-    from prism_trace.ingest.link import HOST_CATEGORIES, link_et_to_kineto
+    from prism_trace.ingestion.link import HOST_CATEGORIES, link_et_to_kineto
 
     cols = ", ".join(FRAME_SCHEMAS["events"])
     cats = ", ".join(f"'{c}'" for c in HOST_CATEGORIES)
@@ -150,7 +150,7 @@ def ingest(
         workers: files read at the same time (default ``_WORKERS``). With one, files are read
             in this process; with more (and more than one file), in that many worker processes,
             each of which hands its files' events back as Parquet parts
-            (``prism_trace.ingest.parts``). More is faster on idle cores, but each file in
+            (``prism_trace.ingestion.parts``). More is faster on idle cores, but each file in
             flight holds its own work tables. ``"auto"`` (the CLI's default): up to one a core,
             but a set too small for workers to pay is read here (``ingest_plan._Plan``:
             docs/ingest.md, "How many workers"). The stored rows are the same either way.

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from prism_trace.formats.host_et.reader import ET_ONLY_PREFIX, PG_INIT_NAME
+from prism_trace.formats.host_et.comms import PG_INIT_NAME
+from prism_trace.formats.host_et.reader import ET_ONLY_PREFIX
 
 __all__ = ["HOST_CATEGORIES", "LinkReport", "link_et_to_kineto"]
 

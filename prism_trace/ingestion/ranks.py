@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prism_trace.errors import DuplicateRankError, TraceFormatError
 from prism_trace.formats.base import TraceTables
-from prism_trace.ingest.discover import TraceFile, fingerprint
+from prism_trace.ingestion.discover import TraceFile, fingerprint
 from prism_trace.limits import check_rank, check_world_size
 from prism_trace.store.connection import Store
 

@@ -46,7 +46,7 @@ import polars as pl
 
 from prism_trace.errors import OutOfMemoryError, PrismError, TraceFormatError
 from prism_trace.formats.base import FRAME_SCHEMAS
-from prism_trace.ingest.readers import _quote
+from prism_trace.ingestion.readers import _quote
 from prism_trace.store import tables
 from prism_trace.store.write import append
 

@@ -23,13 +23,13 @@ from prism_trace.errors import PrismError
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto import batch as kineto_batch
 from prism_trace.formats.kineto import reader as kineto_reader
-from prism_trace.ingest import memory as ingest_memory
-from prism_trace.ingest.append import Pending, _stream_events
-from prism_trace.ingest.discover import TraceFile
-from prism_trace.ingest.parts import FilePart, parts
-from prism_trace.ingest.plan import _Plan
-from prism_trace.ingest.ranks import _clash
-from prism_trace.ingest.readers import (
+from prism_trace.ingestion import memory as ingest_memory
+from prism_trace.ingestion.append import Pending, _stream_events
+from prism_trace.ingestion.discover import TraceFile
+from prism_trace.ingestion.parts import FilePart, parts
+from prism_trace.ingestion.plan import _Plan
+from prism_trace.ingestion.ranks import _clash
+from prism_trace.ingestion.readers import (
     _WORK,
     _batch_candidates,
     _work_database,

@@ -19,8 +19,8 @@ import duckdb
 
 from prism_trace.formats.base import FormatName, TraceTables
 from prism_trace.formats.kineto.json_array import json_size_guess
-from prism_trace.ingest import memory as ingest_memory
-from prism_trace.ingest.discover import TraceFile
+from prism_trace.ingestion import memory as ingest_memory
+from prism_trace.ingestion.discover import TraceFile
 
 __all__ = ["read_trace"]
 

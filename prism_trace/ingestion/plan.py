@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from prism_trace.formats.kineto.json_array import json_size_guess
-from prism_trace.ingest.discover import Found, TraceFile
-from prism_trace.ingest.parts import Engine, preforked_workers
+from prism_trace.ingestion.discover import Found, TraceFile
+from prism_trace.ingestion.parts import Engine, preforked_workers
 
 __all__ = ["reader_processes"]
 

@@ -1,3 +1,0 @@
-"""Ingest: trace files found, read (here, by workers or on a cluster), linked, written at once."""
-
-__all__: list[str] = []
