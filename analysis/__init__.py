@@ -28,7 +28,7 @@ from prism_trace.analysis.stragglers import (
 )
 from prism_trace.analysis.views import load_views, names_in
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 from prism_trace.store.connection import Store
 
 __all__ = [
@@ -131,12 +131,12 @@ def analyze(
     """
     if what not in WORDS:
         msg = f"unknown analysis {what!r}; one of {', '.join(WORDS)}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     check_selection(store, run, ranks=ranks, iteration=iteration)
     if what in COMPARISONS:
         if compare is None:
             msg = f"`{what}` compares two runs: give the other with --compare"
-            raise PrismError(msg)
+            raise UsageError(msg)
         check_selection(store, compare, ranks=ranks, iteration=iteration)
         diff = COMPARISONS[what](
             store, run, compare, threshold_pct=threshold_pct, iteration=iteration

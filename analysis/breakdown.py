@@ -13,7 +13,7 @@ from typing import Literal
 import polars as pl
 from prism_trace.analysis.views import run_view
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 from prism_trace.store.connection import Store
 
 __all__ = ["WINDOWS", "Window", "idle", "kernels", "overlap", "temporal"]
@@ -28,10 +28,10 @@ _PARTS = ("compute", "comm", "memory", "other", "idle")
 def _check_window(window: str, iteration: int | None) -> None:
     if window not in WINDOWS:
         msg = f"unknown window {window!r}; one of {', '.join(WINDOWS)}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if window == "hta" and iteration is not None:
         msg = "--window hta is HTA's one window per rank over all kept steps: no --iteration"
-        raise PrismError(msg)
+        raise UsageError(msg)
 
 
 def temporal(
@@ -62,7 +62,8 @@ def temporal(
         rows of the run.
 
     Raises:
-        PrismError: no run of that name, or ``window="hta"`` with an iteration.
+        RunNotFoundError: no run of that name.
+        UsageError: ``window="hta"`` with an iteration.
     """
     return _windowed(store, "breakdown_temporal", run, window, by, iteration, ranks)
 
@@ -118,7 +119,8 @@ def kernels(
         ``breakdown_kernel_at`` rows of the run, largest first within each kernel type.
 
     Raises:
-        PrismError: no run of that name, or ``window="hta"`` with an iteration.
+        RunNotFoundError: no run of that name.
+        UsageError: ``window="hta"`` with an iteration.
     """
     _check_window(window, iteration)
     if per_rank:
@@ -180,7 +182,8 @@ def overlap(
         rows of the run.
 
     Raises:
-        PrismError: no run of that name, or ``window="hta"`` with an iteration.
+        RunNotFoundError: no run of that name.
+        UsageError: ``window="hta"`` with an iteration.
     """
     return _windowed(store, "breakdown_overlap", run, window, by, iteration, ranks)
 
@@ -212,7 +215,8 @@ def idle(
         ``breakdown_idle_at(consecutive_kernel_delay, window_kind, it)`` rows of the run.
 
     Raises:
-        PrismError: no run of that name, or ``window="hta"`` with an iteration.
+        RunNotFoundError: no run of that name.
+        UsageError: ``window="hta"`` with an iteration.
     """
     _check_window(window, iteration)
     source = f"breakdown_idle_at({int(consecutive_kernel_delay)}, window_kind := ?, it := ?)"

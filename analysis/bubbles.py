@@ -32,7 +32,7 @@ def bubbles(
         ``pipeline_bubble_at(min_ns)`` rows of the run, by rank and start.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     df = run_view(store, f"pipeline_bubble_at({int(min_ns)})", run, order_by="rank, ts")
     if iteration is not None:
@@ -61,7 +61,7 @@ def bubble_summary(
         ``pipeline_stage_at`` or ``pipeline_stage_iteration_at`` rows of the run.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     if by == "iteration" or iteration is not None:
         df = run_view(

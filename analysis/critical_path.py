@@ -33,7 +33,7 @@ from typing import Literal
 import numpy as np
 import polars as pl
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError
 from prism_trace.store.connection import Store
 
 __all__ = [
@@ -101,7 +101,8 @@ def _graph_run(store: Store, run: str) -> tuple[int, int, bool]:
     graph's own (recorded/sliced) or the run's events (emulated/replayed).
 
     Raises:
-        PrismError: no such run, or neither it nor its parent has a graph.
+        RunNotFoundError: no such run.
+        RunStateError: neither it nor its parent has a graph.
     """
     run_id = store.require_run(run)
     rows = store.con.execute(
@@ -121,7 +122,7 @@ def _graph_run(store: Store, run: str) -> tuple[int, int, bool]:
         + (" and neither has its parent" if parent is not None else "")
         + f"; build it with `prism graph {store.path} --run {run}`"
     )
-    raise PrismError(msg)
+    raise RunStateError(msg)
 
 
 def _kind(store: Store, run_id: int) -> str:
@@ -171,7 +172,7 @@ def _load(store: Store, run: str) -> _Graph:
         )
     if nodes.is_empty():
         msg = f"{store.path}: run {run!r} has no timed graph nodes"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     nodes = nodes.with_columns(
         pl.col("dur").fill_null(0).clip(lower_bound=0),
         pl.int_range(pl.len(), dtype=pl.Int64).alias("idx"),
@@ -457,7 +458,8 @@ def critical_path(store: Store, run: str, *, iteration: int | None = None) -> pl
         ``path_ts``.
 
     Raises:
-        PrismError: no such run, or no execution graph for it.
+        RunNotFoundError: no such run.
+        RunStateError: no execution graph for it.
     """
     g = _load(store, run)
     its = sorted({int(i) for i in np.unique(g.iteration) if i >= 0})
@@ -491,7 +493,8 @@ def critical_path_summary(store: Store, run: str, *, iteration: int | None = Non
         rank and op with the most path time (``top_rank``, ``top_op``).
 
     Raises:
-        PrismError: no such run, or no execution graph for it.
+        RunNotFoundError: no such run.
+        RunStateError: no execution graph for it.
     """
     path = critical_path(store, run, iteration=iteration)
     comm = pl.col("kind").is_in(_COMM_KINDS)
@@ -557,7 +560,8 @@ def critical_path_shares(
         ``<by>, nodes, path_ns, share_pct`` (of all path time), largest first.
 
     Raises:
-        PrismError: no such run, or no execution graph for it.
+        RunNotFoundError: no such run.
+        RunStateError: no execution graph for it.
     """
     path = critical_path(store, run, iteration=iteration)
     total = path["path_ns"].sum() or 1

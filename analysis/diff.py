@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError
 from prism_trace.store.connection import Store
 
 __all__ = ["RunDiff", "run_diff"]
@@ -170,7 +170,8 @@ def run_diff(
         A ``RunDiff``.
 
     Raises:
-        PrismError: a run does not exist, or the runs share no rank-iteration.
+        RunNotFoundError: a run does not exist.
+        RunStateError: the runs share no rank-iteration.
     """
     ia, ib = _info(store, a), _info(store, b)
     ua, ub = _units(store, ia[0]), _units(store, ib[0])
@@ -192,7 +193,7 @@ def run_diff(
     )
     if ranks.is_empty():
         msg = f"{store.path}: runs {a!r} and {b!r} share no (rank, iteration)"
-        raise PrismError(msg)
+        raise RunStateError(msg)
 
     mode, graph_a, graph_b = _alignment(store, ia, ib)
     ops_a = _ops(store, ia[0], graph_a).join(

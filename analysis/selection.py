@@ -7,7 +7,7 @@ whole run's numbers.
 
 from __future__ import annotations
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import SelectionError
 from prism_trace.store.connection import Store
 
 __all__ = ["check_selection", "describe_selection", "exemplar_hint"]
@@ -38,8 +38,9 @@ def check_selection(
     """Fail with one line when ``ranks`` or ``iteration`` name nothing in ``run``.
 
     Raises:
-        PrismError: no run of that name; none of ``ranks`` is a rank of the run; the run has no
-            iteration ``iteration``.
+        RunNotFoundError: no run of that name.
+        SelectionError: none of ``ranks`` is a rank of the run; the run has no iteration
+            ``iteration``.
     """
     run_id = store.require_run(run)
     if ranks is not None:
@@ -62,7 +63,7 @@ def check_selection(
                 f"run {run!r} has none of ranks {_spans(sorted(ranks))}"
                 f" (its ranks: {_spans(all_ranks) or 'none'})"
             )
-            raise PrismError(msg)
+            raise SelectionError(msg)
     if iteration is not None:
         its = [
             r[0]
@@ -74,7 +75,7 @@ def check_selection(
         if iteration not in its:
             have_its = f"its iterations: {_spans(its)}" if its else "it has no iterations"
             msg = f"run {run!r} has no iteration {iteration} ({have_its})"
-            raise PrismError(msg)
+            raise SelectionError(msg)
 
 
 def describe_selection(run: str, *, ranks: list[int] | None, iteration: int | None) -> str:

@@ -29,7 +29,7 @@ def skew(
         ``comm_straggler_at`` rows of the run, worst straggler first.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     return run_view(
         store,
@@ -45,7 +45,7 @@ def collective_skew(store: Store, run: str, *, iteration: int | None = None) -> 
     """Per communication instance: arrival spread, total and blamed wait and the last rank.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     return run_view(
         store, "comm_collective_skew", run, order_by="group_id, seq, link", iteration=iteration
@@ -58,7 +58,7 @@ def collective_waits(
     """Per rank and communication instance: arrival, lateness, wait and whether it was last.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     return run_view(
         store,
@@ -74,7 +74,7 @@ def straggler_ops(store: Store, run: str, *, iteration: int | None = None) -> pl
     """Late arrivals attributed to the host op that preceded them, per rank.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     return run_view(
         store,
@@ -100,7 +100,7 @@ def rank_step_waits(
         lateness) first.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     run_id = store.require_run(run)
     where, values = ["run_id = ?"], [run_id]

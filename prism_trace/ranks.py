@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import PrismError, UsageError
 
 __all__ = ["MAX_RANKS", "RankList", "format_ranks", "parse_ranks"]
 
@@ -26,14 +26,14 @@ def parse_ranks(spec: str) -> list[int]:
     s-th. Parts may be mixed: ``0..3,8,12..15``.
 
     Raises:
-        PrismError: an empty or malformed part, a range that runs backwards or a step of 0, or
+        UsageError: an empty or malformed part, a range that runs backwards or a step of 0, or
             more than `MAX_RANKS` ranks.
     """
     out: dict[int, None] = {}
     parts = [p.strip() for p in spec.split(",")]
     if not any(parts):
         msg = f"rank list {spec!r} is empty (give e.g. 0,2,4 or 0..7 or 0..7:2)"
-        raise PrismError(msg)
+        raise UsageError(msg)
     for part in parts:
         if part.isdigit():
             out[int(part)] = None
@@ -41,20 +41,20 @@ def parse_ranks(spec: str) -> list[int]:
             lo, hi, step = int(m[1]), int(m[2]), int(m[3] or 1)
             if hi < lo or step == 0:
                 msg = f"rank range {part!r} in {spec!r}: needs start <= end and a step >= 1"
-                raise PrismError(msg)
+                raise UsageError(msg)
             if (hi - lo) // step + 1 + len(out) > MAX_RANKS:
                 msg = f"rank list {spec!r} names more than {MAX_RANKS} ranks"
-                raise PrismError(msg)
+                raise UsageError(msg)
             out.update(dict.fromkeys(range(lo, hi + 1, step)))
         else:
             msg = (
                 f"rank list {spec!r}: {part!r} is not a rank (a whole number >= 0), a range a..b"
                 " or a strided range a..b:s"
             )
-            raise PrismError(msg)
+            raise UsageError(msg)
         if len(out) > MAX_RANKS:
             msg = f"rank list {spec!r} names more than {MAX_RANKS} ranks"
-            raise PrismError(msg)
+            raise UsageError(msg)
     return list(out)
 
 

@@ -31,7 +31,7 @@ from prism_trace.replay.model.timing import TimingConfig
 from prism_trace.replay.model.topology import Topology
 from prism_trace.replay.whatif.config import WhatIfConfig, WhatIfError, parse_what_if
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,10 +71,10 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(Path(path).read_text())
     except OSError as exc:
         msg = f"{path}: cannot read the config: {exc.strerror or exc}"
-        raise PrismError(msg) from exc
+        raise ConfigError(msg) from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         msg = f"{path}: not valid TOML: {exc}"
-        raise PrismError(msg) from exc
+        raise ConfigError(msg) from exc
 
 
 def load_emulation_config(path: Path, notes: list[str] | None = None) -> EmulationConfig:
@@ -85,7 +85,7 @@ def load_emulation_config(path: Path, notes: list[str] | None = None) -> Emulati
         notes: gets one line per deprecated name the file uses (``[replay]``).
 
     Raises:
-        PrismError: the file is missing or not TOML, or names an unknown section or key, or a
+        ConfigError: the file is missing or not TOML, or names an unknown section or key, or a
             value of the wrong type, or a value the config refuses (one line).
     """
     data = read_toml(path)
@@ -93,7 +93,7 @@ def load_emulation_config(path: Path, notes: list[str] | None = None) -> Emulati
     if unknown:
         known = sorted(set(EMULATION_SECTIONS) | _TOP_LEVEL)
         msg = f"{path}: unknown section(s) {unknown}; known: {known}"
-        raise PrismError(msg)
+        raise ConfigError(msg)
     return emulation_config_from(data, path=path, notes=notes)
 
 
@@ -103,14 +103,14 @@ def load_replay_config(
     """Read ``path`` as TOML: ``[kernel_replay]`` and the virtual peers' emulation sections.
 
     Raises:
-        PrismError: as `load_emulation_config`, one line naming the file and the key.
+        ConfigError: as `load_emulation_config`, one line naming the file and the key.
     """
     data = read_toml(path)
     known = set(EMULATION_SECTIONS) | _TOP_LEVEL | {"kernel_replay"}
     unknown = sorted(set(data) - known - set(_DEPRECATED))
     if unknown:
         msg = f"{path}: unknown section(s) {unknown}; known: {sorted(known)}"
-        raise PrismError(msg)
+        raise ConfigError(msg)
     options = build(
         KernelReplayOptions, data.pop("kernel_replay", {}), where=f"{path}: [kernel_replay]"
     )
@@ -127,7 +127,7 @@ def emulation_config_from(
             continue
         if new in data:
             msg = f"{path}: [{old}] is the old name of [{new}]; give only [{new}]"
-            raise PrismError(msg)
+            raise ConfigError(msg)
         table = data.pop(old)
         if isinstance(table, dict):
             table = {_RENAMED_KEYS.get((old, k), k): v for k, v in table.items()}
@@ -140,17 +140,17 @@ def emulation_config_from(
             f"{path}: what_if must be a list of strings like ['slow-ranks=3@1.2'] or a"
             f" [what_if] table, got the string {what_if!r}"
         )
-        raise PrismError(msg)
+        raise ConfigError(msg)
     kw: dict[str, Any] = {}
     if isinstance(what_if, list):
         if not all(isinstance(w, str) for w in what_if):
             msg = f"{path}: what_if must be a list of strings like 'slow-ranks=3@1.2'"
-            raise PrismError(msg)
+            raise ConfigError(msg)
         try:
             kw["what_if"] = parse_what_if(tuple(what_if))
         except WhatIfError as exc:
             msg = f"{path}: {str(exc).splitlines()[0]}"
-            raise PrismError(msg) from exc
+            raise ConfigError(msg) from exc
     for name, cls in EMULATION_SECTIONS.items():
         if name in data and name not in kw:
             kw[name] = build(cls, data[name], where=f"{path}: [{name}]")
@@ -161,7 +161,7 @@ def emulation_config_from(
         return EmulationConfig(**kw)
     except (ValueError, TypeError) as exc:
         msg = f"{path}: {str(exc).splitlines()[0]}"
-        raise PrismError(msg) from exc
+        raise ConfigError(msg) from exc
 
 
 def build(cls: type[T], table: Any, *, where: str) -> T:
@@ -173,24 +173,24 @@ def build(cls: type[T], table: Any, *, where: str) -> T:
         where: ``"FILE: [section]"``, the start of every error.
 
     Raises:
-        PrismError: not a table, an unknown key, a value of the wrong type, or a value
+        ConfigError: not a table, an unknown key, a value of the wrong type, or a value
             ``cls`` refuses (its ``__post_init__``), as one line.
     """
     if not isinstance(table, dict):
         msg = f"{where} must be a table of keys"
-        raise PrismError(msg)
+        raise ConfigError(msg)
     names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     unknown = sorted(set(table) - set(names))
     if unknown:
         msg = f"{where}: unknown key(s) {unknown}; known: {', '.join(names)}"
-        raise PrismError(msg)
+        raise ConfigError(msg)
     hints = typing.get_type_hints(cls)
     kw = {k: _check(v, hints[k], where=f"{where} `{k}`") for k, v in table.items()}
     try:
         return cls(**kw)
     except (ValueError, TypeError) as exc:
         msg = f"{where}: {str(exc).splitlines()[0]}"
-        raise PrismError(msg) from exc
+        raise ConfigError(msg) from exc
 
 
 def _describe(tp: Any) -> str:
@@ -213,7 +213,7 @@ def _check(value: Any, tp: Any, *, where: str) -> Any:
     ok, out = _coerce(value, tp)
     if not ok:
         msg = f"{where} must be {_describe(tp)}, got {value!r}"
-        raise PrismError(msg)
+        raise ConfigError(msg)
     if dataclasses.is_dataclass(tp):
         return build(tp, value, where=where)  # type: ignore[arg-type]
     if typing.get_origin(tp) is tuple and dataclasses.is_dataclass(typing.get_args(tp)[0]):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import SelectionError
 
 if TYPE_CHECKING:
     from prism_trace.replay.emulate.config import EmulationConfig
@@ -235,7 +235,7 @@ def rank_schedule(
         The rank's schedule.
 
     Raises:
-        PrismError: ``rank`` is not a rank of the run with a graph.
+        SelectionError: ``rank`` is not a rank of the run with a graph.
     """
     inputs = res.inputs  # type: ignore[attr-defined]
     tl = res.timeline  # type: ignore[attr-defined]
@@ -243,7 +243,7 @@ def rank_schedule(
     ru = inputs.rank_unit.filter(pl.col("rank") == rank)
     if ru.is_empty() or int(ru["unit"][0]) < 0:
         msg = f"{store.path}: rank {rank} is not a rank of run {run!r} with a graph"
-        raise PrismError(msg)
+        raise SelectionError(msg)
     unit = int(ru["unit"][0])
     real_units = set(inputs.rank_unit.filter(pl.col("rank").is_in(real))["unit"].to_list()) - {unit}
 

@@ -28,7 +28,7 @@ from prism_trace.analysis.report.sections import (
     waits_section,
 )
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import OutputError
 from prism_trace.outputs import output_file
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def write_report(
         The file written, its size, the time taken and notes on what was capped.
 
     Raises:
-        PrismError: no run of that name (``run`` or ``compare``).
+        RunNotFoundError: no run of that name (``run`` or ``compare``).
     """
     started = time.perf_counter()
     limits = limits or ReportLimits()
@@ -180,7 +180,7 @@ def write_report(
         out.write_text(page, encoding="utf-8")
     except OSError as exc:
         msg = f"{out}: cannot write the report: {exc.strerror}"
-        raise PrismError(msg) from exc
+        raise OutputError(msg) from exc
     figures = [s.key for s in sections if s.figs]
     return ReportSummary(
         run=run,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import click
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import NotAStoreError, UsageError
 from prism_trace.limits import MAX_RANKS
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def existing_store(ctx: click.Context, param: click.Parameter, value: Path | Non
     (only `prism ingest --db` creates a store)."""
     if value is not None and not (value.exists() or value.is_symlink()):
         msg = f"{value}: no such database"
-        raise PrismError(msg)
+        raise NotAStoreError(msg)
     return value
 
 
@@ -151,12 +151,12 @@ def declared_layout(spec: str | None, order: str | None) -> ParallelLayout | Non
     """The layout ``--layout``/``--order`` declare, or None when ``--layout`` is not given.
 
     Raises:
-        PrismError: ``--order`` without ``--layout`` (it would be silently ignored).
+        UsageError: ``--order`` without ``--layout`` (it would be silently ignored).
     """
     if spec is None:
         if order is not None:
             msg = "--order goes with --layout (it orders the axes --layout sizes)"
-            raise PrismError(msg)
+            raise UsageError(msg)
         return None
     from prism_trace.layout.mesh import ParallelLayout  # here: `prism --help` stays fast
 

@@ -11,7 +11,7 @@ import click
 from prism_trace.cli._group import RANKS, _one_line_errors, main
 from prism_trace.cli._options import db_argument, json_option, max_rows_option, run_option
 from prism_trace.cli._words import ANALYZE_WORDS, COMPARE_WORDS
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 
 __all__ = ["analyze_cmd", "report_cmd"]
 
@@ -108,7 +108,7 @@ def analyze_cmd(
     empty: list[str] = []
     if compare is not None and what not in COMPARE_WORDS:  # it would be silently ignored
         msg = f"--compare goes with {', '.join(COMPARE_WORDS)}; `{what}` reads one run"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if what == "slowdown":
         from prism_trace.replay.emulate.slowdown import slowdown
 

@@ -21,7 +21,7 @@ from prism_trace.cli._options import (
     replace_option,
     run_option,
 )
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 
 __all__ = ["emulate_cmd", "replay_cmd", "run_cmd", "validate_cmd"]
 
@@ -329,7 +329,7 @@ def run_cmd(
 
     if out_run is not None and (db is None or run_name is None):
         msg = "--out-run needs --db and --run (the replayed run's parent)"
-        raise PrismError(msg)
+        raise UsageError(msg)
     res = launch(
         list(command),
         world_size=world_size,

@@ -25,7 +25,7 @@ from prism_trace.cli._options import (
     replace_option,
     run_option,
 )
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError, UsageError
 
 __all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
 
@@ -178,11 +178,11 @@ def info_cmd(
 
     if ranks is not None and run_name is None:
         msg = "--ranks goes with --run"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if show_config:
         if run_name is None:
             msg = "--config goes with --run"
-            raise PrismError(msg)
+            raise UsageError(msg)
         _show_config(db, run_name, as_json=as_json)
         return
     with open_store(db, read_only=True) as store:
@@ -217,7 +217,7 @@ def _show_config(db: Path, run_name: str, *, as_json: bool) -> None:
             f"{db}: run {run_name!r} ({kind}) was not made from a config file; its parameters"
             f' are in run.config_json (prism query {db} "SELECT config_json FROM run")'
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     if as_json:
         click.echo(dumps(config))
         return

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import NotAStoreError, SchemaVersionError
 from prism_trace.outputs import output_dir
 from prism_trace.store.connection import Store
 from prism_trace.store.declaration import Table
@@ -77,8 +77,8 @@ def export_parquet(
     the chosen runs' rows. DuckDB's COPY does the partitioning, file by file, without Python rows.
 
     Raises:
-        PrismError: a run does not exist, or ``out_dir`` is a file, a folder that is not
-            empty, or cannot be created.
+        RunNotFoundError: a run does not exist.
+        OutputError: ``out_dir`` is a file, a folder that is not empty, or cannot be created.
     """
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -126,8 +126,8 @@ def open_parquet(root: str | Path) -> Store:
     query and analysis view of a store works unchanged.
 
     Raises:
-        PrismError: a local ``root`` that is not a prism Parquet export, or of another schema
-            version.
+        NotAStoreError: a local ``root`` that is not a prism Parquet export.
+        SchemaVersionError: an export of another schema version.
     """
     text = str(root)
     con = duckdb.connect()
@@ -136,7 +136,7 @@ def open_parquet(root: str | Path) -> Store:
         if not marker.is_file():
             con.close()
             msg = f"{text}: not a prism Parquet export (no {_MARKER}; see `prism export parquet`)"
-            raise PrismError(msg)
+            raise NotAStoreError(msg)
         found = json.loads(marker.read_text()).get("schema_version")
         if found != SCHEMA_VERSION:
             con.close()
@@ -144,7 +144,7 @@ def open_parquet(root: str | Path) -> Store:
                 f"{text}: Parquet export has schema version {found}, this prism-trace reads"
                 f" {SCHEMA_VERSION}; export it again (docs/schema-changes.md)"
             )
-            raise PrismError(msg)
+            raise SchemaVersionError(msg)
     base, remote = text.rstrip("/"), _is_remote(text)
     for t in TABLES:
         pattern = f"{base}/{t.name}/" + ("*/*.parquet" if _partitioned(t) else "*.parquet")

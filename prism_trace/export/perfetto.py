@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import OutputError, SelectionError
 from prism_trace.ranks import format_ranks
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ def _mapping(
     from its own events or its class exemplar's (the lowest stored member of its class).
 
     Raises:
-        PrismError: a listed rank is not in the run, or neither it nor its class has events.
+        SelectionError: a listed rank is not in the run, or neither it nor its class has events.
     """
     if ranks is None:
         return list(stored), list(stored)
@@ -142,7 +142,7 @@ def _mapping(
     for r in ranks:
         if r not in class_of:
             msg = f"run {run!r} has no rank {r} (world: {len(class_of)} ranks)"
-            raise PrismError(msg)
+            raise SelectionError(msg)
         c = class_of[r]
         if r in have:
             src.append(r)
@@ -150,7 +150,7 @@ def _mapping(
             src.append(exemplar[c])
         else:
             msg = f"run {run!r}: rank {r} has no events and no class exemplar with events"
-            raise PrismError(msg)
+            raise SelectionError(msg)
     return src, list(ranks)
 
 
@@ -206,8 +206,10 @@ def export_perfetto(
         ``graph_node``), ``exemplars`` and ``seconds``.
 
     Raises:
-        PrismError: no run of that name, a listed rank is not in the run or has neither events
-            nor a class exemplar with events, or the file cannot be written.
+        RunNotFoundError: no run of that name.
+        SelectionError: a listed rank is not in the run or has neither events nor a class
+            exemplar with events.
+        OutputError: the file cannot be written.
     """
     started = time.perf_counter()
     run_id = store.require_run(run)
@@ -351,7 +353,7 @@ def export_perfetto(
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         msg = f"{out}: cannot write the Perfetto trace: {exc.strerror or exc}"
-        raise PrismError(msg) from exc
+        raise OutputError(msg) from exc
     return {
         "run": run,
         "path": str(out),

@@ -58,7 +58,7 @@ from typing import Literal
 
 import polars as pl
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError
 from prism_trace.graph.base import (
     STAT_COLUMNS,
     GraphFrames,
@@ -105,7 +105,7 @@ def _rules(store: Store, run_id: int) -> dict[int, Rule]:
             msg = (
                 f"{store.path}: rank {rank} has no timeline (host ET only); ingest its Kineto trace"
             )
-            raise PrismError(msg)
+            raise RunStateError(msg)
         if fmt in ("kineto", "chakra", "op_timeline"):
             rules[int(rank)] = fmt
         else:
@@ -117,7 +117,7 @@ def run_id_of(store: Store, run: str) -> int:
     """The id of run ``run`` (``Store.require_run``, fetching all rows so the connection is free).
 
     Raises:
-        PrismError: no such run.
+        RunNotFoundError: no such run.
     """
     rows = store.con.execute("SELECT run_id FROM run WHERE name = ?", [run]).fetchall()
     return int(rows[0][0]) if rows else store.require_run(run)
@@ -140,7 +140,8 @@ def build_graph(store: Store, run: str) -> GraphReport:
         Node and edge counts per rank and kind, and what was notable.
 
     Raises:
-        PrismError: no such run, or a rank has no timeline (host ET only).
+        RunNotFoundError: no such run.
+        RunStateError: a rank has no timeline (host ET only).
     """
     started = time.perf_counter()
     run_id = run_id_of(store, run)

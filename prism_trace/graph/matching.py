@@ -217,7 +217,7 @@ def match_comms(store: Store, run: str, *, copies: list[int] | None = None) -> C
         The instances and pairs, with what is missing or inconsistent.
 
     Raises:
-        PrismError: no such run.
+        RunNotFoundError: no such run.
     """
     from prism_trace.graph.build import run_id_of
 
@@ -293,7 +293,7 @@ def check_comms(store: Store, run: str, *, partial_ok: bool = True) -> CommMatch
         CollectiveMismatchError: a recorded rank is missing from a collective or disagrees on its
             kind or size, or a send/receive between recorded ranks is unpaired; the one-line
             message names the group, the sequence number and the ranks.
-        PrismError: no such run.
+        RunNotFoundError: no such run.
     """
     report = match_comms(store, run)
     msg = report.message()

@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError
 
 __all__ = [
     "ENV",
@@ -75,7 +75,7 @@ def ingest_memory_limit() -> int:
     connection by its caller is kept instead (``ingest._ingest_settings``).
 
     Raises:
-        PrismError: the variable is set to something that is not such a size.
+        ConfigError: the variable is set to something that is not such a size.
     """
     text = os.environ.get(ENV)
     if not text:
@@ -83,7 +83,7 @@ def ingest_memory_limit() -> int:
     size = size_bytes(text)
     if not LIMIT_SET_MIN <= size < float("inf"):
         msg = f"{ENV}={text[:40]!r}: expected a size of at least 256MB, such as 2GB"
-        raise PrismError(msg)
+        raise ConfigError(msg)
     return int(size)
 
 

@@ -50,7 +50,7 @@ from typing import Any, Literal
 
 import duckdb
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ProcessFailedError, UsageError
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto import batch as kineto_batch
 from prism_trace.formats.kineto import reader as kineto_reader
@@ -402,7 +402,7 @@ def _results(
                 f"{files[0].path}: the worker process reading it (or another file) died, e.g."
                 " killed for memory; try fewer --workers"
             )
-            raise PrismError(msg) from None
+            raise ProcessFailedError(msg) from None
         for part in got:
             if isinstance(part, Exception):
                 raise part
@@ -418,7 +418,7 @@ def _dask_parts(
         from distributed import Client, LocalCluster
     except ImportError:
         msg = "--engine dask needs dask.distributed: pip install 'prism-trace[cluster]'"
-        raise PrismError(msg) from None
+        raise UsageError(msg) from None
     with contextlib.ExitStack() as stack:
         if scheduler is None:
             import logging

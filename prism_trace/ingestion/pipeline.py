@@ -31,7 +31,7 @@ import duckdb
 import polars as pl
 from tqdm import tqdm
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import TraceFormatError, UsageError
 from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.graph.matching import check_member_counts, settle_order_matching
 from prism_trace.ingestion import memory as ingest_memory
@@ -227,25 +227,25 @@ def ingesting(
     workers = workers if workers is not None else jobs if jobs is not None else _WORKERS
     if not isinstance(workers, int) or workers < 1:
         msg = f"--workers must be at least 1, got {workers}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if engine not in ("local", "dask"):
         msg = f"--engine must be local or dask, got {engine!r}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if engine == "dask" and scheduler is not None and scratch is None:
         msg = "--scheduler needs --scratch: a directory every dask worker sees at the same path"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if found is not None and (found.paths != list(paths) or found.format != format):
         msg = f"found is discover's answer for {found.paths} ({found.format}), not {paths}"
-        raise ValueError(msg)
+        raise UsageError(msg)
     memory_limit = ingest_memory.ingest_memory_limit()  # a bad variable stops it here
     old_id = claim_run_name(store, run, replace=replace)
     files, skipped = (found or find(paths, format=format)).checked()
     if not files:
         msg = f"{', '.join(map(str, paths))}: no trace files found"
-        raise PrismError(msg)
+        raise TraceFormatError(msg)
     if rank is not None and len(files) > 1:
         msg = f"{files[0].path}: --rank applies to a single file, but {len(files)} were given"
-        raise PrismError(msg)
+        raise UsageError(msg)
     # Timelines first, so a host ET can be linked to its rank's Kineto events already written.
     files.sort(key=lambda f: f.format == "host_et")
     prints = _check_fingerprints(store, files, old_id)

@@ -248,7 +248,7 @@ def infer_layout(store: Store, run: str, *, order: str | None = None) -> Paralle
     Raises:
         LayoutError: sizes that do not multiply to the world, or a group that fits no axis
             combination under any order (the message names the group).
-        PrismError: no such run.
+        RunNotFoundError: no such run.
     """
     choice = choose_layout(store, run, order=order)
     if choice.layout is None:

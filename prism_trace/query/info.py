@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import SelectionError
 from prism_trace.ranks import format_ranks
 from prism_trace.store.connection import Store
 
@@ -43,7 +43,8 @@ def require_ranks(
     the command would print an empty answer, or fail later under another option's name.
 
     Raises:
-        PrismError: no such run, or a rank outside the world (not recorded).
+        RunNotFoundError: no such run.
+        SelectionError: a rank outside the world (not recorded).
     """
     rid = store.require_run(name)
     ((world, stored),) = store.con.execute(
@@ -58,7 +59,7 @@ def require_ranks(
     held = format_ranks(sorted(have)) or "none"
     which = f"recorded ranks {held}" if recorded else f"world 0..{world - 1}"
     msg = f"{store.path}: {option} {format_ranks(bad, limit=4)}: not in run {name!r} ({which})"
-    raise PrismError(msg)
+    raise SelectionError(msg)
 
 
 def list_runs(store: Store) -> list[dict[str, Any]]:
@@ -119,7 +120,8 @@ def describe_run(store: Store, name: str, *, ranks: Sequence[int] | None = None)
     ``classes`` unless ``ranks`` picks ranks; other runs list every rank under ``ranks``.
 
     Raises:
-        PrismError: no run of that name, or a rank of ``ranks`` outside its world.
+        RunNotFoundError: no run of that name.
+        SelectionError: a rank of ``ranks`` outside its world.
     """
     rid = store.require_run(name)
     if ranks is not None:
@@ -203,7 +205,7 @@ def stored_config(store: Store, name: str) -> tuple[str, dict[str, Any] | None]:
     ``config`` existed kept the sections at the top level; they are read from there.
 
     Raises:
-        PrismError: no run of that name.
+        RunNotFoundError: no run of that name.
     """
     import json
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 import duckdb
 import polars as pl
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import QueryError, UsageError
 from prism_trace.outputs import output_file, write_errors
 from prism_trace.query.jsonout import dumps
 from prism_trace.store.connection import Store
@@ -35,7 +35,7 @@ def check_one_reading_statement(sql: str) -> None:
     shown; and ``COPY ... TO`` wrote a file through a command that promises to be read-only.
 
     Raises:
-        PrismError: no statement, more than one, or a COPY, EXPORT or ATTACH.
+        QueryError: no statement, more than one, or a COPY, EXPORT or ATTACH.
     """
     try:
         statements = duckdb.extract_statements(sql)
@@ -43,17 +43,17 @@ def check_one_reading_statement(sql: str) -> None:
         return  # running it reports the syntax error, naming the store
     if not statements:
         msg = 'the SQL is empty; give one statement, e.g. "SELECT name FROM run"'
-        raise PrismError(msg)
+        raise QueryError(msg)
     if len(statements) > 1:
         msg = f"the SQL holds {len(statements)} statements; give one (its result is printed)"
-        raise PrismError(msg)
+        raise QueryError(msg)
     why = _WRITES_FILES.get(statements[0].type)
     if why is not None:
         msg = (
             f"the query is read-only and {why}; write a result with -o FILE"
             " (--format csv|json|parquet), or a whole store with `prism export parquet`"
         )
-        raise PrismError(msg)
+        raise QueryError(msg)
 
 
 def run_query(
@@ -71,13 +71,14 @@ def run_query(
     which this layer may not import.
 
     Raises:
-        PrismError: the SQL fails (the message is DuckDB's first line), is not one statement
-            or writes files (``check_one_reading_statement``), parquet without ``-o``, or
-            ``output`` is a folder or cannot be written.
+        QueryError: the SQL fails (the message is DuckDB's first line), is not one statement
+            or writes files (``check_one_reading_statement``).
+        UsageError: parquet without ``-o``.
+        OutputError: ``output`` is a folder or cannot be written.
     """
     if fmt == "parquet" and output is None:
         msg = "parquet output needs -o FILE"
-        raise PrismError(msg)
+        raise UsageError(msg)
     check_one_reading_statement(sql)
     try:
         # A cursor has no pending result of earlier statements, which ``sql()`` requires.
@@ -88,7 +89,7 @@ def run_query(
         df = pl.DataFrame() if rel is None else _frame(rel.to_arrow_table())
     except duckdb.Error as exc:
         msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
-        raise PrismError(msg) from exc
+        raise QueryError(msg) from exc
     if output is not None:
         output_file(output)
     if fmt == "parquet":

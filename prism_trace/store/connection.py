@@ -9,7 +9,12 @@ from pathlib import Path
 
 import duckdb
 
-from prism_trace.errors import PrismError, SchemaVersionError, StoreLockedError
+from prism_trace.errors import (
+    NotAStoreError,
+    RunNotFoundError,
+    SchemaVersionError,
+    StoreLockedError,
+)
 from prism_trace.store import schema
 from prism_trace.version import __version__
 
@@ -74,14 +79,18 @@ class Store:
         return int(rows[0][0]) if rows else None
 
     def require_run(self, name: str) -> int:
-        """The id of run ``name``; a clear error listing the runs when it does not exist."""
+        """The id of run ``name``.
+
+        Raises:
+            RunNotFoundError: no such run; the message lists the runs there are.
+        """
         rid = self.run_id(name)
         if rid is None:
             names = [
                 r[0] for r in self.con.execute("SELECT name FROM run ORDER BY run_id").fetchall()
             ]
             msg = f"{self.path}: no run named {name!r} (runs: {', '.join(names) or 'none'})"
-            raise PrismError(msg)
+            raise RunNotFoundError(msg)
         return rid
 
     def run_ancestry(self, run_id: int) -> list[RunLink]:
@@ -140,10 +149,10 @@ def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
             msg = f"{path}: the database is locked by another process; close it and retry"
             raise StoreLockedError(msg) from exc
         msg = f"{path}: cannot open the database: {text.splitlines()[0]}"
-        raise PrismError(msg) from exc
+        raise NotAStoreError(msg) from exc
     except duckdb.Error as exc:
         msg = f"{path}: not a prism-trace DuckDB store: {str(exc).splitlines()[0]}"
-        raise PrismError(msg) from exc
+        raise NotAStoreError(msg) from exc
 
 
 def open_store(path: str | Path, *, read_only: bool = False) -> Store:
@@ -159,12 +168,13 @@ def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     Raises:
         StoreLockedError: another process holds the file.
         SchemaVersionError: the file was written with another schema version.
-        PrismError: the path is not a DuckDB database, or (read-only) does not exist.
+        NotAStoreError: the path is not a DuckDB database or a prism store, or (read-only) does
+            not exist.
     """
     path = Path(path)
     if read_only and not path.exists():
         msg = f"{path}: no such database"
-        raise PrismError(msg)
+        raise NotAStoreError(msg)
     con = _connect(path, read_only=read_only)
     store = Store(con, path, read_only)
     has_meta = con.execute(
@@ -184,7 +194,7 @@ def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     if read_only:
         con.close()
         msg = f"{path}: not a prism-trace store (no `meta` table)"
-        raise PrismError(msg)
+        raise NotAStoreError(msg)
     with store.transaction():
         schema.create_all(con)
         con.execute(

@@ -18,7 +18,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from prism_trace.errors import DuplicateRunError, PrismError
+from prism_trace.errors import DuplicateRunError, RunStateError, UsageError
 from prism_trace.store.connection import Store
 from prism_trace.store.tables import TABLES, table
 
@@ -149,14 +149,14 @@ def check_run_name(name: str, *, where: str = "run name") -> str:
     or escape in one breaks every one-line message and table that prints it.
 
     Raises:
-        PrismError: the name is empty or only spaces, or holds a control character.
+        UsageError: the name is empty or only spaces, or holds a control character.
     """
     if not name.strip():
         msg = f"{where} {name!r}: a run name cannot be blank"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if any(unicodedata.category(ch).startswith("C") for ch in name):
         msg = f"{where} {name!r}: a run name cannot hold control characters"
-        raise PrismError(msg)
+        raise UsageError(msg)
     return name
 
 
@@ -174,8 +174,8 @@ def claim_run_name(
 
     Raises:
         DuplicateRunError: the name exists and ``replace`` is False.
-        PrismError: the name is not one ``check_run_name`` accepts, or it belongs to a run of a
-            kind not in ``over``.
+        UsageError: the name is not one ``check_run_name`` accepts.
+        RunStateError: it belongs to a run of a kind not in ``over``.
     """
     check_run_name(name, where=f"{store.path}: run name")
     old = store.run_id(name)
@@ -190,5 +190,5 @@ def claim_run_name(
             f"{store.path}: run {name!r} is a {old_kind} run; --replace only overwrites"
             f" {' or '.join(over)} runs"
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     return old

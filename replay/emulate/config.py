@@ -10,7 +10,7 @@ from prism_trace.replay.model.timing import TimingConfig
 from prism_trace.replay.model.topology import Topology
 from prism_trace.replay.whatif.config import WhatIfConfig
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError
 from prism_trace.limits import MAX_RANKS
 
 __all__ = [
@@ -28,7 +28,7 @@ MAX_SEED = (1 << 63) - 1
 integers are int64; numpy's generators refuse negative seeds."""
 
 
-class EmulationConfigError(PrismError, ValueError):
+class EmulationConfigError(ConfigError):
     """A value ``EmulationConfig`` refuses (a negative seed, a rank outside the rank limit)."""
 
 
@@ -73,7 +73,7 @@ class CompletionConfig:
     def __post_init__(self) -> None:
         if self.rule not in ("per_rank", "common"):
             msg = f"completion `rule` must be per_rank or common, got {self.rule!r}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,7 @@ from prism_trace.replay.emulate.write import write_run
 from prism_trace.replay.memory.retime import memory_peaks
 from prism_trace.replay.whatif.config import WhatIfError
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 from prism_trace.store.write import claim_run_name, drop_run
 
 if TYPE_CHECKING:
@@ -268,7 +268,7 @@ def emulate_run(
     config = config or EmulationConfig()
     if out_run == run:
         msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
-        raise PrismError(msg)
+        raise UsageError(msg)
     with store.transaction():
         old_id = claim_run_name(store, out_run, replace=replace, over=("emulated",))
         with _dp_what_if(store, run, config) as target:

@@ -13,7 +13,7 @@ from prism_trace.replay.emulate.config import _COMM, _DEFAULT_CATEGORY
 from prism_trace.replay.emulate.values import LoadedRun
 from prism_trace.replay.model.timing import recorded_completion
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import PrismError, RunStateError
 
 if TYPE_CHECKING:
     import duckdb
@@ -54,7 +54,8 @@ def load_run(store: Store, run: str) -> LoadedRun:
     caller's transaction when there is one, so that a command refused later writes nothing.
 
     Raises:
-        PrismError: no such run, a run of another kind, or a read-only store and no graph.
+        RunNotFoundError: no such run.
+        RunStateError: a run of another kind, or a read-only store and no graph.
     """
     run_id = store.require_run(run)
     ((kind,),) = store.con.execute("SELECT kind FROM run WHERE run_id = ?", [run_id]).fetchall()
@@ -65,7 +66,7 @@ def load_run(store: Store, run: str) -> LoadedRun:
         if not n:
             if store.read_only:
                 msg = f"{store.path}: run {run!r} has no graph; open the store writable to build it"
-                raise PrismError(msg)
+                raise RunStateError(msg)
             from prism_trace.graph.build import build_graph
 
             build_graph(store, run)
@@ -107,7 +108,7 @@ def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
             f"{store.path}: run {name!r} is {kind}; only a recorded or sliced run has a graph"
             " to emulate"
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     source = int(parent) if kind == "sliced" else run_id
     nodes = _fetch(
         con,
@@ -123,7 +124,7 @@ def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
     )
     if nodes.is_empty():
         msg = f"{store.path}: run {name!r} has no graph (run `prism graph` or slice it first)"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     edges = _fetch(
         con,
         "SELECT rank, src, dst, kind, anchor, delay FROM graph_edge WHERE run_id = $1",

@@ -31,7 +31,7 @@ from prism_trace.replay.emulate.run import run_emulation
 from prism_trace.replay.emulate.values import PreparedRun
 from prism_trace.replay.whatif.config import WhatIfConfig
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError, UsageError
 from prism_trace.store.connection import Store
 
 __all__ = ["BY", "slowdown"]
@@ -73,7 +73,7 @@ def _labels(store: Store, inputs: PreparedRun, by: str) -> pl.Series:
             f"{store.path}: run {inputs.run!r} has no {by} coordinates"
             " (run `prism graph` to infer the layout)"
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     return (
         pl.DataFrame({"rank": rank})
         .join(coords.cast({"rank": pl.Int64}), on="rank", how="left")[col]
@@ -119,11 +119,13 @@ def slowdown(store: Store, run: str, *, by: str | None = None) -> pl.DataFrame:
         one row per group, slowest first.
 
     Raises:
-        PrismError: an unknown ``by``, no such run, or no coordinates for ``stage``/``dp_rank``.
+        UsageError: an unknown ``by``.
+        RunNotFoundError: no such run.
+        RunStateError: no coordinates for ``stage``/``dp_rank``.
     """
     if by is not None and by not in BY:
         msg = f"slowdown --by must be one of {', '.join(BY)}, got {by!r}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     with store.transaction():  # a graph built for the run is kept only if this succeeds
         rows = _slowdown_rows(store, run, by)
     return pl.DataFrame(

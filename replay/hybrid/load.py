@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 from prism_trace.replay.peers import PeerSchedule
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError, SelectionError
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
@@ -35,7 +35,7 @@ def _source_of(store: Store, run_id: int) -> tuple[str, int]:
     kind = line[0].kind
     if kind not in ("recorded", "sliced"):
         msg = f"{store.path}: run id {run_id} is {kind}; replay needs a recorded or sliced run"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     return kind, line[1].run_id if kind == "sliced" else run_id
 
 
@@ -48,7 +48,7 @@ def _load_rank(
     ).fetchall()
     if not rows:
         msg = f"{store.path}: rank {rank} is not in the run"
-        raise PrismError(msg)
+        raise SelectionError(msg)
     src = int(rows[0][0])
     ops = store.con.sql(
         "SELECT o.*, e.iteration FROM et_op o LEFT JOIN event e ON e.run_id = o.run_id"
@@ -60,7 +60,7 @@ def _load_rank(
             f"{store.path}: rank {src} has no host execution trace (et_op); replay rebuilds ops"
             " from it"
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     events = store.con.sql(
         "SELECT event_id, ts, dur, category, track_id, iteration FROM event"
         " WHERE run_id = $1 AND rank = $2",

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import polars as pl
 from prism_trace.replay.emulate.config import MAX_SEED
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError
 
 __all__ = [
     "MAX_PASSES",
@@ -29,7 +29,7 @@ MAX_THREADS = 4096
 """The most intra-op CPU threads (``torch.set_num_threads``): more than any machine has."""
 
 
-class ReplayOptionsError(PrismError, ValueError):
+class ReplayOptionsError(ConfigError):
     """A value ``KernelReplayOptions`` refuses (one line naming the option)."""
 
 

@@ -39,7 +39,7 @@ from prism_trace.replay.kernels.rebuild import build_program, external_buffers, 
 from prism_trace.replay.kernels.units import select_units
 from prism_trace.replay.memory.lifetimes import hold, recorded_frees
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError, UsageError
 from prism_trace.profiling.scratch import ram_scratch_dir
 from prism_trace.profiling.torch_profiler import profiling
 
@@ -55,13 +55,13 @@ def _replay_rank(
 
     if options.device == "cuda" and not torch.cuda.is_available():
         msg = "--device cuda: no CUDA device is available to this torch"
-        raise PrismError(msg)
+        raise UsageError(msg)
     dev = _device_map(inputs.ops, options.device)
     comm_events = [c.event_id for c in inputs.schedule.calls if c.event_id is not None]
     units, skipped = select_units(inputs.ops, comm_events)
     if not any(u.kind == "compute" for u in units):
         msg = f"rank {inputs.source_rank}: no compute op to replay in its host ET"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     program = build_program(units, inputs.ops, device=dev, skipped=skipped)
     externals = make_externals(program, dev, seed=options.seed)
     with torch.no_grad():
@@ -82,7 +82,7 @@ def _replay_rank(
             f" ops cannot be rebuilt: {listed}; pass --substitute-recorded to use their recorded"
             " durations"
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     rec_ts, rec_dur, rec_its = _unit_times(program, inputs)
     held: dict[int, int] = {}
     if options.recorded_lifetimes:

@@ -12,10 +12,11 @@ This module has two halves:
 - **Planning** (no torch): every rank lists its communication units that involve another real
   rank (``RealSpec``); ``agree`` checks the lists against each other *before* any process
   communicates: the members of each real communicator must issue the same collectives in the
-  same order, and every real send must meet a real receive. A mismatch is one ``PrismError``
-  naming the group, the sequence number and the ranks, instead of a hang. It also fixes the
-  message size all members use (the largest one recorded: ranks may record different sizes,
-  e.g. uneven all-to-all splits) and where pending sends and receives are waited for.
+  same order, and every real send must meet a real receive. A mismatch is one
+  ``CollectiveMismatchError`` naming the group, the sequence number and the ranks, instead of a
+  hang. It also fixes the message size all members use (the largest one recorded: ranks may
+  record different sizes, e.g. uneven all-to-all splits) and where pending sends and receives
+  are waited for.
 - **Execution** (``RealComm``): the subgroups of real members, created in the same order in
   every process, reusable buffers, and one call per unit.
 
@@ -36,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import CollectiveMismatchError
 
 __all__ = ["RealComm", "RealOp", "RealSpec", "agree", "specs_for_rank"]
 
@@ -126,8 +127,8 @@ def agree(
         ranks) in the order every process creates them.
 
     Raises:
-        PrismError: members of a real communicator that issue different collectives (count,
-            sequence numbers or kinds), or a send without its receive.
+        CollectiveMismatchError: members of a real communicator that issue different
+            collectives (count, sequence numbers or kinds), or a send without its receive.
     """
     real = set(specs)
     # Collectives: per real-member tuple, each member's list of (group, seq, kind, bytes).
@@ -159,7 +160,7 @@ def agree(
                 f"real ranks {src} -> {dst}: {len(out)} sends but {len(inc)} receives in the"
                 f" replayed iterations; their send/recv calls do not match"
             )
-            raise PrismError(msg)
+            raise CollectiveMismatchError(msg)
         for sent, received in zip(out, inc, strict=True):
             n = max(sent.msg_bytes, received.msg_bytes)
             nbytes[(src, sent.unit)] = n
@@ -198,7 +199,7 @@ def _check_collectives(members: tuple[int, ...], per_rank: Mapping[int, list[Rea
                     f" shared communicator: {a.kind} seq {a.seq} of group {list(a.group)} vs"
                     f" {b.kind} seq {b.seq} of group {list(b.group)}"
                 )
-                raise PrismError(msg)
+                raise CollectiveMismatchError(msg)
         if len(ref) != len(other):
             longer, shorter = (ref_rank, r) if len(ref) > len(other) else (r, ref_rank)
             extra = (ref if len(ref) > len(other) else other)[min(len(ref), len(other))]
@@ -207,7 +208,7 @@ def _check_collectives(members: tuple[int, ...], per_rank: Mapping[int, list[Rea
                 f" {longer} issues it, real rank {shorter} never does (missing ranks:"
                 f" [{shorter}])"
             )
-            raise PrismError(msg)
+            raise CollectiveMismatchError(msg)
 
 
 class RealComm:

@@ -29,7 +29,7 @@ from prism_trace.replay.hybrid.together import _replay_together
 from prism_trace.replay.hybrid.write import _write
 from prism_trace.replay.peers import rank_schedule
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 from prism_trace.store.write import claim_run_name
 
 if TYPE_CHECKING:
@@ -78,13 +78,13 @@ def replay_run(
     options = options or KernelReplayOptions()
     if not ranks:
         msg = "replay needs at least one rank (--ranks)"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if out_run == run:
         msg = f"{store.path}: --out-run {out_run!r} is the input run itself; choose a new name"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if options.iterations < 1 or options.warmup < 0:
         msg = "--iterations must be >= 1 and --warmup >= 0"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if options.bare_passes and (
         options.gaps != "none"
         or options.instrument != "none"
@@ -94,7 +94,7 @@ def replay_run(
             "bare passes measure the instrumentation against the ops alone: they need"
             " gaps='none', instrument='none' and ranks replayed alone (together=False)"
         )
-        raise PrismError(msg)
+        raise UsageError(msg)
     # One transaction for the command: a graph built for a recorded run without one, the dp
     # what-if's temporary re-slice (deleted before the commit) and the replayed run commit
     # together, or a refusal at any point leaves the store as it was.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import tempfile
 from pathlib import Path
@@ -10,7 +11,7 @@ from prism_trace.replay.hybrid.load import _RankInputs
 from prism_trace.replay.hybrid.options import KernelReplayOptions, RankReplay
 from prism_trace.replay.hybrid.rank import _replay_rank
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import PrismError, ProcessFailedError, UsageError
 
 __all__: list[str] = []
 
@@ -40,7 +41,7 @@ def _together_worker(index: int, tmp: str) -> None:
                     f"--device cuda with {len(real)} ranks together needs {len(real)} GPUs,"
                     f" {torch.cuda.device_count()} visible; replay them one by one instead"
                 )
-                raise PrismError(msg)
+                raise UsageError(msg)
             torch.cuda.set_device(index)
             backend = "nccl"
         dist.init_process_group(
@@ -57,6 +58,10 @@ def _together_worker(index: int, tmp: str) -> None:
         (d / f"result-{index}.pkl").write_bytes(pickle.dumps(result))
     except PrismError as e:
         (d / f"error-{index}.txt").write_text(str(e))
+        with contextlib.suppress(Exception):  # its class too, where it survives pickling
+            kept = pickle.dumps(e)
+            pickle.loads(kept)
+            (d / f"error-{index}.pkl").write_bytes(kept)
         raise SystemExit(1) from None
     except Exception as e:  # a crash of one rank: its one line, then the others are stopped
         (d / f"error-{index}.txt").write_text(f"rank {inputs.rank}: {type(e).__name__}: {e}")
@@ -78,6 +83,9 @@ def _replay_together(inputs: list[_RankInputs], options: KernelReplayOptions) ->
             # The process that failed first has the cause; the others saw their peer vanish.
             first = d / f"error-{e.error_index}.txt"
             errors = [first] if first.exists() else sorted(d.glob("error-*.txt"))
+            kept = errors[0].with_suffix(".pkl") if errors else None
+            if kept is not None and kept.exists():  # a refusal: raised here as its own class
+                raise pickle.loads(kept.read_bytes()) from None
             msg = errors[0].read_text() if errors else f"a replay process failed: {e}"
-            raise PrismError(msg) from None
+            raise ProcessFailedError(msg) from None
         return [pickle.loads((d / f"result-{k}.pkl").read_bytes()) for k in range(len(inputs))]

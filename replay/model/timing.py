@@ -32,7 +32,7 @@ from prism_trace.replay.model.cost import (
 )
 from prism_trace.replay.model.topology import Topology
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError, PrismError
 
 __all__ = [
     "MAX_CHUNKS",
@@ -361,24 +361,24 @@ class TimingConfig:
     def __post_init__(self) -> None:
         if self.model not in ("recorded", "scaled", "alpha_beta"):
             msg = f"timing `model` must be recorded, scaled or alpha_beta, got {self.model!r}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.algorithm not in ("auto", "ring", "tree"):
             msg = f"timing `algorithm` must be auto, ring or tree, got {self.algorithm!r}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if not isinstance(self.chunks, int) or not 1 <= self.chunks <= MAX_CHUNKS:
             msg = (
                 f"timing `chunks` must be a whole number in [1, {MAX_CHUNKS}], got {self.chunks!r}"
             )
-            raise ValueError(msg)
+            raise ConfigError(msg)
         if self.all_to_all not in ("pairwise", "ring"):
             msg = f"timing `all_to_all` must be pairwise or ring, got {self.all_to_all!r}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
         r = self.reduction_gbps
         if r is not None and (
             isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0 or r == float("inf")
         ):
             msg = f"timing `reduction_gbps` must be a number > 0 (GB/s), got {r!r}"
-            raise ValueError(msg)
+            raise ConfigError(msg)
 
 
 def transfer_model(config: TimingConfig, topology: Topology) -> TransferModel:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError
 
 __all__ = ["MAX_SLOW_FACTOR", "PRESETS", "Topology", "TopologyError"]
 
@@ -41,7 +41,7 @@ the timing model, whose int64 ns it protects; ``replay.whatif`` checks its facto
 """
 
 
-class TopologyError(PrismError, ValueError):
+class TopologyError(ConfigError):
     """A topology the model cannot use: an unknown preset, a non-positive or non-finite figure,
     a bandwidth scale past ``MAX_SLOW_FACTOR``."""
 

@@ -41,6 +41,8 @@ from prism_trace.replay.pg.data import _Members, _post, _pre, _real_op
 from prism_trace.replay.pg.session import PrismSession, _session_from_env, session
 from prism_trace.replay.pg.work import PrismWork
 
+from prism_trace.errors import ConfigError
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
@@ -429,13 +431,13 @@ def _create(opts: Any, pg_options: Any) -> PrismProcessGroup:
             f"`prism` group of {opts.group_size} ranks does not fit the configured world of "
             f"{s.world_size}; call configure(world_size=...) with the job's world size"
         )
-        raise ValueError(msg)
+        raise ConfigError(msg)
     if rank not in s.real_ranks:
         msg = (
             f"rank {rank} is not one of the real ranks {sorted(s.real_ranks)}; "
             "pass it in configure(real_ranks=...) or PRISM_RANKS"
         )
-        raise ValueError(msg)
+        raise ConfigError(msg)
     timeout = opts.timeout if opts.timeout.total_seconds() > 0 else timedelta(minutes=30)
     return PrismProcessGroup(
         store=opts.store,

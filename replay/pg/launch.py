@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from prism_trace.replay.pg.base import BACKEND, ENV
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ProcessFailedError, RunStateError, UsageError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -132,11 +132,11 @@ def _parse_ranks(ranks: Sequence[int], world_size: int) -> list[int]:
     out = sorted({int(r) for r in ranks})
     if world_size < 1:
         msg = f"`--world` must be at least 1, got {world_size}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     bad = [r for r in out if not 0 <= r < world_size]
     if not out or bad:
         msg = f"`--ranks` {bad or '(none)'} must be ranks of a world of {world_size}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     return out
 
 
@@ -157,10 +157,10 @@ def _schedules(
     for r, s in scheds.items():
         if s.world_size != world_size:
             msg = f"{db}: run {run!r} has a world of {s.world_size} ranks, not {world_size}"
-            raise PrismError(msg)
+            raise UsageError(msg)
         if not s.calls:
             msg = f"{db}: rank {r} of run {run!r} has no communication calls to schedule"
-            raise PrismError(msg)
+            raise RunStateError(msg)
     groups = {int(g): (str(n), list(rk or ())) for g, n, rk in rows}
     return scheds, groups
 
@@ -241,10 +241,10 @@ def launch(
     selected = _parse_ranks(ranks, world_size)
     if (db is None) != (run is None):
         msg = "`--db` and `--run` go together (the recorded run whose peers to emulate)"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if not command:
         msg = "no command to run (give it after `--`)"
-        raise PrismError(msg)
+        raise UsageError(msg)
     work = Path(tempfile.mkdtemp(prefix="prism-run-"))
     try:
         schedule_calls: dict[int, int] = {}
@@ -317,7 +317,7 @@ def _wait_all(
                 break
             if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
                 msg = f"ranks {sorted(set(procs) - set(codes))} still running after {timeout_s:g} s"
-                raise PrismError(msg)
+                raise ProcessFailedError(msg)
             time.sleep(0.02)
     finally:
         for r, p in procs.items():
@@ -400,10 +400,10 @@ def _patch(c10d: ModuleType) -> None:
         env_rank, env_world = int(os.environ["RANK"]), int(os.environ[ENV.WORLD_SIZE])
         if rank not in (-1, env_rank):
             msg = f"the script asks for rank {rank}, but `prism run` started it as rank {env_rank}"
-            raise ValueError(msg)
+            raise UsageError(msg)
         if world_size not in (-1, env_world):
             msg = f"the script asks for a world of {world_size}, but `prism run` has {env_world}"
-            raise ValueError(msg)
+            raise UsageError(msg)
         if store is None:
             kw = {} if timeout is None else {"timeout": timeout}
             store = dist.TCPStore(

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 from prism_trace.replay.hybrid.write import write_replayed_header
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ProcessFailedError, RunStateError
 from prism_trace.store.write import append, claim_run_name
 
 if TYPE_CHECKING:
@@ -83,14 +83,14 @@ def write_launched_run(
     """
     if result.returncode != 0:
         msg = f"prism run: rank {result.failed_rank} failed; nothing written to {out_run!r}"
-        raise PrismError(msg)
+        raise ProcessFailedError(msg)
     steps = _steps(result)
     if steps.is_empty():
         msg = (
             f"prism run: no complete step was measured, so {out_run!r} would be empty (steps are"
             " marked by torch.profiler's step() or an optimizer step)"
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     # One transaction from the name's claim to the last row: what is checked is what is written,
     # and a refusal anywhere leaves the store as it was.
     with store.transaction() as con:

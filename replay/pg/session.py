@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from prism_trace.replay.pg.base import ENV
 from prism_trace.replay.pg.timeline import _Timeline
 
+from prism_trace.errors import ConfigError
+
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
@@ -69,7 +71,7 @@ def start_session(
     bad = sorted(r for r in real if not 0 <= r < world_size)
     if bad:
         msg = f"`real_ranks` {bad} are outside a world of {world_size}"
-        raise ValueError(msg)
+        raise ConfigError(msg)
     _SESSION = PrismSession(world_size, real, _Timeline(schedule, real, groups))
     _install_step_marks()
     return _SESSION

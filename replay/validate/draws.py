@@ -26,7 +26,7 @@ from prism_trace.replay.emulate.config import EmulationConfig
 from prism_trace.replay.emulate.driver import emulate_in_memory, temporary_slice
 from prism_trace.replay.whatif.config import WhatIfConfig
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError
 from prism_trace.layout.choice import infer_layout
 from prism_trace.layout.mesh import ParallelAxis
 
@@ -153,7 +153,7 @@ def check_draws(
     then empty): the draws without the slice's bias.
 
     Raises:
-        PrismError: not a recorded run with iterations and an inferable layout.
+        RunStateError: not a recorded run with iterations and an inferable layout.
     """
     config = config or EmulationConfig()
     run_id = store.require_run(run)
@@ -162,7 +162,7 @@ def check_draws(
     ).pl()
     if recorded.is_empty():
         msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     layout = infer_layout(store, run)
     ranks = np.unique(recorded["rank"].to_numpy())
     from_ranks = ranks[layout.coords(ranks)[ParallelAxis.DP] == 0].tolist()

@@ -31,7 +31,7 @@ from prism_trace.replay.validate.compare import (
 from prism_trace.replay.validate.inside_step import InsideStep, inside_step
 from prism_trace.replay.whatif.config import WhatIfConfig
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import PrismError, RunStateError
 from prism_trace.layout.choice import infer_layout
 from prism_trace.layout.mesh import ParallelAxis
 
@@ -239,7 +239,8 @@ def validate_run(
         The per-iteration errors of both checks.
 
     Raises:
-        PrismError: no such run, not a recorded run, ranks missing, or no iterations recorded.
+        RunNotFoundError: no such run.
+        RunStateError: not a recorded run, ranks missing, or no iterations recorded.
     """
     t0 = time.perf_counter()
     config = dataclasses.replace(config or EmulationConfig(), what_if=WhatIfConfig())
@@ -249,7 +250,7 @@ def validate_run(
     ).fetchall()
     if kind != "recorded":
         msg = f"{store.path}: run {run!r} is {kind}; validation needs a recorded run"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     ranks = [
         r
         for (r,) in store.con.execute(
@@ -272,7 +273,7 @@ def validate_run(
                 " needs every rank as ground truth, or one per TP/CP group (--partial"
                 " replays the recorded ones)"
             )
-            raise PrismError(msg)
+            raise RunStateError(msg)
         else:
             partial = True
     if partial:
@@ -284,7 +285,7 @@ def validate_run(
     ).pl()
     if recorded.is_empty():
         msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     rec_peaks = store.con.sql(
         "SELECT rank, max(total_allocated)::BIGINT AS peak FROM memory WHERE run_id = $1"
         " GROUP BY rank",

@@ -16,7 +16,7 @@ from prism_trace.replay.validate.compare import (
     _mem_mean,
 )
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
@@ -125,17 +125,17 @@ def validate_replayed(store: Store, *, replayed: str) -> ReplayValidation:
         The errors.
 
     Raises:
-        PrismError: not a replayed run, or no recorded run behind it.
+        RunStateError: not a replayed run, or no recorded run behind it.
     """
     run_id = store.require_run(replayed)
     kind = store.run_ancestry(run_id)[0].kind
     if kind != "replayed":
         msg = f"{store.path}: run {replayed!r} is {kind}; --replayed needs a replayed run"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     recorded = store.recorded_ancestor(run_id)
     if recorded is None:
         msg = f"{store.path}: run {replayed!r} has no recorded run behind it to compare with"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     rec_id, rec_name = recorded.run_id, recorded.name
     ranks = store.con.sql(
         "SELECT rank, coalesce(represented_by, rank) AS src FROM rank WHERE run_id = $1"

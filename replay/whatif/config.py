@@ -33,14 +33,14 @@ from typing import Any, Literal
 
 from prism_trace.replay.model.topology import MAX_SLOW_FACTOR
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError
 from prism_trace.graph.base import NODE_KINDS
 from prism_trace.limits import MAX_RANKS
 
 __all__ = ["SlowDown", "WhatIfConfig", "WhatIfError", "parse_what_if"]
 
 
-class WhatIfError(PrismError, ValueError):
+class WhatIfError(ConfigError):
     """A what-if that cannot apply to the run (bad syntax, a rank outside the world, TP 1)."""
 
 

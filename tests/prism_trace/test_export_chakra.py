@@ -11,7 +11,7 @@ import pytest
 from chakra.schema.protobuf import et_def_pb2 as pb
 from chakra.src.third_party.utils.protolib import decodeMessage, openFileRd
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import OutputError, PrismError
 from prism_trace.export.chakra.rules import CTRL_EDGE_KINDS, SYNC_EDGE_KINDS, ChakraExportError
 from prism_trace.export.chakra.writer import ExportReport, export_chakra
 from prism_trace.formats.chakra.tables import NODE_COUNT_ATTR
@@ -344,7 +344,7 @@ def test_unknown_collective_kind_is_named(sample_store: Store, tmp_path: Path) -
 
 def test_refuses_stray_rank_files(sample_store: Store, tmp_path: Path) -> None:
     (tmp_path / "sample.99.et").write_bytes(b"")
-    with pytest.raises(ChakraExportError, match=r"sample\.99\.et"):
+    with pytest.raises(OutputError, match=r"sample\.99\.et"):
         export_chakra(sample_store, run="sample", out_dir=tmp_path)
     with pytest.raises(ChakraExportError, match="prefix"):
         export_chakra(sample_store, run="sample", out_dir=tmp_path / "x", prefix="a/b")

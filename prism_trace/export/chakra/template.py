@@ -76,7 +76,7 @@ def load_run(store: Store, run: str) -> ExportRun:
 
     Raises:
         ChakraExportError: the run is emulated or replayed (no graph to export).
-        PrismError: no such run.
+        RunNotFoundError: no such run.
     """
     con = store.con
     rows = con.execute("SELECT run_id, kind, world_size FROM run WHERE name = ?", [run]).fetchall()

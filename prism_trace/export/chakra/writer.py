@@ -184,10 +184,10 @@ def export_chakra(
 
     Raises:
         ChakraExportError: the run is neither recorded nor sliced, a node has no Chakra form
-            (the message names it), a member's group or peer cannot be derived, the prefix is
-            not a plain name, or ``out_dir`` is a file, a folder that is not empty, or cannot be
-            created.
-        PrismError: no such run.
+            (the message names it), a member's group or peer cannot be derived, or the prefix is
+            not a plain name.
+        OutputError: ``out_dir`` is a file, a folder that is not empty, or cannot be created.
+        RunNotFoundError: no such run.
     """
     t0 = time.perf_counter()
     out_dir = Path(out_dir)
@@ -197,7 +197,7 @@ def export_chakra(
         raise ChakraExportError(msg)
     rd = load_run(store, run)
     # A new or empty folder: stale `.et` files of another export would mix into an ingest of it.
-    output_dir(out_dir, create=False, error=ChakraExportError)
+    output_dir(out_dir, create=False)
     built = False
     if rd.kind == "recorded":
         rows = store.con.execute(
@@ -208,7 +208,7 @@ def export_chakra(
 
             build_graph(store, run)
             built = True
-    output_dir(out_dir, error=ChakraExportError)
+    output_dir(out_dir)
 
     members: dict[int, list[int]] = defaultdict(list)
     for r in rd.ranks:
