@@ -15,7 +15,7 @@ import pytest
 from prism_trace.analysis import critical_path, critical_path_shares, critical_path_summary
 from prism_trace.replay import emulate_run
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError
 from prism_trace.store.connection import Store, open_store
 
 ST = "megatron-straggler-st-8rank"
@@ -202,6 +202,6 @@ def test_sample_emulated_path_and_missing_graph(derived: Store, sample_store: St
         assert shares["share_pct"].sum() == pytest.approx(100.0)
     finally:
         s.close()
-    with pytest.raises(PrismError, match="prism graph"):
+    with pytest.raises(RunStateError, match="prism graph"):
         critical_path(sample_store, "sample")  # recorded, read-only, never graphed
     json.dumps(summary.to_dicts())  # plain values only

@@ -14,7 +14,7 @@ from prism_trace.analysis import analyze, run_diff
 from prism_trace.replay import emulate_run
 
 from prism_trace.cli import main
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunNotFoundError
 from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 
@@ -177,5 +177,5 @@ def test_cli_diff_and_bubbles(st_store: Store) -> None:
     frames = analyze(st_store, "diff", "st", compare="st_emu", iteration=23)
     assert set(frames) == {"iterations", "divergence", "contributors", "ranks"}
     assert frames["ranks"]["iteration"].unique().to_list() == [23]
-    with pytest.raises(PrismError, match="no run named"):
+    with pytest.raises(RunNotFoundError, match="no run named"):
         run_diff(st_store, "st", "nope")

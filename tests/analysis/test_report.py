@@ -20,7 +20,7 @@ from prism_trace.analysis.report.html import DRAWN_JS, ReportSummary, write_repo
 from prism_trace.analysis.report.sections import ReportLimits
 from prism_trace.replay import emulate_run
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunNotFoundError
 from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.slicer import slice_run
@@ -196,9 +196,9 @@ def test_compare_and_caps(store: Store, tmp_path: Path) -> None:
 
 
 def test_unknown_run(store: Store, tmp_path: Path) -> None:
-    with pytest.raises(PrismError, match="nope"):
+    with pytest.raises(RunNotFoundError, match="nope"):
         write_report(store, run="nope", out=tmp_path / "x.html")
-    with pytest.raises(PrismError, match="nope"):
+    with pytest.raises(RunNotFoundError, match="nope"):
         write_report(store, run="sample", out=tmp_path / "x.html", compare="nope")
     assert not (tmp_path / "x.html").exists()
 

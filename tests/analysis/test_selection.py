@@ -20,7 +20,7 @@ from prism_trace.analysis import (
 )
 
 from prism_trace.cli import main
-from prism_trace.errors import PrismError
+from prism_trace.errors import SelectionError, UsageError
 from prism_trace.graph.build import build_graph
 from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
@@ -86,7 +86,7 @@ def test_parse_ranks() -> None:
     assert parse_ranks("0,3,5-7") == [0, 3, 5, 6, 7]
     assert parse_ranks("2..4, 2") == [2, 3, 4]
     for bad in ("x", "5-3", ","):
-        with pytest.raises(PrismError):
+        with pytest.raises(UsageError):
             parse_ranks(bad)
 
 
@@ -117,11 +117,11 @@ def test_selection_filters_and_refuses_what_is_not_there(straggler_store: Store)
     assert per_it.height == 16
     assert skew(straggler_store, "dp", ranks=[2])["rank"].to_list() == [2]
     assert skew(straggler_store, "dp", iteration=3)["calls"].to_list() == [1, 1, 1, 1]
-    with pytest.raises(PrismError, match="no iteration 9"):
+    with pytest.raises(SelectionError, match="no iteration 9"):
         analyze(straggler_store, "temporal", "dp", iteration=9)
-    with pytest.raises(PrismError, match="none of ranks 7-8"):
+    with pytest.raises(SelectionError, match="none of ranks 7-8"):
         analyze(straggler_store, "skew", "dp", ranks=[7, 8])
-    with pytest.raises(PrismError, match="no --iteration"):
+    with pytest.raises(UsageError, match="no --iteration"):
         temporal(straggler_store, "dp", window="hta", iteration=1)
     # op timelines have no device streams: idle and kernels are empty, not an error
     assert idle(straggler_store, "dp").is_empty()

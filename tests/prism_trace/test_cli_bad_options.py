@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 from prism_trace.datasets import SAMPLE
 
 from prism_trace.cli import main
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 from prism_trace.limits import MAX_RANKS
 from tests.conftest import copy_of_template
 
@@ -164,7 +164,7 @@ def test_claim_run_name_refuses_blank_and_control_characters(db: Path, name: str
     from prism_trace.store.connection import open_store
     from prism_trace.store.write import claim_run_name
 
-    with open_store(db, read_only=True) as store, pytest.raises(PrismError, match="run name"):
+    with open_store(db, read_only=True) as store, pytest.raises(UsageError, match="run name"):
         claim_run_name(store, name, replace=False)
 
 

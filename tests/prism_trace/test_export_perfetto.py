@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import OutputError, RunNotFoundError, SelectionError
 from prism_trace.export.perfetto import PERFETTO_SCHEMA, export_perfetto
 from prism_trace.ingestion.pipeline import ingest
 from prism_trace.layout.mesh import ParallelLayout
@@ -211,7 +211,7 @@ def test_emulated_run_expanded_ranks(store: Store, tmp_path: Path) -> None:
     )
     assert by_pid == {0: per_rank[0], 6: per_rank[0], 8191: per_rank[4097]}
     assert rep["ranks"] == 3
-    with pytest.raises(PrismError, match="no rank 9000"):
+    with pytest.raises(SelectionError, match="no rank 9000"):
         export_perfetto(store, run="big_emu", out=tmp_path / "x.json", ranks=[9000])
 
 
@@ -230,10 +230,10 @@ def test_sliced_run_graph_nodes(store: Store, tmp_path: Path) -> None:
 
 
 def test_unknown_run_and_unwritable(store: Store, tmp_path: Path) -> None:
-    with pytest.raises(PrismError, match="nope"):
+    with pytest.raises(RunNotFoundError, match="nope"):
         export_perfetto(store, run="nope", out=tmp_path / "x.json")
     (tmp_path / "file").write_text("")
-    with pytest.raises(PrismError, match="cannot write"):
+    with pytest.raises(OutputError, match="cannot write"):
         export_perfetto(store, run="sample", out=tmp_path / "file" / "x.json")
     assert not list(tmp_path.glob("**/*.part"))
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunNotFoundError, RunStateError
 from prism_trace.graph.build import build_graph
 from prism_trace.graph.chakra import chakra_graph
 from prism_trace.graph.kineto import kineto_graph
@@ -505,7 +505,7 @@ def test_rebuild_replaces_the_rows(sample: Store) -> None:
 
 
 def test_unknown_run_is_refused(sample: Store) -> None:
-    with pytest.raises(PrismError, match="no run named 'nope'"):
+    with pytest.raises(RunNotFoundError, match="no run named 'nope'"):
         build_graph(sample, "nope")
 
 
@@ -662,6 +662,6 @@ def test_host_et_only_rank_is_refused(shared_datasets: Path, tmp_path: Path) -> 
     s = open_store(tmp_path / "et.duckdb")
     ingest(s, [shared_datasets / "param-dlrm-8rank" / "et" / "dlrm_eg_0.json.gz"], run="et",
            progress=False)  # fmt: skip
-    with pytest.raises(PrismError, match=r"rank 0 has no timeline \(host ET only\)"):
+    with pytest.raises(RunStateError, match=r"rank 0 has no timeline \(host ET only\)"):
         build_graph(s, "et")
     assert q(s, "SELECT count(*) FROM graph_node") == [(0,)]

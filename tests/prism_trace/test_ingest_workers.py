@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from prism_trace.cli import main
-from prism_trace.errors import DuplicateRankError, PrismError, TraceFormatError
+from prism_trace.errors import DuplicateRankError, ProcessFailedError, TraceFormatError, UsageError
 from prism_trace.ingestion.pipeline import ingest
 from prism_trace.store.connection import Store, open_store
 from prism_trace.store.write import RUN_TABLES
@@ -132,7 +132,7 @@ def test_cli_rejects_zero_workers(tmp_path: Path) -> None:
 
 
 def test_dask_needs_scratch_with_a_scheduler(tmp_path: Path) -> None:
-    with open_store(tmp_path / "s.duckdb") as store, pytest.raises(PrismError, match="--scratch"):
+    with open_store(tmp_path / "s.duckdb") as store, pytest.raises(UsageError, match="--scratch"):
         ingest(store, [SAMPLE], run="s", progress=False, engine="dask", scheduler="tcp://x:1")
 
 
@@ -172,12 +172,12 @@ def test_a_dead_worker_is_one_error_naming_a_file() -> None:
     fut.set_exception(BrokenProcessPool("a child process terminated abruptly"))
     # a batch of files: the first names the batch
     batch = [TraceFile(Path("/x/rank3.json"), "kineto"), TraceFile(Path("/x/r4.json"), "kineto")]
-    with pytest.raises(PrismError, match=r"^/x/rank3\.json: the worker process reading it"):
+    with pytest.raises(ProcessFailedError, match=r"^/x/rank3\.json: the worker process reading it"):
         list(_results([fut], [batch]))
 
 
 def test_zero_workers_is_refused(tmp_path: Path) -> None:
-    with open_store(tmp_path / "s.duckdb") as store, pytest.raises(PrismError, match="--workers"):
+    with open_store(tmp_path / "s.duckdb") as store, pytest.raises(UsageError, match="--workers"):
         ingest(store, [SAMPLE], run="s", progress=False, workers=0)
 
 

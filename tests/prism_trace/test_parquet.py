@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from prism_trace.cli import main
-from prism_trace.errors import PrismError
+from prism_trace.errors import NotAStoreError, OutputError
 from prism_trace.export.parquet import export_parquet, open_parquet
 from prism_trace.store.schema import SCHEMA_VERSION
 from prism_trace.store.tables import TABLES
@@ -59,7 +59,7 @@ def test_query_and_views_on_parquet_match_the_store(sample_store: object, export
 
 
 def test_not_an_export_is_one_line(tmp_path: Path) -> None:
-    with pytest.raises(PrismError, match="not a prism Parquet export"):
+    with pytest.raises(NotAStoreError, match="not a prism Parquet export"):
         open_parquet(tmp_path)
     res = CliRunner().invoke(main, ["query", "--parquet", str(tmp_path), "SELECT 1"])
     assert res.exit_code == 1
@@ -67,5 +67,5 @@ def test_not_an_export_is_one_line(tmp_path: Path) -> None:
 
 
 def test_export_refuses_a_non_empty_folder(sample_store: object, exported: Path) -> None:
-    with pytest.raises(PrismError, match="not empty"):
+    with pytest.raises(OutputError, match="not empty"):
         export_parquet(sample_store, exported)  # type: ignore[arg-type]

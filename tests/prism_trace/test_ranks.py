@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from prism_trace.cli import main
-from prism_trace.errors import PrismError
+from prism_trace.errors import UsageError
 from prism_trace.ranks import MAX_RANKS, parse_ranks
 
 
@@ -38,7 +38,7 @@ def test_rank_lists_parse(spec: str, want: list[int]) -> None:
     ],
 )
 def test_bad_rank_lists_are_one_clear_error(spec: str, why: str) -> None:
-    with pytest.raises(PrismError, match=why):
+    with pytest.raises(UsageError, match=why):
         parse_ranks(spec)
 
 

@@ -13,7 +13,7 @@ from prism_trace.replay.model.timing import TimingConfig
 from prism_trace.replay.model.topology import Topology
 from prism_trace.replay.whatif.config import parse_what_if
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "network.md"
 
@@ -50,14 +50,14 @@ def _write(text: str, name: str) -> Path:
     ],
 )
 def test_bad_configs_are_one_line(text: str, why: str) -> None:
-    with pytest.raises(PrismError, match=why) as err:
+    with pytest.raises(ConfigError, match=why) as err:
         load_emulation_config(_write(text, "bad.md"))
     assert "\n" not in str(err.value)
     assert "bad.toml" in str(err.value)
 
 
 def test_missing_file() -> None:
-    with pytest.raises(PrismError, match="cannot read the config"):
+    with pytest.raises(ConfigError, match="cannot read the config"):
         load_emulation_config(Path("/nonexistent/x.toml"))
 
 
@@ -100,7 +100,7 @@ def test_the_bandwidth_is_scaled_in_one_place(tmp_path: Path) -> None:
     ],
 )
 def test_wrong_types_and_values_are_one_line_naming_the_key(text: str, why: str) -> None:
-    with pytest.raises(PrismError, match=why) as err:
+    with pytest.raises(ConfigError, match=why) as err:
         load_emulation_config(_write(text, "bad.md"))
     assert "\n" not in str(err.value)
     assert "bad.toml: " in str(err.value)
@@ -154,7 +154,7 @@ def test_the_replay_config() -> None:
         ("[kernel_replay]\niteration = 2\n", r"unknown key\(s\) \['iteration'\]"),
         ("[kernel]\n", r"unknown section\(s\) \['kernel'\]"),
     ]:
-        with pytest.raises(PrismError, match=why) as err:
+        with pytest.raises(ConfigError, match=why) as err:
             load_replay_config(_write(bad, "bad.md"))
         assert "\n" not in str(err.value)
         assert "bad.toml" in str(err.value)

@@ -12,7 +12,7 @@ from prism_trace.replay import (
     emulate_run,
 )
 
-from prism_trace.errors import DuplicateRunError, PrismError
+from prism_trace.errors import DuplicateRunError, RunStateError
 from prism_trace.store.connection import Store, open_store
 
 
@@ -131,9 +131,9 @@ def test_replace_and_refusals(tmp_path: Path) -> None:
     r2 = emulate_run(store, run="h", out_run="e", replace=True)
     assert q(store, "SELECT count(*) FROM run WHERE name = 'e'") == [(1,)]
     assert q(store, "SELECT count(*) FROM event WHERE run_id = ?", r2.run_id) == [(7,)]
-    with pytest.raises(PrismError, match="recorded run"):
+    with pytest.raises(RunStateError, match="recorded run"):
         emulate_run(store, run="e", out_run="h", replace=True)
-    with pytest.raises(PrismError, match="only a recorded or sliced run"):
+    with pytest.raises(RunStateError, match="only a recorded or sliced run"):
         emulate_run(store, run="e", out_run="e2")
 
 

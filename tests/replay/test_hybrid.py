@@ -19,7 +19,7 @@ from prism_trace.replay.hybrid.replay import replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
 from prism_trace.replay.validate.replayed import validate_replayed  # noqa: E402
 
-from prism_trace.errors import PrismError  # noqa: E402
+from prism_trace.errors import RunStateError, UsageError  # noqa: E402
 
 # Slow: replays real kernels; `scripts/test -m "not slow"` leaves it out.
 pytestmark = pytest.mark.slow
@@ -126,7 +126,7 @@ def test_validate_replayed_and_gaps(sample_store: object, replayed: object) -> N
     units = r.support["compute_units"] + 50
     assert 0 < units * r.wait_lead_ns < r.gap_ns // 10
     assert sum(r.replayed_ns.values()) >= r.op_ns + r.comm_ns + r.gap_ns - units * r.wait_lead_ns
-    with pytest.raises(PrismError, match="is recorded"):
+    with pytest.raises(RunStateError, match="is recorded"):
         validate_replayed(sample_store, replayed="sample")  # type: ignore[arg-type]
 
 
@@ -189,7 +189,7 @@ def test_unsupported_ops_fail_or_take_recorded_time(sample_store: object) -> Non
         [node],
     )
     try:
-        with pytest.raises(PrismError, match=r"aten::gelu x1 \(no op aten::no_such_op_here"):
+        with pytest.raises(RunStateError, match=r"aten::gelu x1 \(no op aten::no_such_op_here"):
             replay_run(sample_store, run="sample", ranks=[0], out_run="rp_bad", options=FAST)  # type: ignore[arg-type]
         opts = KernelReplayOptions(
             iterations=1, warmup=0, threads=1, substitute_recorded=True, memory=False
@@ -213,7 +213,7 @@ def test_unsupported_ops_fail_or_take_recorded_time(sample_store: object) -> Non
 def test_cuda_path_is_guarded(sample_store: object) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present; the guard is for machines without one")
-    with pytest.raises(PrismError, match="no CUDA device"):
+    with pytest.raises(UsageError, match="no CUDA device"):
         _rank0(sample_store, "rp_cuda", KernelReplayOptions(device="cuda", iterations=1, warmup=0))
 
 
@@ -236,7 +236,7 @@ def test_bare_passes_measure_the_instrumentation(sample_store: object) -> None:
     assert r.comm_ns >= sum(c.transfer_ns for c in sched.calls) > 0
     assert rep.as_dict()["ranks"][0]["bare_ns"] == r.bare_ns
     for bad in (replace(opts, gaps="recorded"), replace(opts, instrument="profiler")):
-        with pytest.raises(PrismError, match="bare passes"):
+        with pytest.raises(UsageError, match="bare passes"):
             _rank0(sample_store, "rp_bare2", bad)
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("torch")
 
 from prism_trace.replay.pg.launch import launch
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import DuplicateRunError, UsageError
 
 # Slow: launches training scripts in torch processes; `scripts/test -m "not slow"` leaves it out.
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -141,9 +141,9 @@ def test_the_script_imports_its_own_packages_not_ours(tmp_path: Path) -> None:
 
 
 def test_bad_launches_fail_before_starting_anything(tmp_path: Path) -> None:
-    with pytest.raises(PrismError, match=r"`--ranks` \[4\] must be ranks of a world of 4"):
+    with pytest.raises(UsageError, match=r"`--ranks` \[4\] must be ranks of a world of 4"):
         launch(["python"], world_size=4, ranks=[4])
-    with pytest.raises(PrismError, match="`--db` and `--run` go together"):
+    with pytest.raises(UsageError, match="`--db` and `--run` go together"):
         launch(["python"], world_size=4, ranks=[0], db=tmp_path / "x.duckdb")
 
 
@@ -191,7 +191,7 @@ def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Pat
             " AND r.run_id = (SELECT run_id FROM run WHERE name = 'sample')"
             " WHERE i.run_id = (SELECT run_id FROM run WHERE name = 'launched') ORDER BY 1"
         ).fetchall()
-        with pytest.raises(PrismError, match="already exists"):
+        with pytest.raises(DuplicateRunError, match="already exists"):
             write_launched_run(store, run="sample", out_run="launched", result=res, command=cmd)
     assert v.ranks == [0]
     # Recorded steps 1 and 2 (step 0 is the generator's unprofiled warm-up, not in the trace).

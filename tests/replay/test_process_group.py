@@ -21,6 +21,8 @@ import prism_trace.replay.pg.work as ppg_work  # noqa: E402
 from prism_trace.replay.peers import PeerCall, PeerSchedule  # noqa: E402
 from prism_trace.replay.pg.base import ScheduleMismatchError  # noqa: E402
 
+from prism_trace.errors import ConfigError  # noqa: E402
+
 pytestmark = pytest.mark.torch
 
 MS = 1_000_000
@@ -349,9 +351,9 @@ def test_groups_with_the_same_members_are_told_apart_by_name() -> None:
 
 def test_rank_outside_the_real_ranks_is_refused() -> None:
     ppg.configure(world_size=4, real_ranks=(1,))
-    with pytest.raises(ValueError, match=r"rank 0 is not one of the real ranks \[1\]"):
+    with pytest.raises(ConfigError, match=r"rank 0 is not one of the real ranks \[1\]"):
         dist.init_process_group("prism", store=dist.HashStore(), rank=0, world_size=4)
-    with pytest.raises(ValueError, match="outside a world of 4"):
+    with pytest.raises(ConfigError, match="outside a world of 4"):
         ppg.configure(world_size=4, real_ranks=(4,))
     pg_session.reset()
     assert pg_session.session() is None

@@ -22,7 +22,7 @@ from prism_trace.replay.hybrid.replay import replay_run  # noqa: E402
 from prism_trace.replay.peers import PeerSchedule  # noqa: E402
 from prism_trace.replay.validate.replayed import validate_replayed  # noqa: E402
 
-from prism_trace.errors import PrismError  # noqa: E402
+from prism_trace.errors import CollectiveMismatchError, UsageError  # noqa: E402
 from prism_trace.layout.mesh import ParallelLayout  # noqa: E402
 from prism_trace.slicing.slicer import slice_run  # noqa: E402
 
@@ -70,12 +70,12 @@ def test_agree_fixes_sizes_groups_and_p2p_waits() -> None:
 
 def test_agree_rejects_mismatched_collectives_and_lone_sends() -> None:
     with pytest.raises(
-        PrismError, match=r"all_reduce seq 1 of group \[0, 1\].*missing ranks: \[1\]"
+        CollectiveMismatchError, match=r"all_reduce seq 1 of group \[0, 1\].*missing ranks: \[1\]"
     ):
         agree({0: [_ar(1, 0), _ar(2, 1)], 1: [_ar(1, 0)]})
-    with pytest.raises(PrismError, match="issue different collectives"):
+    with pytest.raises(CollectiveMismatchError, match="issue different collectives"):
         agree({0: [_ar(1, 0)], 1: [_ar(1, 5)]})
-    with pytest.raises(PrismError, match=r"real ranks 0 -> 1: 1 sends but 0 receives"):
+    with pytest.raises(CollectiveMismatchError, match=r"real ranks 0 -> 1: 1 sends but 0 receives"):
         agree({0: [RealSpec(1, "send", (0, 1), 0, 8, mixed=False)], 1: []})
 
 
@@ -219,7 +219,7 @@ def test_mixed_group_waits_for_real_and_virtual_members(sample_store: object) ->
 def test_a_failing_rank_stops_all_with_one_line(sample_store: object) -> None:
     if torch.cuda.device_count() >= 2:
         pytest.skip("two CUDA devices are present; the guard is for machines with fewer")
-    with pytest.raises(PrismError, match="needs 2 GPUs") as info:
+    with pytest.raises(UsageError, match="needs 2 GPUs") as info:
         replay_run(
             sample_store,  # type: ignore[arg-type]
             run="sample",

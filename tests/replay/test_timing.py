@@ -19,7 +19,7 @@ from prism_trace.replay.model.timing import (
 )
 from prism_trace.replay.model.topology import PRESETS, Topology, TopologyError
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import ConfigError, PrismError
 
 GIB = 1 << 30
 
@@ -134,7 +134,7 @@ def test_presets_and_config_round_trip() -> None:
         Topology(bandwidth_scale=0)
     t = TimingConfig(model="scaled", calibrate=True, algorithm="ring")
     assert TimingConfig(**json.loads(json.dumps(asdict(t)))) == t
-    with pytest.raises(ValueError, match="timing `model`"):
+    with pytest.raises(ConfigError, match="timing `model`"):
         TimingConfig(model="magic")  # type: ignore[arg-type]
 
     from prism_trace.replay.emulate.config import EmulationConfig
@@ -269,9 +269,9 @@ def test_astra_sim_options_chunks_and_ring_all_to_all() -> None:
     # p2p is not split; chunks=1 is the plain model.
     assert one("send", mib, 2, 1, topo, chunks=4) == one("send", mib, 2, 1, topo)
     assert one("all_reduce", mib, 8, 1, topo, chunks=1) == one("all_reduce", mib, 8, 1, topo)
-    with pytest.raises(ValueError, match="chunks"):
+    with pytest.raises(ConfigError, match="chunks"):
         TimingConfig(chunks=0)
-    with pytest.raises(ValueError, match="all_to_all"):
+    with pytest.raises(ConfigError, match="all_to_all"):
         TimingConfig(all_to_all="mesh")  # type: ignore[arg-type]
     model = transfer_model(TimingConfig(model="alpha_beta", chunks=4), topo)
     assert isinstance(model, AlphaBetaTransfer)
@@ -304,5 +304,5 @@ def test_reduction_option_matches_astra_sim_reduce_scatter() -> None:
     assert abs(plain[0] / 33_080 - 1) > 0.02  # without it, 2.6 % short
     assert abs(model[2] / 151_016 - 1) < 0.005  # the all-gather moves 7 x its 1 MiB input
     for bad in (0, -1.0, float("inf"), "fast", True):
-        with pytest.raises(ValueError, match="reduction_gbps"):
+        with pytest.raises(ConfigError, match="reduction_gbps"):
             TimingConfig(reduction_gbps=bad)  # type: ignore[arg-type]
