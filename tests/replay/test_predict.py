@@ -141,6 +141,7 @@ def ladder(ladder_db: Path, tmp_path: Path) -> Store:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_the_predicted_dp4_step_is_the_recorded_one(ladder: Store) -> None:
     before = store_contents(ladder)
     p = predict_run(ladder, run="dp2", against="dp4", compare=compare_runs)
@@ -161,6 +162,7 @@ def test_the_predicted_dp4_step_is_the_recorded_one(ladder: Store) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_out_run_keeps_the_first_seed_and_nothing_else(ladder: Store) -> None:
     runs_before = ladder.con.execute("SELECT name FROM run ORDER BY ALL").fetchall()
     p = predict_run(
@@ -193,6 +195,7 @@ def test_out_run_keeps_the_first_seed_and_nothing_else(ladder: Store) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_a_prediction_refused_halfway_writes_nothing(ladder: Store) -> None:
     """Emulated and compared, then the comparison refuses: the emulated runs, the graphs built
     for the recordings and the run ids all go."""
@@ -209,6 +212,7 @@ def test_a_prediction_refused_halfway_writes_nothing(ladder: Store) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.torch
 def test_the_cli_prints_the_comparison_and_its_json(ladder: Store) -> None:
     db = ladder.path
     ladder.close()
