@@ -153,16 +153,26 @@ def _html(c: RunComparison) -> str:
 def prediction_section(
     store: Store, run: str, other: str, notes: list[str], *, explicit: bool
 ) -> Section | None:
-    """The comparison of ``run`` with the recording ``other``, or None where it does not apply
-    (``other`` is no recording, the worlds differ, ``run`` holds no timing).
+    """The comparison of ``run`` with the recording ``other``, or None where it does not apply:
+    ``other`` is no recording, or has another world size (a prediction is checked at its own
+    scale), or ``run`` holds no timing.
 
     Args:
         store: an open store (read-only is fine).
         run: the report's run (a prediction: an emulated or replayed run).
         other: the compared run.
-        notes: the report's notes; why the section is missing is added when ``explicit``.
+        notes: the report's notes; why a comparison that applies failed is added when
+            ``explicit``.
         explicit: ``other`` was named by the user (``--compare``), not found as an ancestor.
     """
+    rows = store.con.execute(
+        "SELECT name, kind, world_size FROM run WHERE list_contains(?, name)", [[run, other]]
+    ).fetchall()
+    facts = {name: (kind, world) for name, kind, world in rows}
+    if run == other or facts.get(other, ("", 0))[0] != "recorded":
+        return None
+    if facts.get(run, ("", -1))[1] != facts[other][1]:
+        return None
     try:
         comparison = compare_runs(store, run, other)
     except PrismError as exc:
