@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prism_trace.analysis.report import data
+from prism_trace.analysis.report.prediction_section import prediction_section
 from prism_trace.analysis.report.sections import (
     ReportLimits,
     Section,
@@ -173,6 +174,9 @@ def write_report(
     sections.append(it_sec)
     if other is not None:
         sections.append(diff_section(store, other, run, notes))
+        predicted = prediction_section(store, run, other, notes, explicit=compare is not None)
+        if predicted is not None:
+            sections.append(predicted)
     sections.append(memory_section(store, run_id, t0, groups, limits, notes))
     page = _render(facts, other, sections, notes)
     output_file(out)  # a folder, or a parent that is a file, is one line naming `out`
