@@ -55,7 +55,7 @@ class VarianceFit:
 
     Attributes:
         sigma: per node kind (``NODE_KINDS`` order), the spread of the log rank effect pooled
-            over roles; 0 where not estimable (one recorded replica per role).
+            over roles; 0 where not estimable (one recorded replica per role, or one step).
         effects: ``source_rank, kind, group, effect``: each recorded rank's log rank effect per
             kind (relative to the mean of its role's recorded replicas) and its group.
         ops: ``source_rank, kind, name, ord, iteration, op, eps``: each fitted node's op (numbered
@@ -198,6 +198,12 @@ def _rank_effects(d: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     replica of its role ran in that step, of its log duration less the mean of the replicas';
     its effect is the mean over steps. Weighted by the op's mean duration, so the effect is the
     one on the step's computation (a microsecond op's jitter does not outweigh a 20 ms op).
+
+    A group with fewer than 2 such steps has no effects (0) and no moments: with one step a
+    rank's persistent effect cannot be told from its deviation in that step, so the whole
+    deviation stays in its residuals and replicas resample the recorded ranks whole (nothing is
+    extrapolated). Ranks of one role that do different work (the sharded embeddings of DLRM's
+    8 ranks, recorded for 1 step) would otherwise read as a 120 % rank effect.
     """
     bal = d.filter((pl.col("m") >= 2) & (pl.col("n_cell") == pl.col("m")))
     per_step = (
@@ -205,10 +211,14 @@ def _rank_effects(d: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
         .group_by("group", "source_rank", "t")
         .agg(((pl.col("w") * pl.col("c")).sum() / pl.col("w").sum()).alias("a_t"))
     )
-    per_rank = per_step.group_by("group", "source_rank").agg(
-        pl.col("a_t").mean().alias("effect"),
-        pl.col("a_t").var(ddof=1).fill_null(0.0).alias("v_t"),
-        pl.len().alias("n_t"),
+    per_rank = (
+        per_step.group_by("group", "source_rank")
+        .agg(
+            pl.col("a_t").mean().alias("effect"),
+            pl.col("a_t").var(ddof=1).fill_null(0.0).alias("v_t"),
+            pl.len().alias("n_t"),
+        )
+        .filter(pl.col("n_t") >= 2)
     )
     per_group = per_rank.group_by("group").agg(
         ((pl.col("effect") ** 2).sum() / (pl.len() - 1)).alias("v_between"),

@@ -103,6 +103,19 @@ def test_one_recorded_replica_per_role_has_no_rank_effect_but_residuals() -> Non
     assert 0.07 <= s["residual_sd"] <= 0.11
 
 
+def test_one_recorded_step_leaves_the_ranks_whole() -> None:
+    # One step: a rank's persistent effect cannot be told from its deviation in that step (nor
+    # from different work: DLRM's sharded embeddings), so nothing is extrapolated: no rank
+    # effect, and each recorded rank's deviation stays in its residuals, resampled whole.
+    nodes, _ = synthetic(roles=4, replicas=4, steps=1, ops=10, sigma_rank=0.3, sigma_op=0.05)
+    fit = fit_variance(nodes)
+    s = kind_summary(fit)
+    assert s["sigma_rank_effect"] == 0.0
+    assert s["rank_step_sd"] is None
+    assert (fit.effects["effect"] == 0).all()
+    assert fit.pool_len.tolist() == [4] * 4
+
+
 def test_communication_and_held_nodes_are_left_out_of_the_fit() -> None:
     nodes, _ = synthetic(roles=8, replicas=4, steps=4, ops=10, sigma_rank=0.05, sigma_op=0.1)
     fit = fit_variance(nodes)
