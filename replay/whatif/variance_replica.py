@@ -226,7 +226,11 @@ def describe_fit(fit: VarianceFit) -> str:
         def pct(x: float | None) -> str:
             return "-" if x is None else f"{100 * x:.2f} %"
 
-        eff = ", ".join(f"{r} {100 * e:+.2f} %" for r, e in s["rank_effects"].items())
+        effects = s["rank_effects"]
+        eff = ", ".join(f"{r} {100 * e:+.2f} %" for r, e in effects.items())
+        if len(effects) > 8:  # a long list goes to run.config_json; the note says its range
+            lo, hi = min(effects.values()), max(effects.values())
+            eff = f"{len(effects)} from {100 * lo:+.2f} % to {100 * hi:+.2f} %"
         reps = "/".join(str(m) for m in s["recorded_replicas"])
         parts.append(
             f"{kind}: rank effect sigma {pct(s['sigma_rank_effect'])} ({s['roles']} roles x"
