@@ -34,7 +34,7 @@ def main() -> None:
     """Run the check on each set and print (and note) the figures."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--mode", choices=("iteration", "op"), default="iteration")
+    ap.add_argument("--mode", choices=("replica", "iteration", "op"), default="replica")
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
     args = ap.parse_args()

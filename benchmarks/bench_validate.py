@@ -42,7 +42,7 @@ def main() -> None:
     """Run the validations and print (and note) the errors."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--completion", choices=("per_rank", "common"), default="per_rank")
-    ap.add_argument("--variance", choices=("iteration", "op"), default=None)
+    ap.add_argument("--variance", choices=("replica", "iteration", "op"), default=None)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")

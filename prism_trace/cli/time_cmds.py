@@ -36,7 +36,7 @@ __all__ = ["emulate_cmd", "replay_cmd", "run_cmd", "validate_cmd"]
     "what_ifs",
     multiple=True,
     help="Repeatable: slow-ranks=3,5..7@1.2 | slow-ops=GLOB@1.5 | slow-kind=kernel@1.1 |"
-    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op].",
+    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=replica|iteration|op].",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the variance mode.")
 @click.option(
@@ -242,7 +242,7 @@ def replay_cmd(
 @click.option("--slice-ranks", type=RANKS, default=None, help="Ranks to slice from, e.g. 0..6:2.")
 @click.option(
     "--variance",
-    type=click.Choice(["iteration", "op"]),
+    type=click.Choice(["replica", "iteration", "op"]),
     default=None,
     help="Also emulate the slice with each replica drawing its durations (seeded).",
 )

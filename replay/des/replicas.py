@@ -10,13 +10,15 @@ share (``shared_instances``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
-from prism_trace.replay.whatif.config import SlowDown, WhatIfConfig
+from prism_trace.replay.whatif.config import SlowDown, VarianceMode, WhatIfConfig
 from prism_trace.replay.whatif.expansion import spans_dp
 from prism_trace.replay.whatif.variance import draw_table
+from prism_trace.replay.whatif.variance_fit import VarianceFit
+from prism_trace.replay.whatif.variance_replica import replica_columns
 
 from prism_trace.layout.mesh import ParallelAxis
 
@@ -150,9 +152,15 @@ def replica_durations(
     replicas: int,
     variance: bool,
     seed: int,
-    mode: Literal["iteration", "op"] = "iteration",
+    mode: VarianceMode = "iteration",
+    fit: VarianceFit | None = None,
+    held: np.ndarray | None = None,
 ) -> np.ndarray:
     """``(nodes, replicas)`` durations: ``base`` everywhere, drawn per replica with variance.
+
+    ``replica`` mode draws from ``fit`` (``replay.whatif.variance_replica.replica_columns``:
+    every replica but 0 its own rank effect and residuals; ``held``: the nodes a ``sync`` edge
+    holds, which keep theirs); the other modes as follows.
 
     Replica 0 (the exemplars, the recording itself) keeps ``base``; communication nodes keep
     theirs (their time is waiting, recomputed by the emulator). Every other replica's
@@ -175,9 +183,14 @@ def replica_durations(
     whatever the replica count.
     """
     n = nodes.height
+    if variance and mode == "replica" and fit is not None and n:
+        no_held = np.zeros(n, dtype=bool)
+        return replica_columns(
+            nodes, base, fit, no_held if held is None else held, replicas=replicas, seed=seed
+        )
     out = np.empty((n, replicas), dtype=np.int64)
     out[:] = base[:, None]
-    if not variance or replicas < 2 or n == 0:
+    if not variance or replicas < 2 or n == 0 or mode == "replica":
         return out
     t = draw_table(nodes)
     rec = t.node_rec

@@ -17,6 +17,8 @@ from prism_trace.replay.whatif.config import WhatIfError
 from prism_trace.replay.whatif.expansion import expand_replicas, spans_dp
 from prism_trace.replay.whatif.slow import check_slow_matches, slow_factors
 from prism_trace.replay.whatif.variance import resample_durations
+from prism_trace.replay.whatif.variance_fit import VarianceFit, fit_variance
+from prism_trace.replay.whatif.variance_replica import describe_fit, unit_durations
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
@@ -166,7 +168,6 @@ def _apply_what_if(store: Store, inputs: PreparedRun, config: EmulationConfig) -
         notes += exp.notes
 
     nodes = inputs.nodes
-    unit_rank = inputs.unit_rank
     check_slow_matches(nodes, w.slow, inputs.run)
     extra = np.ones(nodes.height)
     if w.remove_gpu is not None:
@@ -181,22 +182,9 @@ def _apply_what_if(store: Store, inputs: PreparedRun, config: EmulationConfig) -
             inputs = dataclasses.replace(inputs, size_override={}, failed_column=failed)
             extra = np.ones_like(extra)
     dur = nodes["dur"].fill_null(0).to_numpy().astype(np.int64)
-    if w.variance and inputs.grid is not None:
-        notes.append(
-            f"variance ({w.variance_mode} mode, seed {config.seed}): every replica but 0 (the"
-            " recording) draws its durations from its class's recorded iterations"
-        )
-    elif w.variance:
-        draw = np.ones(unit_rank.size, dtype=bool)
-        if inputs.kind == "sliced":
-            # The representative replica (dp 0, the class exemplars) keeps its recorded timing:
-            # it *is* the recording; every other replica is a virtual peer and draws.
-            draw = np.array([dp_of.get(int(r), 0) != 0 for r in unit_rank], dtype=bool)
-        dur = resample_durations(nodes, draw, seed=config.seed, mode=w.variance_mode)
-        notes.append(
-            f"variance ({w.variance_mode} mode, seed {config.seed}): {int(draw.sum())} of"
-            f" {draw.size} units draw their durations from their representative's iterations"
-        )
+    if w.variance:
+        inputs, dur, said = _draw_variance(store, inputs, config, dp_of, dur)
+        notes += said
     # with the replica vector, a slow rank is a column of replay.vector's durations instead
     slow = w.slow if inputs.grid is None else tuple(s for s in w.slow if not s.ranks)
     factor = slow_factors(nodes, slow, extra=extra)
@@ -216,6 +204,125 @@ def _apply_what_if(store: Store, inputs: PreparedRun, config: EmulationConfig) -
             pl.Series("emu_dur", emu), pl.Series("factor", np.where(is_comm, factor, 1.0))
         )
     return dataclasses.replace(inputs, nodes=nodes, notes=tuple(notes))
+
+
+def _draw_variance(
+    store: Store,
+    inputs: PreparedRun,
+    config: EmulationConfig,
+    dp_of: Mapping[int, int],
+    dur: np.ndarray,
+) -> tuple[PreparedRun, np.ndarray, list[str]]:
+    """The variance what-if: ``inputs`` (with the ``replica`` mode's fit), the units' durations
+    (drawn here unless the replica vector draws its columns in the run stage) and the notes.
+
+    In a sliced run the representative replica (dp 0, the class exemplars) keeps its recorded
+    timing: it *is* the recording; every other replica is a virtual peer and draws. In a
+    recorded run every rank draws; in the ``replica`` mode it keeps its own rank effect (it is
+    that GPU) and draws its residuals only.
+    """
+    w = config.what_if
+    mode, seed = w.variance_mode, config.seed
+    if mode == "replica" and w.no_stragglers:
+        return (
+            inputs,
+            dur,
+            [
+                "variance (replica mode): nothing drawn, no-stragglers gives every"
+                " op its type's typical time"
+            ],
+        )
+    notes = []
+    fit = None
+    if mode == "replica":
+        fit = _variance_fit(store, inputs)
+        inputs = dataclasses.replace(inputs, variance_fit=fit)
+        notes.append(f"variance fit (replica mode) on the recorded replicas: {describe_fit(fit)}")
+    if inputs.grid is not None:
+        source = (
+            "its own rank effect and recorded rank-steps' residuals (the fit)"
+            if fit is not None
+            else "its class's recorded iterations"
+        )
+        notes.append(
+            f"variance ({mode} mode, seed {seed}): every replica but 0 (the recording) draws its"
+            f" durations from {source}"
+        )
+        return inputs, dur, notes
+    unit_rank = inputs.unit_rank
+    sliced = inputs.kind == "sliced"
+    replica = np.array([dp_of.get(int(r), 0) for r in unit_rank], dtype=np.int64)
+    draw = replica != 0 if sliced else np.ones(unit_rank.size, dtype=bool)
+    if mode != "replica":
+        dur = resample_durations(inputs.nodes, draw, seed=seed, mode=mode)
+        notes.append(
+            f"variance ({mode} mode, seed {seed}): {int(draw.sum())} of {draw.size} units draw"
+            " their durations from their representative's iterations"
+        )
+        return inputs, dur, notes
+    assert fit is not None
+    dur = unit_durations(
+        inputs.nodes,
+        fit,
+        _held(inputs.edges, inputs.nodes.height),
+        draw=draw,
+        replica=replica,
+        keep_effect=np.full(unit_rank.size, not sliced),
+        seed=seed,
+    )
+    drawn = "their rank effect and residuals" if sliced else "their residuals (rank effect kept)"
+    notes.append(
+        f"variance (replica mode, seed {seed}): {int(draw.sum())} of {draw.size} units draw {drawn}"
+    )
+    return inputs, dur, notes
+
+
+def _held(edges: pl.DataFrame, n: int) -> np.ndarray:
+    """Per node, whether a ``sync`` edge holds its end (its recorded duration was waiting)."""
+    held = np.zeros(n, dtype=bool)
+    held[edges.filter(pl.col("kind") == "sync")["d"].to_numpy()] = True
+    return held
+
+
+def _variance_fit(store: Store, inputs: PreparedRun) -> VarianceFit:
+    """``variance=replica``: the model fitted on every recorded replica of the roles the run
+    replays (``replay.whatif.variance_fit``), read from the recording's graph.
+
+    A role is the recorded ranks that differ only in their dp coordinate; a rank without
+    coordinates (no layout inferred) is a role of its own (one replica: no rank effect).
+    """
+    src = inputs.source_run_id
+    ranks = _fetch(
+        store.con, "SELECT rank, tp, cp, ep, dp, pp FROM rank WHERE run_id = $1", [src]
+    ).with_columns(
+        pl.when(pl.col("dp").is_not_null())
+        .then(
+            pl.concat_str(
+                [pl.col(c).fill_null(0).cast(pl.Utf8) for c in ("tp", "cp", "ep", "pp")],
+                separator=",",
+            )
+        )
+        .otherwise(pl.concat_str([pl.lit("rank "), pl.col("rank").cast(pl.Utf8)]))
+        .alias("role_key"),
+        pl.col("dp").fill_null(pl.col("rank")).alias("dp"),
+    )
+    ranks = ranks.with_columns(pl.col("role_key").rank("dense").cast(pl.Int64).alias("role"))
+    reps = set(inputs.nodes["source_rank"].unique().to_list())
+    roles = set(ranks.filter(pl.col("rank").is_in(list(reps)))["role"].to_list())
+    peers = ranks.filter(pl.col("role").is_in(list(roles)))
+    listed = ",".join(str(int(r)) for r in peers["rank"].to_list()) or "-1"
+    nodes = _fetch(
+        store.con,
+        "SELECT n.rank AS source_rank, n.node_id, n.kind, n.name, n.ts, n.dur, n.iteration,"
+        " e.dst IS NOT NULL AS held"
+        " FROM graph_node n LEFT JOIN (SELECT DISTINCT rank, dst FROM graph_edge"
+        "  WHERE run_id = $1 AND kind = 'sync') e ON e.rank = n.rank AND e.dst = n.node_id"
+        " WHERE n.run_id = $1 AND n.kind NOT IN ('collective', 'send', 'recv')"
+        f" AND n.iteration IS NOT NULL AND n.dur > 0 AND n.rank IN ({listed})",
+        [src],
+    )
+    peers = peers.select(pl.col("rank").alias("source_rank"), "role", "dp")
+    return fit_variance(nodes.join(peers, on="source_rank"))
 
 
 _MAX_UNIT_NS = 2.0**62

@@ -338,6 +338,8 @@ def _emulate_replicas(
     assert inputs.grid is not None
     w = config.what_if
     draw = w.variance and not w.no_stragglers  # no-stragglers replaces every op's time anyway
+    held = np.zeros(graph.n_nodes, dtype=bool)
+    held[np.asarray(graph.dst)[np.asarray(graph.holds_end, dtype=bool)]] = True
     dur = replica_durations(
         inputs.nodes,
         np.asarray(graph.dur, dtype=np.int64),
@@ -345,6 +347,8 @@ def _emulate_replicas(
         variance=draw,
         seed=config.seed,
         mode=w.variance_mode,
+        fit=inputs.variance_fit,
+        held=held,
     )
     scale = inputs.nodes["scale"].to_numpy() if "scale" in inputs.nodes.columns else np.ones(1)
     slow = w.slow

@@ -16,6 +16,7 @@ import polars as pl
 from prism_trace.replay.des.core import Timeline
 from prism_trace.replay.des.replicas import Replicas
 from prism_trace.replay.des.vector import ReplicaTimeline
+from prism_trace.replay.whatif.variance_fit import VarianceFit
 
 __all__ = ["EmulationResult", "LoadedRun", "PreparedRun", "WrittenRun"]
 
@@ -62,6 +63,9 @@ class PreparedRun(LoadedRun):
     # remove-gpu on the replica vector: the failed replica's column, its tp groups' sizes (class
     # graph group ids) and the factor on its compute and transfers (replay.vector.class_groups)
     failed_column: tuple[int, Mapping[int, int], float] | None = None
+    # variance=replica: the model fitted on the recorded replicas (replay.whatif.variance_fit);
+    # the replica vector draws its columns from it in the run stage
+    variance_fit: VarianceFit | None = None
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,17 @@ def _write_header(
         parent_run_id=inputs.parent_run_id or inputs.run_id,
         world_size=inputs.world_size,
         source_format=inputs.source_format,
-        config={"input_run": inputs.run, "input_kind": inputs.kind, "config": config.as_dict()},
+        config={
+            "input_run": inputs.run,
+            "input_kind": inputs.kind,
+            "config": config.as_dict(),
+            # variance=replica: what was estimated (rank effect spread, residual spread, ...)
+            **(
+                {"variance_fit": inputs.variance_fit.summary}
+                if inputs.variance_fit is not None
+                else {}
+            ),
+        },
     )
     # class_id: the rank whose events a rank shares (what-ifs may have expanded replicas);
     # args.what_if: why a rank is left out of the results (a removed GPU and its slot).

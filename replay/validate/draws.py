@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 from prism_trace.replay.emulate.config import EmulationConfig
 from prism_trace.replay.emulate.driver import emulate_in_memory, temporary_slice
-from prism_trace.replay.whatif.config import WhatIfConfig
+from prism_trace.replay.whatif.config import VarianceMode, WhatIfConfig
 
 from prism_trace.errors import RunStateError
 from prism_trace.layout.choice import infer_layout
@@ -142,7 +142,7 @@ def check_draws(
     *,
     run: str,
     seeds: int = 5,
-    mode: Literal["iteration", "op"] = "iteration",
+    mode: VarianceMode = "replica",
     config: EmulationConfig | None = None,
     sliced: bool = True,
 ) -> DrawCheck:

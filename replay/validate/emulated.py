@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -29,7 +29,7 @@ from prism_trace.replay.validate.compare import (
     _mem_mean,
 )
 from prism_trace.replay.validate.inside_step import InsideStep, inside_step
-from prism_trace.replay.whatif.config import WhatIfConfig
+from prism_trace.replay.whatif.config import VarianceMode, WhatIfConfig
 
 from prism_trace.errors import PrismError, RunStateError
 from prism_trace.layout.choice import infer_layout
@@ -209,7 +209,7 @@ def validate_run(
     run: str,
     slice_ranks: list[int] | None = None,
     config: EmulationConfig | None = None,
-    variance: Literal["iteration", "op"] | None = None,
+    variance: VarianceMode | None = None,
     seeds: int = 5,
     allow_partial: bool = False,
 ) -> ValidationReport:

@@ -9,42 +9,77 @@ from typing import TYPE_CHECKING
 from prism_trace.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from prism_trace.replay.whatif.config import SlowDown, WhatIfConfig, WhatIfError, parse_what_if
+    from prism_trace.replay.whatif.config import (
+        VARIANCE_MODES,
+        SlowDown,
+        VarianceMode,
+        WhatIfConfig,
+        WhatIfError,
+        parse_what_if,
+    )
     from prism_trace.replay.whatif.expansion import Expansion, expand_replicas, spans_dp
     from prism_trace.replay.whatif.slow import check_slow_matches, slow_factors
     from prism_trace.replay.whatif.typical import typical_durations, typical_transfers
     from prism_trace.replay.whatif.variance import DrawTable, draw_table, resample_durations
+    from prism_trace.replay.whatif.variance_fit import VarianceFit, fit_variance, op_order
+    from prism_trace.replay.whatif.variance_replica import (
+        NodeDraws,
+        describe_fit,
+        node_draws,
+        replica_columns,
+        unit_durations,
+    )
 
 _EXPORTS = {
     "DrawTable": "variance",
     "Expansion": "expansion",
+    "NodeDraws": "variance_replica",
     "SlowDown": "config",
+    "VARIANCE_MODES": "config",
+    "VarianceFit": "variance_fit",
+    "VarianceMode": "config",
     "WhatIfConfig": "config",
     "WhatIfError": "config",
     "check_slow_matches": "slow",
+    "describe_fit": "variance_replica",
     "draw_table": "variance",
     "expand_replicas": "expansion",
+    "fit_variance": "variance_fit",
+    "node_draws": "variance_replica",
+    "op_order": "variance_fit",
     "parse_what_if": "config",
+    "replica_columns": "variance_replica",
     "resample_durations": "variance",
     "slow_factors": "slow",
     "spans_dp": "expansion",
     "typical_durations": "typical",
     "typical_transfers": "typical",
+    "unit_durations": "variance_replica",
 }
 __all__ = [
+    "VARIANCE_MODES",
     "DrawTable",
     "Expansion",
+    "NodeDraws",
     "SlowDown",
+    "VarianceFit",
+    "VarianceMode",
     "WhatIfConfig",
     "WhatIfError",
     "check_slow_matches",
+    "describe_fit",
     "draw_table",
     "expand_replicas",
+    "fit_variance",
+    "node_draws",
+    "op_order",
     "parse_what_if",
+    "replica_columns",
     "resample_durations",
     "slow_factors",
     "spans_dp",
     "typical_durations",
     "typical_transfers",
+    "unit_durations",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

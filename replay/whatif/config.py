@@ -17,10 +17,13 @@ touches, expanded into units of their own).
   that carry the re-sharded replica's timing to their pipeline and data-parallel peers.
 - ``dp``: emulate at another data-parallel degree (the run is re-sliced first).
 - ``bandwidth_scale``: multiply the network bandwidth (``replay.model.topology``).
-- ``variance``: each replica draws its durations from the recorded distribution of its
-  representative (seeded): by default whole iterations are drawn (``iteration`` mode: a drawn
-  step keeps the correlation between the ops of one recorded step); ``op`` mode draws every op
-  independently. The slowest-of-N effect at data-parallel collectives then grows with N.
+- ``variance``: each replica draws its durations (seeded). ``replica`` mode (the default) draws
+  a persistent rank effect and per-step residuals from a model fitted on every recorded replica
+  of the role (``whatif.variance_fit``), so that the slowest of N replicas can exceed the
+  recorded ones; ``iteration`` mode draws whole recorded iterations of the representative (a
+  drawn step keeps the correlation between the ops of one recorded step); ``op`` mode draws
+  every op of the representative independently. The slowest-of-N effect at data-parallel
+  collectives then grows with N.
 
 Factors are bounded by ``replay.model.topology.MAX_SLOW_FACTOR``: the timing model's int64 ns.
 """
@@ -37,7 +40,20 @@ from prism_trace.errors import ConfigError
 from prism_trace.graph.base import NODE_KINDS
 from prism_trace.limits import MAX_RANKS
 
-__all__ = ["SlowDown", "WhatIfConfig", "WhatIfError", "parse_what_if"]
+__all__ = [
+    "VARIANCE_MODES",
+    "SlowDown",
+    "VarianceMode",
+    "WhatIfConfig",
+    "WhatIfError",
+    "parse_what_if",
+]
+
+VarianceMode = Literal["iteration", "op", "replica"]
+"""How the variance what-if draws (``WhatIfConfig.variance_mode``)."""
+
+VARIANCE_MODES: tuple[VarianceMode, ...] = ("replica", "iteration", "op")
+"""The variance modes, the default first."""
 
 
 class WhatIfError(ConfigError):
@@ -118,7 +134,9 @@ class WhatIfConfig:
         dp: data-parallel degree to emulate (None: the run's own).
         bandwidth_scale: factor on the network bandwidth (None: unchanged).
         variance: each replica draws its durations from its representative's recorded ones.
-        variance_mode: ``iteration`` (draw whole recorded iterations) or ``op`` (each op alone).
+        variance_mode: ``replica`` (the default: a rank effect and residuals fitted on every
+            recorded replica), ``iteration`` (draw whole recorded iterations of the
+            representative) or ``op`` (each op alone).
         no_stragglers: every op takes its type's typical time (``replay.whatif.typical``); own
             delays before computations stay, communication is posted as soon as its dependencies
             allow (the counterpart of StragglerAnalysis's ``step_t_noblk``).
@@ -130,15 +148,16 @@ class WhatIfConfig:
     dp: int | None = None
     bandwidth_scale: float | None = None
     variance: bool = False
-    variance_mode: Literal["iteration", "op"] = "iteration"
+    variance_mode: VarianceMode = "replica"
     no_stragglers: bool = False
     no_launch_delay: bool = False
 
     def __post_init__(self) -> None:
         slow = tuple(s if isinstance(s, SlowDown) else SlowDown(**s) for s in self.slow)
         object.__setattr__(self, "slow", slow)
-        if self.variance_mode not in ("iteration", "op"):
-            msg = f"variance_mode must be 'iteration' or 'op', got {self.variance_mode!r}"
+        if self.variance_mode not in VARIANCE_MODES:
+            modes = ", ".join(repr(m) for m in VARIANCE_MODES)
+            msg = f"variance_mode must be one of {modes}, got {self.variance_mode!r}"
             raise WhatIfError(msg)
         if self.dp is not None and not 1 <= self.dp <= MAX_RANKS:
             msg = f"dp must be >= 1 and <= {MAX_RANKS} (the world-size limit), got {self.dp}"
@@ -212,7 +231,7 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 _SYNTAX = (
     "what-ifs: slow-ranks=3,5..7@1.2 | slow-ops=GLOB@1.5 | slow-kind=kernel@1.1 |"
-    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=iteration|op] | no-stragglers |"
+    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=replica|iteration|op] | no-stragglers |"
     " no-launch-delay"
 )
 
@@ -233,7 +252,8 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
     """Parse ``--what-if`` words into a config.
 
     Words: ``slow-ranks=3,5..7@1.2``, ``slow-ops=forward-*@1.5``, ``slow-kind=kernel@1.1``,
-    ``remove-gpu=17``, ``dp=64``, ``bandwidth=0.5``, ``variance`` (``variance=op``),
+    ``remove-gpu=17``, ``dp=64``, ``bandwidth=0.5``, ``variance`` (``variance=replica``, the
+    default, ``variance=iteration``, ``variance=op``),
     ``no-stragglers``, ``no-launch-delay``.
 
     Raises:
@@ -268,7 +288,7 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
                 kw[key.replace("-", "_")] = True
             elif key == "variance":
                 kw["variance"] = True
-                kw["variance_mode"] = value or "iteration"
+                kw["variance_mode"] = value or "replica"
             else:
                 raise ValueError
         except ValueError as exc:

@@ -144,16 +144,24 @@ def test_one_slow_replica_sets_the_same_pace_at_8192_and_65536_ranks(store: Stor
 
 @pytest.mark.slow
 def test_every_replica_distinct_and_the_slowest_of_n_grows(store: Store) -> None:
-    _, a = emulate(store, "s4", "variance", seed=3)
-    _, b = emulate(store, "s4", "variance", seed=3)
+    _, a = emulate(store, "s4", "variance=iteration", seed=3)
+    _, b = emulate(store, "s4", "variance=iteration", seed=3)
     assert a.equals(b)
-    res, big = emulate(store, "s2048", "variance", seed=3)
+    res, big = emulate(store, "s2048", "variance=iteration", seed=3)
     assert np.mean(step_times(big)) > np.mean(step_times(a))
     # iteration mode: a replica draws one of the 2 recorded steps per step, the same for all
     # its classes (2**2 combinations: 4 distinct timelines, every one of them present)
     vt = res.replicas  # type: ignore[attr-defined]
     assert vt.end.shape[1] == 2048
     assert np.unique(vt.start.T, axis=0).shape[0] == 4
+    # replica mode (the default): every replica draws its own rank effect, so every replica's
+    # timeline differs, and the slowest of N grows with N
+    _, a = emulate(store, "s4", "variance", seed=3)
+    _, b = emulate(store, "s4", "variance", seed=3)
+    assert a.equals(b)
+    res, big = emulate(store, "s2048", "variance", seed=3)
+    assert np.mean(step_times(big)) > np.mean(step_times(a))
+    assert np.unique(res.replicas.start.T, axis=0).shape[0] == 2048  # type: ignore[attr-defined]
     # op mode: every op draws, so the replicas' timelines between collectives differ
     res, _ = emulate(store, "s2048", "variance=op", seed=3)
     assert np.unique(res.replicas.start.T, axis=0).shape[0] > 100  # type: ignore[attr-defined]
