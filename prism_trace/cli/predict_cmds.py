@@ -35,7 +35,7 @@ __all__ = ["predict_cmd"]
 )
 @click.option(
     "--variance",
-    type=click.Choice(["iteration", "op"]),
+    type=click.Choice(["replica", "iteration", "op"]),
     default=None,
     help="Emulate with each replica drawing its durations (seeded).",
 )
@@ -62,7 +62,7 @@ def predict_cmd(
     run_name: str | None,
     against: str,
     replayed: str | None,
-    variance: Literal["iteration", "op"] | None,  # click.Choice checks it
+    variance: Literal["replica", "iteration", "op"] | None,  # click.Choice checks it
     seeds: int,
     warmup: int,
     out_run: str | None,

@@ -166,7 +166,7 @@ def predict_run(
     run: str,
     against: str,
     compare: Callable[[Store, list[str], str], C],
-    variance: Literal["iteration", "op"] | None = None,
+    variance: Literal["replica", "iteration", "op"] | None = None,
     seeds: int = 1,
     out_run: str | None = None,
     replace: bool = False,
@@ -180,7 +180,8 @@ def predict_run(
         against: the recording at the target scale: its layout and world are the target.
         compare: ``(store, emulated runs, against) -> comparison``, called inside the
             transaction while the emulated runs exist (``prism_trace.compare_runs``).
-        variance: emulate with each replica drawing its durations (``iteration`` or ``op``).
+        variance: emulate with each replica drawing its durations (``replica``: its own rank effect
+            and recorded residuals, see ``replay.whatif.variance_fit``; ``iteration`` or ``op``).
         seeds: emulations, seeds ``config.seed`` onwards (more than one needs ``variance``).
         out_run: keep the first seed's emulated run under this name.
         replace: overwrite an emulated run called ``out_run``.
