@@ -65,21 +65,21 @@ def mm_seconds(n: int, device: str, reps: int = 0) -> float:
 
 def calibrate(device: str, target_s: float) -> tuple[int, float]:
     """The matrix size n (a multiple of 8) whose product takes closest to `target_s`, and its
-    measured time: a doubling search, then the cube-root estimate between the two bracketing
-    sizes, whichever measures closest."""
+    measured time: a doubling search, then up to four cube-root estimates from the closest size
+    so far; whichever measured closest."""
     n, t = 8, mm_seconds(8, device)
     tried = {n: t}
     while t < target_s and n < 16384:
         n *= 2
         t = mm_seconds(n, device)
         tried[n] = t
-    lo = max(8, n // 2)
-    for _ in range(2):
-        est = round(lo * (target_s / tried.get(lo, t)) ** (1 / 3) / 8) * 8
+    for _ in range(4):  # the cube-root estimate from the closest size so far
+        near = min(tried, key=lambda k: abs(tried[k] - target_s))
+        est = round(near * (target_s / tried[near]) ** (1 / 3) / 8) * 8
         est = min(max(est, 8), 16384)
-        if est not in tried:
-            tried[est] = mm_seconds(est, device)
-        lo = est
+        if est in tried:
+            break
+        tried[est] = mm_seconds(est, device)
     best = min(tried, key=lambda k: abs(tried[k] - target_s))
     return best, tried[best]
 

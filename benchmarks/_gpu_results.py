@@ -143,23 +143,41 @@ def targets(steps: dict[str, dict[str, Any]], device: str) -> list[Target]:
             run.get("median_step_error_of_mean_pct"),
             "within 2 %",
             _within(run.get("median_step_error_of_mean_pct"), 2.0),
-            f"{_fmt(run.get('recorded_1rank_mean_step_ms'))} ms recorded; noise floor"
-            f" {_fmt(run.get('noise_floor_error_of_mean_pct'))} %",
+            f"{_fmt(run.get('recorded_1rank_mean_step_ms'))} ms recorded; per repeat"
+            f" {', '.join(f'{r:+.2f}' for r in _repeat_errors(run))} %; noise floor (a second"
+            f" recording) {_fmt(run.get('noise_floor_error_of_mean_pct'))} %",
         )
     )
-    mem = run.get("memory_run") or []
-    rec = run.get("memory_recorded_1rank")
-    err = None if not mem or not rec or mem[0] is None else 100.0 * (mem[0] - rec) / rec
+    mem = [m for m in run.get("memory_run") or [] if m is not None]
+    rec = [r for r in run.get("memory_recorded_1rank") or [] if r]
+    err = None
+    if mem and rec:  # the repeat furthest from its closest recording
+        err = max((_off(m, rec) for m in mem), key=abs)
     out.append(
         Target(
-            f"prism run peak memory vs the 1-rank recording ({run.get('memory_key', '?')})",
+            f"prism run peak memory vs the 1-rank recordings ({run.get('memory_key', '?')})",
             err,
             "exact",
             run.get("memory_exact") if mem else None,
-            f"{', '.join(str(x) for x in mem)} / {rec} B",
+            f"{', '.join(str(x) for x in mem)} B; recorded {', '.join(str(x) for x in rec)} B"
+            + (
+                f"; 2-rank rank 0 {run['memory_recorded_2rank_rank0']} B"
+                if "memory_recorded_2rank_rank0" in run
+                else ""
+            ),
         )
     )
     return out
+
+
+def _off(m: int, recorded: list[int]) -> float:
+    """% from `m` to the closest of `recorded`."""
+    near = min(recorded, key=lambda r: abs(r - m))
+    return 100.0 * (m - near) / near
+
+
+def _repeat_errors(run: dict[str, Any]) -> list[float]:
+    return [r["step_error_of_mean_pct"] for r in run.get("repeats", [])]
 
 
 def _fmt(x: Any) -> str:
@@ -293,10 +311,12 @@ def _markdown(
         "",
         f"Host: {env['host_kind']}, {env['cpu']}, {env['cpus']} CPUs; Python {env.get('python')},"
         f" torch {env.get('torch')} (CUDA {env.get('cuda')}),"
-        + ", ".join(f" {k} {x}" for k, x in v.items())
+        + " "
+        + ", ".join(f"{k} {x}" for k, x in v.items())
         + f"; load average {tuple(round(x, 2) for x in env['load_average_before'])} before,"
-        f" {tuple(round(x, 2) for x in env['load_average_after'])} after. Everything measured is"
-        " in the JSON file of the same name.",
+        f" {tuple(round(x, 2) for x in env['load_average_after'])} after. Every figure, per"
+        " iteration, step and pass, is in the JSON file of the same name that the check writes"
+        " beside this one (`--out`).",
         "",
     ]
     return "\n".join(lines)
