@@ -67,6 +67,10 @@ __all__ = ["Check", "Sizes", "main", "tree_hash"]
 SOURCE_DIRS = ("prism_trace", "replay", "analysis", "datasets")
 """What the prism-trace wheel is built from (``tree_hash``)."""
 
+_NOT_SENT = (".pyc", ".duckdb", ".wal", ".html")
+"""Suffixes .gitignore keeps out of the working tree the device tool sends: not hashed, so a
+stray store or report in a package folder here does not make the machine refuse the wheel."""
+
 
 def tree_hash(root: Path = REPO) -> str:
     """SHA-256 over the package's source files and ``pyproject.toml``: ``scripts/gpu-wheels``
@@ -77,7 +81,7 @@ def tree_hash(root: Path = REPO) -> str:
         files += sorted(
             p
             for p in (root / d).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix not in _NOT_SENT
         )
     for p in files:
         h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
