@@ -52,7 +52,10 @@ def _measure(
     gaps: str = "none",
     wait: str = "auto",
     pairs: int = 0,
+    device: str = "cpu",
 ) -> dict[str, float]:
+    """The overhead figures of replaying `rank` of `run` on `device` (``scripts/gpu-check``
+    measures GPU kernels with it)."""
     from prism_trace.replay.hybrid.options import KernelReplayOptions
     from prism_trace.replay.hybrid.replay import replay_run
 
@@ -64,6 +67,7 @@ def _measure(
         threads=1,
         wait=wait,  # type: ignore[arg-type]
         bare_passes=pairs,
+        device=device,  # type: ignore[arg-type]
     )
     rep = replay_run(
         store,

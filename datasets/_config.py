@@ -14,13 +14,26 @@ from prism_trace.datasets._comm import Layout
 from prism_trace.datasets._model import ModelConfig
 from prism_trace.datasets._schedule import SCHEDULES, Schedule
 
-__all__ = ["ALL_RANKS", "COMPUTE_MODES", "Compute", "JobConfig", "microbatches_for"]
+__all__ = [
+    "ALL_RANKS",
+    "COMPUTE_MODES",
+    "DEVICES",
+    "LATER_FIELDS",
+    "Compute",
+    "Device",
+    "JobConfig",
+    "microbatches_for",
+]
 
 ALL_RANKS = -2
 """``JobConfig.straggler_rank`` for "every rank sleeps" (``--straggler all@SECONDS``)."""
 
 Compute = Literal["real", "wait"]
 COMPUTE_MODES: tuple[Compute, ...] = ("real", "wait")
+
+Device = Literal["cpu", "cuda"]
+DEVICES: tuple[Device, ...] = ("cpu", "cuda")
+"""Where the ranks compute (``--device``; ``datasets._device``)."""
 
 
 def microbatches_for(global_batch: int, *, dp: int, microbatch_size: int) -> int:
@@ -37,6 +50,11 @@ def microbatches_for(global_batch: int, *, dp: int, microbatch_size: int) -> int
         )
         raise ValueError(msg)
     return global_batch // per_step
+
+
+LATER_FIELDS: dict[str, object] = {"device": "cpu", "dp_sync_always": False}
+"""Fields added after the bundled sample, with their defaults: `JobConfig.to_json` leaves them
+out there."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +77,12 @@ class JobConfig:
     rank as given. ``zero = 1`` shards the optimizer state over the DP group (ZeRO-1).
     ``compute = "wait"`` replaces every compute op by a custom op that sleeps (``_waits``), with
     the ``wait_*`` and ``rank_jitter`` parameters. ``et = False`` records no execution trace.
+    ``device = "cuda"`` runs the real model on the GPU (``datasets._device``).
+    ``dp_sync_always`` synchronises the gradients over the DP group even at dp=1 (an all-reduce
+    over one member): a 1-rank recording of the work every rank of a DP job does, which
+    ``scripts/gpu-check`` compares with rank 0 of a dp=8 job under ``prism run``. These two are
+    left out of `to_json` at their defaults (`LATER_FIELDS`), so a job without them has the
+    ``run.json`` (and the ladder's cache key) it had before they existed.
     """
 
     dp: int = 2
@@ -85,6 +109,8 @@ class JobConfig:
     rank_jitter: float = 0.02
     straggler_factor: float = 1.0
     et: bool = True
+    device: Device = "cpu"
+    dp_sync_always: bool = False
 
     @property
     def layout(self) -> Layout:
@@ -101,8 +127,12 @@ class JobConfig:
         return self.straggler_rank in (rank, ALL_RANKS)
 
     def to_json(self) -> dict[str, object]:
-        """Plain-JSON form of the config."""
-        return asdict(self)
+        """Plain-JSON form of the config (`LATER_FIELDS` only where they are not the default)."""
+        d = asdict(self)
+        for name, default in LATER_FIELDS.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JobConfig:
@@ -133,6 +163,12 @@ class JobConfig:
             raise ValueError(msg)
         if self.compute not in COMPUTE_MODES:
             msg = f"unknown compute {self.compute!r}; expected one of {', '.join(COMPUTE_MODES)}"
+            raise ValueError(msg)
+        if self.device not in DEVICES:
+            msg = f"unknown device {self.device!r}; expected one of {', '.join(DEVICES)}"
+            raise ValueError(msg)
+        if self.device != "cpu" and self.compute != "real":
+            msg = "--compute wait sleeps on the host: it runs with --device cpu only"
             raise ValueError(msg)
         if self.zero not in (0, 1):
             msg = f"zero stage {self.zero} is not supported; expected 0 or 1"

@@ -20,9 +20,11 @@ import orjson
 __all__ = ["PssSampler", "max_rss_kb", "peak_allocated"]
 
 
-def peak_allocated(kineto: Path) -> int | None:
+def peak_allocated(kineto: Path, device: str = "cpu") -> int | None:
     """Peak ``Total Allocated`` (bytes) over the profiled steps of a Kineto trace; None if the
-    trace has no memory events there."""
+    trace has no memory events there. ``device="cuda"``: of the GPU's allocator only (``Device
+    Type`` 1; its totals are absolute, parameters and optimizer state included); ``cpu``: every
+    event, as a CPU-only trace has always been read."""
     raw = kineto.read_bytes()
     data = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
     events = data.get("traceEvents", [])
@@ -37,6 +39,7 @@ def peak_allocated(kineto: Path) -> int | None:
         if e.get("name") == "[memory]"
         and lo <= float(e["ts"]) <= hi
         and "Total Allocated" in e.get("args", {})
+        and (device == "cpu" or e["args"].get("Device Type") == 1)
     ]
     return max(peaks) if peaks else None
 

@@ -254,7 +254,11 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Tokens `[batch, seq]` (first stage) or hidden states in; hidden states or logits out."""
         if self.first:
-            x = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+            # device= only off the CPU: a CPU job's recorded arange call stays as it always was
+            pos = (
+                torch.arange(x.shape[1], device=x.device) if x.is_cuda else torch.arange(x.shape[1])
+            )
+            x = self.tok(x) + self.pos(pos)
         for block in self.blocks:
             x = block(x)
         if self.last:

@@ -52,8 +52,10 @@ def run_step(
     comm: Comm,
     pp: Neighbours,
     act_shape: tuple[int, ...],
+    device: torch.device | None = None,
 ) -> float | None:
-    """Perform `plan` (this stage's schedule) for `step`, then ``work.finish``.
+    """Perform `plan` (this stage's schedule) for `step`, then ``work.finish``; received
+    activations and gradients land on `device` (None: torch's default, the CPU).
 
     Returns:
         ``work.finish``'s value: the step's loss on the last stage, None elsewhere.
@@ -68,7 +70,7 @@ def run_step(
             work.prepare(step, a.mb)
             prepared.add(a.mb)
         if a.kind == "recv_fwd":
-            received[a.mb] = comm.recv(torch.empty(act_shape), pp.prev, pp.group)
+            received[a.mb] = comm.recv(torch.empty(act_shape, device=device), pp.prev, pp.group)
         elif a.kind == "fwd":
             y = work.forward(step, a.mb, received.pop(a.mb, None))
             if y is not None:
@@ -76,7 +78,7 @@ def run_step(
         elif a.kind == "send_fwd":
             comm.send(to_send.pop(a.mb), pp.next, pp.group)
         elif a.kind == "recv_bwd":
-            grads_in[a.mb] = comm.recv(torch.empty(act_shape), pp.next, pp.group)
+            grads_in[a.mb] = comm.recv(torch.empty(act_shape, device=device), pp.next, pp.group)
         elif a.kind == "bwd":
             dx = work.backward(step, a.mb, grads_in.pop(a.mb, None))
             if dx is not None:

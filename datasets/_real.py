@@ -30,17 +30,28 @@ class RealStage:
     """The model stage of one rank and its optimizer, driven micro-batch by micro-batch."""
 
     def __init__(
-        self, cfg: JobConfig, rank: int, *, comm: Comm, tp: TensorParallel, dp: CommGroup
+        self,
+        cfg: JobConfig,
+        rank: int,
+        *,
+        comm: Comm,
+        tp: TensorParallel,
+        dp: CommGroup,
+        device: torch.device | None = None,
     ) -> None:
-        """Build this rank's stage (weights from the seeded full tensors) and its optimizer."""
+        """Build this rank's stage (weights from the seeded full tensors) and its optimizer, on
+        `device` (None: the CPU, every call as it always was)."""
         self.cfg, self.rank, self.comm, self.dp = cfg, rank, comm, dp
+        self.device = device
         _, dp_rank, pp_rank = cfg.layout.coords(rank)
         self.dp_rank = dp_rank
         self.stage = Stage(cfg.model, stage=pp_rank, stages=cfg.pp, tp=tp)
+        if device is not None:
+            self.stage.to(device)
         self.optimizer: torch.optim.Optimizer | ZeroOptimizer
         if cfg.zero:
             self.optimizer = ZeroOptimizer(
-                list(self.stage.parameters()), cfg, comm=comm, dp=dp, dp_rank=dp_rank
+                list(self.stage.parameters()), cfg, comm=comm, dp=dp, dp_rank=dp_rank, device=device
             )
         elif cfg.optimizer == "adam":  # fused: one op per step keeps the trace small
             self.optimizer = torch.optim.Adam(self.stage.parameters(), lr=cfg.lr, fused=True)
@@ -71,6 +82,8 @@ class RealStage:
         seed = ((self.cfg.seed * 1009 + self.dp_rank) * 1009 + step) * 1009 + mb
         gen = torch.Generator().manual_seed(seed)
         tokens = torch.randint(m.vocab, (self.cfg.microbatch_size, m.seq + 1), generator=gen)
+        if self.device is not None:  # drawn on the host (the same tokens whatever the device)
+            tokens = tokens.to(self.device)
         return tokens[:, :-1], tokens[:, 1:]
 
     def prepare(self, step: int, mb: int) -> None:
@@ -133,7 +146,7 @@ class RealStage:
 
     def _sync_grads(self) -> None:
         """Average gradients over DP in buckets of about `bucket_bytes`, last parameters first."""
-        if self.cfg.dp == 1:
+        if self.cfg.dp == 1 and not self.cfg.dp_sync_always:
             return
         grads = [p.grad for p in reversed(list(self.stage.parameters())) if p.grad is not None]
         numels = [g.numel() for g in grads]

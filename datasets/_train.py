@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from prism_trace.datasets._comm import Comm, CommGroup, groups_metadata, new_groups
+from prism_trace.datasets._device import backend_for, profiler_activities, rank_device
 from prism_trace.datasets._measure import max_rss_kb, peak_allocated
 from prism_trace.datasets._model import TensorParallel
 from prism_trace.datasets._ops import STATS
@@ -63,8 +64,9 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
     torch.manual_seed(cfg.seed)
     layout = cfg.layout
     timeout = timedelta(seconds=cfg.timeout_s)
+    device = rank_device(cfg, rank)
     dist.init_process_group(
-        "gloo",
+        backend_for(cfg),
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=layout.world,
@@ -80,7 +82,7 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
             work = WaitStage(cfg, rank, comm=comm, tp=tp, dp=dp)
         else:
             tp_info = TensorParallel(rank=tp_rank, size=cfg.tp, group=tp, comm=comm)
-            work = RealStage(cfg, rank, comm=comm, tp=tp_info, dp=dp)
+            work = RealStage(cfg, rank, comm=comm, tp=tp_info, dp=dp, device=device)
         plan = schedule(cfg.schedule, stage=pp_rank, stages=cfg.pp, microbatches=cfg.microbatches)
         neighbours = Neighbours(
             pp,
@@ -96,7 +98,7 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
             et = torch.profiler.ExecutionTraceObserver().register_callback(str(et_path(out, rank)))
         kineto = str(kineto_path(out, rank))
         prof = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU],
+            activities=profiler_activities(cfg),
             record_shapes=True,
             profile_memory=True,
             with_stack=False,
@@ -113,12 +115,22 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
         with prof:  # exiting also finalizes (gzips) the execution trace
             for step in range(1 + cfg.steps):
                 STATS.reset()
+                if device is not None and step == 1:  # the device peak of the profiled steps
+                    torch.cuda.reset_peak_memory_stats()
                 start_unix_ns = time.time_ns()
                 t0 = time.perf_counter_ns()
                 cpu0 = time.process_time_ns()
                 loss = run_step(
-                    work, plan, step=step, comm=comm, pp=neighbours, act_shape=act_shape
+                    work,
+                    plan,
+                    step=step,
+                    comm=comm,
+                    pp=neighbours,
+                    act_shape=act_shape,
+                    device=device,
                 )
+                if device is not None:  # the step ends when its kernels have run
+                    torch.cuda.synchronize()
                 dur_ns = time.perf_counter_ns() - t0
                 cpu_ns = time.process_time_ns() - cpu0
                 record: dict[str, object] = {
@@ -135,7 +147,9 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
                 steps.append(record)
                 prof.step()
         rank_record: dict[str, object] = {**coords, "steps": steps, "max_rss_kb": max_rss_kb()}
-        rank_record["peak_allocated_bytes"] = peak_allocated(kineto_path(out, rank))
+        rank_record["peak_allocated_bytes"] = peak_allocated(kineto_path(out, rank), cfg.device)
+        if device is not None:
+            rank_record["cuda_max_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
         rank_record["state_bytes"] = work.state_bytes()
         if isinstance(work, WaitStage):
             rank_record["wait"] = {

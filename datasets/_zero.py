@@ -30,10 +30,19 @@ class ZeroOptimizer:
     """One rank's ZeRO-1 optimizer over its stage's parameters."""
 
     def __init__(
-        self, params: list[nn.Parameter], cfg: JobConfig, *, comm: Comm, dp: CommGroup, dp_rank: int
+        self,
+        params: list[nn.Parameter],
+        cfg: JobConfig,
+        *,
+        comm: Comm,
+        dp: CommGroup,
+        dp_rank: int,
+        device: torch.device | None = None,
     ) -> None:
-        """Plan the buckets, copy this rank's chunks into the master shard, build its optimizer."""
+        """Plan the buckets, copy this rank's chunks into the master shard, build its optimizer
+        (the parameters are on `device`; None: the CPU)."""
         self.cfg, self.comm, self.dp, self.dp_rank = cfg, comm, dp, dp_rank
+        self.device = device
         self.params = list(reversed(params))  # synchronised last first, as without ZeRO
         self.buckets: list[Bucket] = plan_buckets(
             [p.numel() for p in self.params],
@@ -81,7 +90,7 @@ class ZeroOptimizer:
                 part = padded
             else:
                 part = self.comm.reduce_scatter(
-                    torch.empty(b.chunk), list(padded.chunk(n)), self.dp
+                    torch.empty(b.chunk, device=self.device), list(padded.chunk(n)), self.dp
                 )
                 part /= n
             parts.append(part)

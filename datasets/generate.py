@@ -1,4 +1,4 @@
-"""Generate a profiled multi-rank training run on CPU (gloo) as a prism-trace dataset.
+"""Generate a profiled multi-rank training run on CPU (gloo), or on CUDA, as a prism-trace dataset.
 
 Run as::
 
@@ -23,7 +23,14 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from prism_trace.datasets._config import ALL_RANKS, COMPUTE_MODES, JobConfig, microbatches_for
+from prism_trace.datasets._config import (
+    ALL_RANKS,
+    COMPUTE_MODES,
+    DEVICES,
+    JobConfig,
+    microbatches_for,
+)
+from prism_trace.datasets._device import backend_for, check_device
 from prism_trace.datasets._durations import base_ms
 from prism_trace.datasets._measure import PssSampler
 from prism_trace.datasets._model import ModelConfig
@@ -42,6 +49,14 @@ PEAK_MEMORY = (
     "peak_allocated_bytes: the largest 'Total Allocated' of the Kineto trace's [memory] events"
     " within the profiled steps (bytes allocated since the profiler started recording and not"
     " yet freed; not the parameters or optimizer state allocated before)"
+)
+
+
+CUDA_PEAK_MEMORY = (
+    "--device cuda: peak_allocated_bytes reads the GPU allocator's [memory] events only, whose"
+    " totals are absolute (parameters and optimizer state included); cuda_max_allocated_bytes is"
+    " torch.cuda.max_memory_allocated() over the profiled steps (reset before step 1); each"
+    " step's dur_ns ends after torch.cuda.synchronize()"
 )
 
 
@@ -71,7 +86,7 @@ def _run_record(config: JobConfig, ranks: list[dict[str, object]]) -> dict[str, 
         "world_size": config.layout.world,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
-        "backend": "gloo",
+        "backend": backend_for(config),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "schedule": config.schedule,
         "compute": config.compute,
@@ -80,6 +95,10 @@ def _run_record(config: JobConfig, ranks: list[dict[str, object]]) -> dict[str, 
         "profiled_steps": "steps 1..steps; step 0 is the profiler warm-up and is not traced",
         "peak_memory": PEAK_MEMORY,
     }
+    if config.device == "cuda":
+        run["cuda_device"] = torch.cuda.get_device_name()
+        run["cuda_version"] = torch.version.cuda
+        run["cuda_peak_memory"] = CUDA_PEAK_MEMORY
     if config.compute == "wait":
         run["wait"] = {
             "ms_per_layer": config.wait_ms_per_layer,
@@ -111,6 +130,7 @@ def generate(out: Path, config: JobConfig, *, join_timeout_s: float = 300.0) -> 
     """
     try:
         config.check()
+        check_device(config)
     except ValueError as exc:
         msg = f"{out}: {exc}"
         raise ValueError(msg) from None
@@ -229,6 +249,19 @@ def add_job_arguments(p: argparse.ArgumentParser, *, layout: bool = True) -> Non
         help="wait mode: sigma of each rank's persistent lognormal speed factor",
     )
     p.add_argument("--no-et", action="store_true", help="record no host execution trace")
+    p.add_argument(
+        "--dp-sync-always",
+        action="store_true",
+        help="all-reduce the gradients over the DP group even at dp=1 (one member): the work"
+        " each rank of a DP job does, recorded on one rank",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=d.device,
+        help="cuda: the model, batches and messages on the GPU, CUDA activity profiled; NCCL"
+        " with a GPU per rank, else gloo (staged through the host; pp=1 only)",
+    )
 
 
 def _straggler(text: str | None) -> tuple[int, float, float] | None:
@@ -296,6 +329,8 @@ def job_config(
         rank_jitter=a.rank_jitter,
         straggler_factor=s_factor,
         et=not a.no_et,
+        device=a.device,
+        dp_sync_always=a.dp_sync_always,
     )
     try:
         config.model.check(tp=config.tp, pp=config.pp)
