@@ -30,7 +30,7 @@ from prism_trace.analysis.prediction.text import (
     waits_text,
 )
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError, UsageError
 from prism_trace.store.connection import Store
 
 __all__ = ["RunComparison", "compare_replayed", "compare_runs"]
@@ -118,27 +118,27 @@ def _check(predicted: Sequence[RunSide], recorded: RunSide, store: Store) -> Non
             f"{where}: run {recorded.name!r} is {recorded.kind}; a prediction is compared with"
             " a recording"
         )
-        raise PrismError(msg)
+        raise RunStateError(msg)
     kinds = {s.kind for s in predicted}
     for side in predicted:
         if side.run_id == recorded.run_id:
             msg = f"{where}: run {side.name!r} is the recording itself"
-            raise PrismError(msg)
+            raise UsageError(msg)
         if side.kind == "sliced":
             msg = (
                 f"{where}: run {side.name!r} is sliced and holds no timing; emulate it first"
                 " (`prism emulate`) or use `prism predict`"
             )
-            raise PrismError(msg)
+            raise RunStateError(msg)
         if side.world_size != recorded.world_size:
             msg = (
                 f"{where}: run {side.name!r} has {side.world_size} ranks and the recording"
                 f" {recorded.name!r} {recorded.world_size}; compare runs of one world size"
             )
-            raise PrismError(msg)
+            raise UsageError(msg)
     if len(kinds) > 1:
         msg = f"{where}: the predicted runs are of different kinds ({', '.join(sorted(kinds))})"
-        raise PrismError(msg)
+        raise UsageError(msg)
 
 
 def compare_runs(
@@ -170,7 +170,7 @@ def compare_runs(
     names = [predicted] if isinstance(predicted, str) else list(predicted)
     if not names:
         msg = "compare_runs: no predicted run"
-        raise PrismError(msg)
+        raise UsageError(msg)
     pred = [run_side(store, n) for n in names]
     rec = run_side(store, recorded)
     _check(pred, rec, store)
@@ -222,5 +222,5 @@ def compare_replayed(
     kind = run_side(store, replayed).kind
     if kind != "replayed":
         msg = f"{store.path}: run {replayed!r} is {kind}; --replayed takes a replayed run"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     return compare_runs(store, replayed, recorded, warmup=warmup)

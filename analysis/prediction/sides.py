@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import PrismError, RunStateError
 from prism_trace.layout.mesh import ParallelAxis
 from prism_trace.store.connection import Store
 
@@ -90,7 +90,7 @@ def run_side(store: Store, name: str) -> RunSide:
     ).pl()
     if ranks.is_empty():
         msg = f"{store.path}: run {name!r} has no ranks"
-        raise PrismError(msg)
+        raise RunStateError(msg)
     if all(ranks[c].null_count() == ranks.height for c in COORDS):
         ranks = _coords_from_layout(store, name, ranks)
     ranks = ranks.with_columns(pl.col(c).fill_null(0).cast(pl.Int64) for c in COORDS)

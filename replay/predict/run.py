@@ -22,7 +22,7 @@ from prism_trace.replay.emulate.config import EmulationConfig
 from prism_trace.replay.emulate.driver import emulate_run
 from prism_trace.replay.whatif.config import WhatIfConfig
 
-from prism_trace.errors import PrismError
+from prism_trace.errors import RunStateError, UsageError
 from prism_trace.layout.choice import infer_layout
 from prism_trace.store.write import claim_run_name, drop_run
 
@@ -127,7 +127,7 @@ def target_layout(store: Store, run: str, against: str) -> ParallelLayout:
             f" {against!r} {large.spec} (order {large.order_spec}); a prediction changes dp only,"
             " so every other axis and the rank order must agree"
         )
-        raise PrismError(msg)
+        raise UsageError(msg)
     return large
 
 
@@ -135,20 +135,20 @@ def _check(store: Store, run: str, against: str, out_run: str | None) -> None:
     """Refuse what cannot be predicted, before anything is built."""
     if store.read_only:
         msg = f"{store.path}: a prediction emulates inside a transaction; open the store writable"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if run == against:
         msg = f"{store.path}: --run and --against name the same run {run!r}"
-        raise PrismError(msg)
+        raise UsageError(msg)
     if out_run is not None and out_run in (run, against):
         msg = f"{store.path}: --out-run {out_run!r} is an input run; choose a new name"
-        raise PrismError(msg)
+        raise UsageError(msg)
     for name, option in ((run, "--run"), (against, "--against")):
         ((kind,),) = store.con.execute(
             "SELECT kind FROM run WHERE run_id = ?", [store.require_run(name)]
         ).fetchall()
         if kind != "recorded":
             msg = f"{store.path}: {option} {name!r} is a {kind} run; a prediction needs recordings"
-            raise PrismError(msg)
+            raise RunStateError(msg)
 
 
 def _free_name(store: Store, name: str, taken: Sequence[str]) -> str:
@@ -201,7 +201,7 @@ def predict_run(
         msg = (
             f"--seeds {seeds}: give at least 1, and more only with --variance (else each is alike)"
         )
-        raise PrismError(msg)
+        raise UsageError(msg)
     _check(store, run, against, out_run)
     target = target_layout(store, run, against)
     base = config or EmulationConfig()

@@ -1,0 +1,263 @@
+"""Prediction against real recordings at the target scale (issue 30): the ladder benchmark.
+
+For each scenario, the generator records one job at several data-parallel sizes (a *ladder*,
+``python -m prism_trace.datasets.ladder``; recordings already in ``--ladder`` with the same config
+are reused), ``prism ingest`` takes each into one store, and ``prism predict`` predicts every
+larger scale from the smallest: the structure of a step (ops, collectives with their bytes and
+groups, p2p), step times (mean, p90, the KS statistic of per-rank step times) and per-rank peak
+memory, against the recording of that scale. A second recording of the same job at each scale
+(``--repeat 2``) compared with the first the same way gives the machine's noise floor: what one
+real run predicts of another.
+
+Scenarios (wait mode: compute ops sleep seeded durations, so many ranks share the 2 cores; see
+datasets/README.md):
+
+- ``wait``: fixed per-rank work, tp1 x dp{2,4,8,16} x pp2, 1F1B, plus dp32 (64 ranks);
+- ``global-batch``: a fixed global batch (``--global-batch``), the same ladder;
+- ``zero1``: ZeRO-1, sharded optimizer state and reduce-scatter / all-gather of dp shards;
+- ``real``: real compute (the tiny GPT on CPU), dp{2,4} x pp2, where 2 cores allow.
+
+Usage::
+
+    python benchmarks/bench_predict.py                      # every scenario, writes a result note
+    python benchmarks/bench_predict.py --scenarios wait --dp 2,4,8 --no-note
+    python benchmarks/bench_predict.py --ladder ~/.cache/prism-trace/ladder   # the cache (default)
+
+Figures depend on the host: a 2-core machine shared by 32-64 sleeping ranks still schedules every
+wake-up and every hop of a collective's ring. ``cores busy`` of each recording (CPU time over wall
+time, summed over ranks) says how far a recording is from host-bound; compare with the noise floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _common import host_kind, write_note  # noqa: E402
+
+DEFAULT_LADDER = Path(
+    os.environ.get("PRISM_LADDER", Path.home() / ".cache" / "prism-trace" / "ladder")
+)
+
+# One job shape for every wait-mode scenario: 2 layers a stage, 4 micro-batches a rank (or a
+# global batch of 16 x dp_min samples), 50 ms a layer's forward, 6 profiled steps.
+WAIT = [
+    "--compute", "wait", "--schedule", "1f1b", "--layers", "4", "--steps", "6",
+    "--wait-ms-per-layer", "50", "--no-et",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One ladder: the generator options it adds, and its data-parallel sizes."""
+
+    name: str
+    options: tuple[str, ...]
+    dp: tuple[int, ...]
+    pp: int = 2
+    repeat: int = 2
+    slice_options: tuple[tuple[str, Any], ...] = ()
+
+
+SCENARIOS = {
+    "wait": Scenario("wait", (*WAIT, "--microbatches", "4"), (2, 4, 8, 16, 32)),
+    "global-batch": Scenario(
+        "global-batch",
+        (*WAIT, "--global-batch", "64"),
+        (2, 4, 8, 16),
+        slice_options=(("microbatches", "global-batch"),),
+    ),
+    "zero1": Scenario("zero1", (*WAIT, "--microbatches", "4", "--zero", "1"), (2, 4, 8, 16)),
+    "real": Scenario("real", ("--schedule", "1f1b", "--layers", "4", "--steps", "6"), (2, 4)),
+}
+
+
+def _run(cmd: list[str]) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode:
+        msg = f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+        raise RuntimeError(msg)
+    return res.stdout
+
+
+def record(scenario: Scenario, dp: tuple[int, ...], ladder: Path) -> dict[tuple[int, int], Path]:
+    """Record (or reuse) the scenario's ladder; the folder of each (dp, repeat)."""
+    out = ladder / scenario.name
+    cmd = [
+        sys.executable, "-m", "prism_trace.datasets.ladder", "--out", str(out),
+        "--dp", ",".join(map(str, dp)), "--pp", str(scenario.pp), "--tp", "1",
+        "--repeat", str(scenario.repeat), *scenario.options,
+    ]  # fmt: skip
+    t0 = time.perf_counter()
+    lines = _run(cmd).splitlines()
+    print(f"# {scenario.name}: ladder ready in {time.perf_counter() - t0:.0f} s", flush=True)
+    for line in lines:
+        if line.startswith("tp"):
+            print("  " + line, flush=True)
+    folders: dict[tuple[int, int], Path] = {}
+    for path in sorted(out.iterdir()):
+        run_json = path / "run.json"
+        if not run_json.is_file():
+            continue
+        cfg = json.loads(run_json.read_text())["config"]
+        if int(cfg["dp"]) not in dp or int(cfg["pp"]) != scenario.pp:
+            continue
+        rep = int(path.name.rsplit("-r", 1)[1]) if "-r" in path.name.rsplit("-", 1)[-1] else 0
+        folders[(int(cfg["dp"]), rep)] = path
+    return folders
+
+
+def _busy(folder: Path) -> float:
+    """Cores busy during the profiled steps: CPU time over wall time, summed over ranks."""
+    run = json.loads((folder / "run.json").read_text())
+    total = 0.0
+    for rank in run["ranks"]:
+        steps = [s for s in rank["steps"] if s.get("profiled")]
+        cpu = sum(s.get("cpu_ns", 0) for s in steps)
+        wall = sum(s["dur_ns"] for s in steps)
+        total += cpu / wall if wall else 0.0
+    return total
+
+
+def predict_scenario(
+    scenario: Scenario, folders: dict[tuple[int, int], Path], seeds: int, work: Path
+) -> list[dict[str, Any]]:
+    """Ingest the ladder, predict every larger scale from the smallest, and the noise floor."""
+    from prism_trace import compare_runs, ingest, open_store, predict_run
+
+    db = work / f"{scenario.name}.duckdb"
+    rows: list[dict[str, Any]] = []
+    with open_store(db) as store:
+        names = {}
+        for (dp, rep), folder in sorted(folders.items()):
+            name = f"dp{dp}" + (f"-r{rep}" if rep else "")
+            ingest(store, [folder], run=name, progress=False)
+            names[(dp, rep)] = name
+        small = min(dp for dp, _ in names)
+        base = names[(small, 0)]
+        for (dp, rep), name in sorted(names.items()):
+            if rep:
+                continue
+            row: dict[str, Any] = {
+                "scenario": scenario.name,
+                "dp": dp,
+                "ranks": dp * scenario.pp,
+                "busy": round(_busy(folders[(dp, rep)]), 2),
+            }
+            if dp != small:
+                t0 = time.perf_counter()
+                p = predict_run(
+                    store,
+                    run=base,
+                    against=name,
+                    compare=compare_runs,
+                    variance="replica",
+                    seeds=seeds,
+                    **dict(scenario.slice_options),
+                )
+                row["prediction"] = _figures(p.comparison.as_dict())
+                row["predict_s"] = round(time.perf_counter() - t0, 1)
+            twin = names.get((dp, 1))
+            if twin is not None:
+                row["noise_floor"] = _figures(compare_runs(store, twin, name).as_dict())
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def _figures(comparison: dict[str, Any]) -> dict[str, Any]:
+    """The figures the table shows, from a comparison's JSON form."""
+    steps = comparison.get("step_time", {})
+    structure = comparison.get("structure", {})
+    return {
+        "differences": structure.get("differences"),
+        "mean_pct": steps.get("mean_error_pct"),
+        "p90_pct": steps.get("p90_error_pct"),
+        "ks_d": steps.get("ks_d"),
+        "peak_max_pct": comparison.get("rank_errors", {}).get("peak_max_abs_error_pct"),
+    }
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:+.2f} %"
+
+
+def _diff_text(diff: dict[str, int] | None) -> str:
+    return "n/a" if diff is None else str(sum(diff.values()))
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The result table: prediction beside the noise floor."""
+    head = (
+        "| scenario | dp | ranks | cores busy | structure diffs | mean | p90 | KS D |"
+        " peak mem max | floor: mean | floor: p90 | floor: KS D |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    out = []
+    for r in rows:
+        p = r.get("prediction") or {}
+        f = r.get("noise_floor") or {}
+        ks = p.get("ks_d")
+        fks = f.get("ks_d")
+        out.append(
+            f"| {r['scenario']} | {r['dp']} | {r['ranks']} | {r['busy']} |"
+            f" {_diff_text(p.get('differences')) if p else 'recorded (base)'} |"
+            f" {_pct(p.get('mean_pct'))} | {_pct(p.get('p90_pct'))} |"
+            f" {'n/a' if ks is None else f'{ks:.3f}'} | {_pct(p.get('peak_max_pct'))} |"
+            f" {_pct(f.get('mean_pct'))} | {_pct(f.get('p90_pct'))} |"
+            f" {'n/a' if fks is None else f'{fks:.3f}'} |"
+        )
+    return head + "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ladder", type=Path, default=DEFAULT_LADDER, help="recordings (a cache)")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
+    ap.add_argument("--dp", default=None, help="dp sizes to use (default: each scenario's)")
+    ap.add_argument("--seeds", type=int, default=5, help="variance seeds per prediction")
+    ap.add_argument("--no-note", action="store_true", help="do not write benchmarks/results")
+    a = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in a.scenarios.split(","):
+            scenario = SCENARIOS[name]
+            dp = tuple(int(x) for x in a.dp.split(",")) if a.dp else scenario.dp
+            dp = tuple(d for d in dp if d in scenario.dp) or dp
+            folders = record(scenario, dp, a.ladder)
+            rows += predict_scenario(scenario, folders, a.seeds, Path(tmp))
+    text = table(rows)
+    print(text)
+    if not a.no_note:
+        command = f"python benchmarks/bench_predict.py --scenarios {a.scenarios} --seeds {a.seeds}"
+        body = (
+            "Predicted from the smallest dp of each ladder (`prism predict`, variance `replica`"
+            f" over {a.seeds} seeds); the noise floor is a second recording of the same job"
+            " compared with the first. Errors are predicted against recorded; `peak mem max`"
+            " is the largest per-rank |error| of peak memory.\n\n"
+            f"{text}\n{time.perf_counter() - t0:.0f} s in all."
+        )
+        note = write_note(
+            "predict",
+            host_kind(),
+            title="Prediction against recordings at the target scale",
+            command=command,
+            body=body,
+        )
+        print(f"wrote {note}")
+
+
+if __name__ == "__main__":
+    main()
