@@ -132,6 +132,8 @@ def plan_batch(
     _check_options(global_batch, microbatches)
     if global_batch == "per-rank" and microbatches is None:
         return BatchPlan("per-rank"), None
+    if microbatches is None and recorded.dp == target.dp:
+        return BatchPlan("fixed"), None  # the same dp: the same microbatches, nothing to read
     reps = sorted({c.representative for c in classes})
     nodes = con.sql(
         f"SELECT {', '.join(NODE_SCHEMA)} FROM graph_node WHERE run_id = $1"
@@ -153,6 +155,12 @@ def plan_batch(
     plan = BatchPlan(mode, m, m_new, schedule)
     if not plan.changes:
         return plan, None
+    if schedule == "1f1b" and m_new < recorded.pp:
+        msg = (
+            f"{m} -> {m_new} microbatches per rank: 1F1B on {recorded.pp} pipeline stages needs"
+            f" at least {recorded.pp} per rank to keep its warm-up and one forward/backward pair"
+        )
+        raise SliceError(msg)
     out_nodes, out_edges = [], []
     for rep in reps:
         try:
@@ -251,8 +259,11 @@ def _markers(
     return marker, text
 
 
-def _main_track(nodes: pl.DataFrame) -> int | None:
-    """The track with the most send/recv, else with the most host ops."""
+def _main_nodes(nodes: pl.DataFrame) -> pl.DataFrame:
+    """The rank's program in order: the track with the most send/recv (else with the most host
+    ops) when it also holds other ops (a host thread that computes and communicates); else every
+    node of the rank (an op timeline keeps compute, send/recv and collectives on separate
+    streams)."""
     for kinds in (["send", "recv"], ["host", "collective"]):
         per = (
             nodes.filter(pl.col("kind").is_in(kinds) & pl.col("track_id").is_not_null())
@@ -261,8 +272,11 @@ def _main_track(nodes: pl.DataFrame) -> int | None:
             .sort("len", "track_id", descending=[True, False])
         )
         if per.height:
-            return int(per["track_id"][0])
-    return None
+            track = nodes.filter(pl.col("track_id") == per["track_id"][0])
+            if track["kind"].is_in(["send", "recv"]).all():
+                break
+            return track.sort("ts", "node_id", nulls_last=True)
+    return nodes.sort("ts", "node_id", nulls_last=True)
 
 
 def _recognise_rank(
@@ -273,8 +287,7 @@ def _recognise_rank(
     only: str | None = None,
 ) -> tuple[RankSteps, StepShape]:
     """Every step of one recorded rank, recognised; they must agree."""
-    track = _main_track(nodes)
-    main = nodes.filter(pl.col("track_id") == track).sort("ts", "node_id", nulls_last=True)
+    main = _main_nodes(nodes)
     marker, text = _markers(main, rank, layout, rec_axes)
     token = pl.Series(text).rank("dense").to_numpy().astype(np.int64)
     comm = main["kind"].is_in(_COMM).to_numpy()

@@ -5,7 +5,8 @@ Each step's repeatable regions (``schedule.StepShape.runs``: 1F1B's steady forwa
 GPipe's forwards and backwards) hold equal *periods* of main-track nodes, one microbatch each.
 Every node of the rank belongs to a main-track position (its *slot*): its own, its launcher's for a
 device op, else the main-track node running when it started. A period is the nodes whose slots fall
-in it; periods of one region must hold the same ops, on every track, in the same order.
+in it; periods of one region must hold the same ops at the same places (on any track: a backend's
+worker threads take calls in turn).
 
 A region of ``k`` periods becomes ``k + (m_target - m)``: dropped periods are taken before the last
 one, added ones are copies of the recorded periods in turn, inserted before the last one. Nodes
@@ -182,8 +183,10 @@ def _offsets(
     ).sort("region", "period", "rel", "track", "ts", "id")
     frame = frame.with_columns(pl.int_range(pl.len()).over("region", "period").alias("off"))
     off[frame["row"].to_numpy()] = frame["off"].to_numpy()
+    # Tracks may differ (a backend's worker threads take calls in turn): the same ops at the same
+    # places are enough.
     sigs = frame.group_by("region", "period", maintain_order=True).agg(
-        pl.concat_str("rel", "track", "what", separator="/").alias("sig")
+        pl.concat_str("rel", "what", separator="/").sort().alias("sig")
     )
     for (region,), part in sigs.group_by(["region"], maintain_order=True):
         first = list(part["sig"][0])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -191,6 +192,8 @@ def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.D
     nodes = pl.DataFrame(
         {
             "unit": n["unit"],
+            "node_id": n["node_id"],
+            "event_id": n["event_id"],
             "rec_ts": n["ts"],
             "rec_end": n["ts"] + n["dur"].fill_null(0),
             "emu_ts": tl.start + inputs.origin,
@@ -198,6 +201,8 @@ def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.D
             "host": host if host is not None else np.ones(n.height, dtype=bool),
         }
     ).filter(pl.col("rec_ts").is_not_null())
+    if inputs.kind == "sliced":
+        mem, nodes = _at_target_scale(store, inputs, mem, nodes, units)
     dp_rec, dp_tgt = inputs.dp_sizes
     delta = None
     if dp_rec != dp_tgt:
@@ -223,6 +228,52 @@ def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.D
             .alias("delta"),
         )
     return retime_memory(mem, nodes, delta=delta)
+
+
+def _at_target_scale(
+    store: Store, inputs: LoadedRun, mem: pl.DataFrame, nodes: pl.DataFrame, units: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A sliced run's recorded memory at its target scale (``replay.memory.scale``): shards of
+    resized reduce-scatters and all-gathers resized, and, when the slice changed the microbatches,
+    each event once per node replaying its op."""
+    from prism_trace.replay.memory.scale import follow_copies, rescale_shards
+
+    unit_rank = pl.DataFrame(
+        {"unit": np.arange(inputs.unit_rank.size, dtype=np.int64), "u_rank": inputs.unit_rank}
+    )
+    calls = _fetch(
+        store.con,
+        'SELECT DISTINCT n.rank AS u_rank, c.host_ts AS ts, c.host_ts + c.host_dur AS "end",'
+        " least(c.in_bytes, c.out_bytes) AS shard, g0.size AS n, g1.size AS n_new"
+        " FROM collective c JOIN rank r ON r.run_id = $1 AND r.represented_by = c.rank"
+        " AND r.rank = r.class_id"
+        " JOIN graph_node n ON n.run_id = $1 AND n.rank = r.rank AND n.event_id = c.event_id"
+        " JOIN comm_group g1 ON g1.run_id = $1 AND g1.group_id = n.group_id"
+        " JOIN comm_group g0 ON g0.run_id = c.run_id AND g0.group_id = c.group_id"
+        " WHERE c.run_id = $2 AND c.kind IN ('reduce_scatter', 'all_gather')"
+        " AND c.in_bytes <> c.out_bytes AND c.host_ts IS NOT NULL",
+        [inputs.run_id, inputs.source_run_id],
+    )
+    if calls.height:
+        calls = calls.join(unit_rank.cast({"u_rank": calls.schema["u_rank"]}), on="u_rank").drop(
+            "u_rank"
+        )
+        mem = rescale_shards(mem, calls)
+    ((config,),) = store.con.execute(
+        "SELECT config_json FROM run WHERE run_id = ?", [inputs.run_id]
+    ).fetchall()
+    batch = json.loads(config or "{}").get("microbatches") or {}
+    if batch.get("target") is None or batch.get("target") == batch.get("recorded"):
+        return mem, nodes
+    recorded = _fetch(
+        store.con,
+        "SELECT rank, event_id, ts AS rec_ts, ts + coalesce(dur, 0) AS rec_end FROM graph_node"
+        " WHERE run_id = $1 AND list_contains($2, rank) AND event_id IS NOT NULL"
+        " AND ts IS NOT NULL AND NOT list_contains($3, kind)",
+        [inputs.source_run_id, inputs.unit_source.tolist(), list(_DEVICE_KINDS)],
+    )
+    recorded = recorded.join(units.cast({"rank": recorded.schema["rank"]}), on="rank").drop("rank")
+    return follow_copies(mem, recorded, nodes)
 
 
 def _memory_rows(res: EmulationResult, run_id: int) -> pl.DataFrame:

@@ -330,7 +330,12 @@ def test_explicit_microbatches(tmp_path: Path) -> None:
             16,
             "at dp=16 that is 4 * 2 / 16 = 0.5 per rank, not a whole number >= 1",
         ),
-        ({"microbatches": 1}, 2, "recorded rank 0: 4 -> 1 microbatches: a step has 3"),
+        (
+            {"microbatches": 1},
+            2,
+            "4 -> 1 microbatches per rank: 1F1B on 2 pipeline stages needs at least 2 per rank"
+            " to keep its warm-up and one forward/backward pair",
+        ),
         ({"global_batch": "fixed", "microbatches": 2}, 2, "give one of them"),
         ({"global_batch": "half"}, 2, "--global-batch 'half': expected one of per-rank, fixed"),
     ],
@@ -393,63 +398,155 @@ def test_target_microbatches() -> None:
         target_microbatches(3, 2, 4)
 
 
+def _compute_order(store: Store, run: str, rank: int, step: int) -> str:
+    """``F``/``B`` of a rank's emulated compute in one step, in time order."""
+    rows = store.con.execute(
+        "SELECT name FROM event WHERE run_id = ? AND rank = ? AND iteration = ?"
+        " AND (name LIKE 'forward%compute' OR name LIKE 'backward%compute') ORDER BY ts",
+        [store.require_run(run), rank, step],
+    ).fetchall()
+    return "".join("F" if n.startswith("forward") else "B" for (n,) in rows)
+
+
+@pytest.mark.shared_data
+def test_op_timeline_st_to_dp1_doubles_the_microbatches(real_store: Store) -> None:
+    """Megatron's ST op timeline (dp 2, pp 4, 4 microbatches; compute, send/recv and collectives
+    on separate streams): at dp 1 and a fixed global batch every stage runs 8, Megatron's 1F1B
+    shape, and the emulator pairs every send."""
+    from prism_trace.replay.emulate.driver import emulate_run
+
+    layout = ParallelLayout.parse("dp=1,pp=4")
+    report = slice_run(
+        real_store, run="st", layout=layout, world=4, out_run="st_gb1", global_batch="fixed"
+    )
+    assert report.microbatches["microbatches"] == {"recorded": 4, "target": 8, "schedule": "1f1b"}
+    emulate_run(real_store, run="st_gb1", out_run="st_gb1_e")
+    ((step,),) = real_store.con.execute(
+        "SELECT min(iteration) FROM event WHERE run_id = ?", [real_store.require_run("st_gb1_e")]
+    ).fetchall()
+    for stage in range(4):
+        a = 3 - stage
+        want = "F" * a + "FB" * (8 - a) + "B" * a
+        assert _compute_order(real_store, "st_gb1_e", stage, step) == want
+    with pytest.raises(SliceError, match="1F1B on 4 pipeline stages needs at least 4 per rank"):
+        slice_run(
+            real_store,
+            run="st",
+            layout=ParallelLayout.parse("dp=4,pp=4"),
+            world=16,
+            out_run="st_gb4",
+            global_batch="fixed",
+        )
+
+
+def test_sample_with_tp_collectives_inside_microbatches(sample_store: Store) -> None:
+    """The bundled gloo sample (tp 2, dp 2, pp 2, GPipe, 4 microbatches, TP all-reduces and the
+    LM head's all-gather inside every microbatch, gloo's worker threads taking calls in turn):
+    at dp 4 and a fixed global batch, 2 microbatches, and every TP collective still matches."""
+    from prism_trace.replay.emulate.driver import emulate_run
+
+    layout = ParallelLayout.parse("tp=2,dp=4,pp=2")
+    report = slice_run(
+        sample_store, run="sample", layout=layout, world=16, out_run="gb4", global_batch="fixed"
+    )
+    assert report.microbatches["microbatches"] == {"recorded": 4, "target": 2, "schedule": "gpipe"}
+    emulate_run(sample_store, run="gb4", out_run="gb4_e")
+    sid, rid = sample_store.require_run("gb4"), sample_store.require_run("sample")
+    per_step = (
+        "SELECT rank, iteration, kind, count(*) FROM graph_node WHERE run_id = ?"
+        " AND kind IN ('send', 'recv') GROUP BY ALL ORDER BY ALL"
+    )
+    got = sample_store.con.execute(per_step, [sid]).fetchall()
+    assert {n for *_, n in got} == {2}
+    recorded = sample_store.con.execute(per_step, [rid]).fetchall()
+    assert {n for *_, n in recorded} == {4}
+
+
 # --- real recordings ------------------------------------------------------------------------------
+
+
+def _step_bytes(store: Store, run: str, ranks: list[int]) -> list[int]:
+    """Bytes allocated per rank and step (``memory``), for ``ranks``."""
+    return [
+        int(b)
+        for (b,) in store.con.execute(
+            "SELECT sum(bytes) FILTER (WHERE bytes > 0) FROM memory WHERE run_id = ?"
+            " AND list_contains(?, rank) AND iteration IS NOT NULL GROUP BY rank, iteration",
+            [store.require_run(run), ranks],
+        ).fetchall()
+    ]
+
+
+def _ladder(tmp_path: Path, *extra: str) -> Store:
+    """Record a 1F1B wait-mode ladder at dp 2 and 4, pp 2, a fixed global batch of 16 (dp 2: 4
+    microbatches per rank, dp 4: 2), two steps; ingest each as ``dp2``/``dp4`` with its graph."""
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingestion.pipeline import ingest
+
+    out = tmp_path / "ladder"
+    args = ["--out", str(out), "--dp", "2,4", "--pp", "2", "--compute", "wait"]
+    args += ["--schedule", "1f1b", "--global-batch", "16", "--steps", "2", "--layers", "4"]
+    args += ["--wait-ms-per-layer", "1", "--no-et", *extra]
+    cmd = [sys.executable, "-m", "prism_trace.datasets.ladder", *args]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    store = open_store(tmp_path / "l.duckdb")
+    for dp in (2, 4):
+        (folder,) = out.glob(f"tp1-dp{dp}-pp2-*")
+        ingest(store, [folder], run=f"dp{dp}", progress=False)
+        build_graph(store, f"dp{dp}")
+        assign_axes(store, f"dp{dp}")
+    return store
+
+
+def _slice_ladder(store: Store, src: str, dp_new: int) -> str:
+    name = f"s{dp_new}"
+    layout = ParallelLayout.parse(f"dp={dp_new},pp=2")
+    report = slice_run(
+        store, run=src, layout=layout, world=2 * dp_new, out_run=name, global_batch="fixed"
+    )
+    assert report.microbatches["microbatches"]["target"] == 16 // (2 * dp_new)
+    return name
 
 
 @pytest.mark.slow
 @pytest.mark.torch
 def test_ladder_dp2_and_dp4_slice_into_each_other(tmp_path: Path) -> None:
-    """A 1F1B wait-mode ladder at a fixed global batch of 16 (dp 2: 4 microbatches per rank,
-    dp 4: 2): dp 2 sliced to dp 4 runs, class by class and step by step, the ops, collectives
-    and send/recv of the dp 4 recording's ranks, and the other way round."""
+    """dp 2 sliced to dp 4 at a fixed global batch runs, class by class and step by step, the
+    ops, collectives and send/recv of the dp 4 recording's ranks, and the other way round."""
     pytest.importorskip("torch")
-    out = tmp_path / "ladder"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "prism_trace.datasets.ladder",
-            "--out",
-            str(out),
-            "--dp",
-            "2,4",
-            "--pp",
-            "2",
-            "--compute",
-            "wait",
-            "--schedule",
-            "1f1b",
-            "--global-batch",
-            "16",
-            "--steps",
-            "2",
-            "--layers",
-            "4",
-            "--wait-ms-per-layer",
-            "1",
-            "--no-et",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    from prism_trace.graph.build import build_graph
-    from prism_trace.ingestion.pipeline import ingest
-
-    store = open_store(tmp_path / "l.duckdb")
-    for dp in (2, 4):
-        ingest(store, [out / f"tp1-dp{dp}-pp2-1f1b-wait-gb16-s2"], run=f"dp{dp}", progress=False)
-        build_graph(store, f"dp{dp}")
-        assign_axes(store, f"dp{dp}")
+    store = _ladder(tmp_path)
     for src, dp_new in (("dp2", 4), ("dp4", 2)):
-        layout = ParallelLayout.parse(f"dp={dp_new},pp=2")
-        report = slice_run(
-            store,
-            run=src,
-            layout=layout,
-            world=2 * dp_new,
-            out_run=f"s{dp_new}",
-            global_batch="fixed",
-        )
-        assert report.microbatches["microbatches"]["target"] == 16 // (2 * dp_new)
-        assert_same_classes(store, f"s{dp_new}", f"dp{dp_new}", {0: 0, dp_new: dp_new})
+        name = _slice_ladder(store, src, dp_new)
+        assert_same_classes(store, name, f"dp{dp_new}", {0: 0, dp_new: dp_new})
+
+
+def _step_bytes(store: Store, run: str, ranks: list[int]) -> list[int]:
+    """Bytes allocated per rank and step (``memory``), for ``ranks``."""
+    return [
+        int(b)
+        for (b,) in store.con.execute(
+            "SELECT sum(bytes) FILTER (WHERE bytes > 0) FROM memory WHERE run_id = ?"
+            " AND list_contains(?, rank) AND iteration IS NOT NULL GROUP BY rank, iteration",
+            [store.require_run(run), ranks],
+        ).fetchall()
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_zero1_ladder_memory_at_the_target_dp(tmp_path: Path) -> None:
+    """The same ladder with ZeRO-1, sliced both ways and emulated: each class allocates per step
+    what the target recording's ranks of its stage do (the median over ranks and steps, which
+    one rank's retained gloo buffers do not move): the activations of the changed number of
+    microbatches, the reduce-scatter and all-gather shards at the target's size."""
+    pytest.importorskip("torch")
+    from prism_trace.replay.emulate.driver import emulate_run
+
+    store = _ladder(tmp_path, "--zero", "1")
+    for src, dp_new in (("dp2", 4), ("dp4", 2)):
+        name = _slice_ladder(store, src, dp_new)
+        emulate_run(store, run=name, out_run=f"e{dp_new}")
+        for stage in (0, 1):
+            got = _step_bytes(store, f"e{dp_new}", [dp_new * stage])
+            want = _step_bytes(store, f"dp{dp_new}", [dp_new * stage + d for d in range(dp_new)])
+            assert sorted(got)[len(got) // 2] == sorted(want)[len(want) // 2]
