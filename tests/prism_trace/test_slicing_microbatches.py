@@ -298,6 +298,25 @@ def test_neighbouring_stages_pair_up_in_the_emulator(tmp_path: Path) -> None:
         assert {n for *_, n, _, _ in sends} == {2 * 8 * 2 // dp_new}  # steps x microbatches
 
 
+def test_the_dp_what_if_keeps_a_fixed_global_batch(tmp_path: Path) -> None:
+    """``--what-if dp=N`` on a fixed-batch slice re-slices with the batch fixed: 8 microbatches
+    at dp 2 -> 4 at dp 4 (the slice) -> 16 at dp 1 (the what-if), 2 steps of 16 sends."""
+    from prism_trace.replay.emulate.config import EmulationConfig
+    from prism_trace.replay.emulate.driver import emulate_run
+    from prism_trace.replay.whatif.config import WhatIfConfig
+
+    store = job(tmp_path / "a.duckdb", "1f1b", dp=2, pp=2, m=8)
+    _slice(store, 4, 2, "s", global_batch="fixed")
+    config = EmulationConfig(what_if=WhatIfConfig(dp=1))
+    report = emulate_run(store, run="s", out_run="e", config=config)
+    assert report.world_size == 2
+    ((sends,),) = store.con.execute(
+        "SELECT count(*) FROM p2p WHERE run_id = ? AND rank = 0 AND direction = 'send'",
+        [store.require_run("e")],
+    ).fetchall()
+    assert sends == 2 * 16
+
+
 def test_per_rank_is_the_default_and_keeps_the_graphs(tmp_path: Path) -> None:
     """Each rank keeps its recorded microbatches: the job at twice the dp with as many."""
     store = job(tmp_path / "a.duckdb", "1f1b", dp=2, pp=2, m=4)
@@ -350,6 +369,28 @@ def test_refusals_are_one_line_and_write_nothing(
     assert fragment in str(exc.value)
     assert "\n" not in str(exc.value)
     assert store_contents(store) == before
+
+
+def test_cli(tmp_path: Path) -> None:
+    """``prism slice --global-batch fixed`` prints the change; a refusal is one line."""
+    from click.testing import CliRunner
+
+    from prism_trace.cli import main
+
+    job(tmp_path / "a.duckdb", "1f1b", dp=2, pp=2, m=4).close()
+    base = ["slice", str(tmp_path / "a.duckdb"), "--run", "job", "--out-run", "s"]
+    res = CliRunner().invoke(
+        main, [*base, "--layout", "dp=4,pp=2", "--world", "8", "--global-batch", "fixed"]
+    )
+    assert res.exit_code == 0, res.output
+    assert "microbatches per rank and step: 4 -> 2 (1f1b, global batch fixed)" in res.output
+    res = CliRunner().invoke(
+        main,
+        [*base, "--replace", "--layout", "dp=3,pp=2", "--world", "6", "--global-batch", "fixed"],
+    )
+    assert res.exit_code != 0
+    assert res.output.count("\n") == 1
+    assert "4 * 2 / 3 = 2.66667 per rank, not a whole number >= 1" in res.output
 
 
 def test_an_unrecognised_schedule_is_refused(tmp_path: Path) -> None:
