@@ -307,6 +307,20 @@ def graph_cmd(
 @click.option(
     "--from-ranks", type=RANKS, default=None, help="Recorded ranks to take roles from, e.g. 0,3."
 )
+@click.option(
+    "--global-batch",
+    type=click.Choice(["per-rank", "fixed"]),
+    default="per-rank",
+    show_default=True,
+    help="per-rank: each rank keeps its recorded microbatches; fixed: the job keeps its global"
+    " batch, each rank runs m * dp_recorded / dp_target.",
+)
+@click.option(
+    "--microbatches",
+    type=click.IntRange(min=1),
+    default=None,
+    help="The target's microbatches per rank and step (instead of --global-batch fixed).",
+)
 @out_run_option("Name of the sliced run.")
 @replace_option()
 @json_option("Print the mapping report as JSON.")
@@ -318,6 +332,8 @@ def slice_cmd(
     world: int,
     order: str | None,
     from_ranks: list[int] | None,
+    global_batch: str,
+    microbatches: int | None,
     out_run: str,
     replace: bool,
     as_json: bool,
@@ -336,5 +352,7 @@ def slice_cmd(
             from_ranks=from_ranks,
             out_run=out_run,
             replace=replace,
+            global_batch=global_batch,
+            microbatches=microbatches,
         )
     echo_report(report, as_json)

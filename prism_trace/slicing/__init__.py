@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from prism_trace.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from prism_trace.slicing.batch import GLOBAL_BATCH, BatchPlan, plan_batch, target_microbatches
     from prism_trace.slicing.plan import (
         RULES,
         CommMapping,
@@ -20,40 +21,85 @@ if TYPE_CHECKING:
         plan_classes,
         target_groups,
     )
+    from prism_trace.slicing.rebatch import RankSteps, rebatch_rank
     from prism_trace.slicing.report import SliceReport
+    from prism_trace.slicing.schedule import (
+        BWD_MARKERS,
+        FWD_MARKERS,
+        RECV_NEXT,
+        RECV_PREV,
+        SEND_NEXT,
+        SEND_PREV,
+        Periods,
+        ScheduleNotRecognised,
+        StepShape,
+        recognise_step,
+    )
     from prism_trace.slicing.slicer import slice_run
     from prism_trace.slicing.write import count_rows, write_graph, write_groups, write_ranks
 
 _EXPORTS = {
+    "BWD_MARKERS": "schedule",
+    "BatchPlan": "batch",
     "CommMapping": "plan",
+    "FWD_MARKERS": "schedule",
+    "GLOBAL_BATCH": "batch",
+    "Periods": "schedule",
+    "RECV_NEXT": "schedule",
+    "RECV_PREV": "schedule",
     "RULES": "plan",
+    "RankSteps": "rebatch",
+    "SEND_NEXT": "schedule",
+    "SEND_PREV": "schedule",
+    "ScheduleNotRecognised": "schedule",
     "SliceClass": "plan",
     "SliceError": "plan",
     "SliceReport": "report",
+    "StepShape": "schedule",
     "TargetGroups": "plan",
     "check_layouts": "plan",
     "count_rows": "write",
     "map_comm_ops": "plan",
+    "plan_batch": "batch",
     "plan_classes": "plan",
+    "rebatch_rank": "rebatch",
+    "recognise_step": "schedule",
     "slice_run": "slicer",
     "target_groups": "plan",
+    "target_microbatches": "batch",
     "write_graph": "write",
     "write_groups": "write",
     "write_ranks": "write",
 }
 __all__ = [
+    "BWD_MARKERS",
+    "FWD_MARKERS",
+    "GLOBAL_BATCH",
+    "RECV_NEXT",
+    "RECV_PREV",
     "RULES",
+    "SEND_NEXT",
+    "SEND_PREV",
+    "BatchPlan",
     "CommMapping",
+    "Periods",
+    "RankSteps",
+    "ScheduleNotRecognised",
     "SliceClass",
     "SliceError",
     "SliceReport",
+    "StepShape",
     "TargetGroups",
     "check_layouts",
     "count_rows",
     "map_comm_ops",
+    "plan_batch",
     "plan_classes",
+    "rebatch_rank",
+    "recognise_step",
     "slice_run",
     "target_groups",
+    "target_microbatches",
     "write_graph",
     "write_groups",
     "write_ranks",

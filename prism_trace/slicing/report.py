@@ -31,6 +31,8 @@ class SliceReport:
     """Names of comm ops that fell under the ``other`` rule (kept unchanged)."""
     built_graph: bool = False
     elapsed_s: float = 0.0
+    microbatches: dict[str, Any] = field(default_factory=dict)
+    """``global_batch``, and with it the recorded and target microbatches and the schedule."""
 
     @property
     def mapping(self) -> dict[int, str]:
@@ -61,6 +63,12 @@ class SliceReport:
         ]
         lines += [f"  {rep:>6} -> {ranks}" for rep, ranks in self.mapping.items()]
         lines += [f"  note: {n}" for n in self.notes]
+        mb = self.microbatches.get("microbatches")
+        if mb:
+            lines.append(
+                f"microbatches per rank and step: {mb['recorded']} -> {mb['target']}"
+                f" ({mb['schedule']}, global batch {self.microbatches['global_batch']})"
+            )
         if self.rescaled:
             rules = ", ".join(f"{k} {v}" for k, v in sorted(self.rescaled.items()))
             lines.append(f"communication ops by size rule: {rules}")
@@ -88,4 +96,5 @@ class SliceReport:
             "other_ops": self.other_ops,
             "built_graph": self.built_graph,
             "elapsed_s": round(self.elapsed_s, 3),
+            **self.microbatches,
         }

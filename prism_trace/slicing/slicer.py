@@ -20,6 +20,7 @@ from prism_trace.layout.choice import infer_layout
 from prism_trace.layout.mesh import EMBD, WORLD, ParallelAxis, ParallelLayout, parse_axes
 from prism_trace.layout.roles import group_axis
 from prism_trace.limits import MAX_RANKS
+from prism_trace.slicing.batch import plan_batch
 from prism_trace.slicing.plan import (
     SliceError,
     check_layouts,
@@ -48,6 +49,8 @@ def slice_run(
     from_ranks: list[int] | None = None,
     out_run: str,
     replace: bool = False,
+    global_batch: str = "per-rank",
+    microbatches: int | None = None,
 ) -> SliceReport:
     """Build the full-scale graph of ``run`` under ``layout`` as a new run of kind ``sliced``.
 
@@ -66,6 +69,11 @@ def slice_run(
             of several of one role, dp coordinate 0 wins, then the lowest rank).
         out_run: name of the new run.
         replace: overwrite an existing run of that name.
+        global_batch: ``per-rank`` (each rank keeps its recorded microbatches) or ``fixed``
+            (the job keeps its recorded global batch: each rank runs
+            ``m * dp_recorded / dp_target`` microbatches; ``batch``).
+        microbatches: the target's microbatches per rank and step, outright (instead of
+            ``global_batch='fixed'``).
 
     Returns:
         What was written.
@@ -73,7 +81,9 @@ def slice_run(
     Raises:
         SliceError: world is outside ``[1, MAX_RANKS]`` or disagrees with the layout, an axis
             other than dp differs from the recording, a role has no representative, or an op's
-            group or peer cannot be mapped (the message names the op, its group and rank).
+            group or peer cannot be mapped (the message names the op, its group and rank), or
+            the microbatches cannot be changed (a schedule not recognised, a count that is not
+            whole).
         LayoutError: the recorded run's groups fit no layout.
         DuplicateRunError: ``out_run`` exists and ``replace`` is false.
     """
@@ -140,6 +150,16 @@ def slice_run(
             params=[rec_id, [c.representative for c in classes]],
         ).pl()
         mapping = map_comm_ops(comm, classes, rec_groups, rec_axes, tgt, recorded, layout)
+        batch, rewritten = plan_batch(
+            con,
+            rec_id,
+            classes,
+            recorded,
+            layout,
+            rec_axes,
+            global_batch=global_batch,
+            microbatches=microbatches,
+        )
 
         if old_id is not None:
             drop_run(con, old_id)
@@ -151,6 +171,7 @@ def slice_run(
             "from_ranks": from_ranks,
             "recorded_layout": recorded.spec,
             "recorded_order": recorded.order_spec,
+            **batch.as_config(),
         }
         run_id = new_run(
             con,
@@ -164,7 +185,7 @@ def slice_run(
         write_ranks(con, run_id, rec_id, layout, classes)
         n_groups = write_groups(con, run_id, tgt, rec_axes, rec_groups)
         n_nodes, n_edges = write_graph(
-            con, run_id, rec_id, classes, mapping.group_rows, mapping.peer_rows
+            con, run_id, rec_id, classes, mapping.group_rows, mapping.peer_rows, rewritten
         )
 
     return SliceReport(
@@ -183,6 +204,7 @@ def slice_run(
         other_ops=sorted(mapping.other_ops),
         built_graph=built,
         elapsed_s=time.perf_counter() - t0,
+        microbatches=batch.as_config(),
     )
 
 

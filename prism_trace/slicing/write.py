@@ -97,9 +97,14 @@ def write_graph(
     classes: list[SliceClass],
     group_rows: dict[tuple[int, int], int],
     peer_rows: dict[tuple[int, int], int],
+    rewritten: tuple[pl.DataFrame, pl.DataFrame] | None = None,
 ) -> tuple[int, int]:
     """Copy each class's representative graph under its exemplar; ``group_rows`` and
-    ``peer_rows`` map ``(exemplar, recorded group or peer)`` to the target's."""
+    ``peer_rows`` map ``(exemplar, recorded group or peer)`` to the target's.
+
+    ``rewritten``: the representatives' graphs as nodes and edges frames (``batch``: another
+    number of microbatches), copied instead of the recorded ones.
+    """
     cls = pl.DataFrame(
         {
             "rep": [c.representative for c in classes],
@@ -126,6 +131,15 @@ def write_graph(
     con.register("_slice_class", cls.to_arrow())
     con.register("_slice_group", gmap.to_arrow())
     con.register("_slice_peer", pmap.to_arrow())
+    names = ["_slice_class", "_slice_group", "_slice_peer"]
+    src_nodes = "(SELECT * FROM graph_node WHERE run_id = $2)"
+    src_edges = "(SELECT * FROM graph_edge WHERE run_id = $2)"
+    if rewritten is not None:
+        con.register("_slice_nodes", rewritten[0].to_arrow())
+        con.register("_slice_edges", rewritten[1].to_arrow())
+        names += ["_slice_nodes", "_slice_edges"]
+        src_nodes = "(SELECT * FROM _slice_nodes WHERE $2 IS NOT NULL)"
+        src_edges = "(SELECT * FROM _slice_edges WHERE $2 IS NOT NULL)"
     try:
         before_n = count_rows(con, "graph_node", run_id)
         con.execute(
@@ -133,20 +147,19 @@ def write_graph(
             " dur, iteration, group_id, seq, peer, msg_bytes, comm_kind)"
             " SELECT $1, c.exemplar, n.node_id, n.kind, n.track_id, n.event_id, n.name, n.ts,"
             " n.dur, n.iteration, g.new, n.seq, p.new, n.msg_bytes, n.comm_kind"
-            " FROM graph_node n JOIN _slice_class c ON n.rank = c.rep"
+            f" FROM {src_nodes} n JOIN _slice_class c ON n.rank = c.rep"
             " LEFT JOIN _slice_group g ON g.ex = c.exemplar AND g.old = n.group_id"
-            " LEFT JOIN _slice_peer p ON p.ex = c.exemplar AND p.old = n.peer"
-            " WHERE n.run_id = $2",
+            " LEFT JOIN _slice_peer p ON p.ex = c.exemplar AND p.old = n.peer",
             [run_id, rec_id],
         )
         con.execute(
             "INSERT INTO graph_edge (run_id, rank, src, dst, kind, anchor, delay)"
             " SELECT $1, c.exemplar, e.src, e.dst, e.kind, e.anchor, e.delay"
-            " FROM graph_edge e JOIN _slice_class c ON e.rank = c.rep WHERE e.run_id = $2",
+            f" FROM {src_edges} e JOIN _slice_class c ON e.rank = c.rep",
             [run_id, rec_id],
         )
     finally:
-        for name in ("_slice_class", "_slice_group", "_slice_peer"):
+        for name in names:
             con.unregister(name)
     return count_rows(con, "graph_node", run_id) - before_n, count_rows(con, "graph_edge", run_id)
 

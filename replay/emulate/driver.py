@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -135,9 +136,11 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     line = store.run_ancestry(run_id)
     kind = line[0].kind
     from_ranks: list[int] | None = None
+    batch: dict[str, Any] = {}
     if kind == "sliced":
         layout = _run_layout(store, run_id)
         source = line[1].name
+        batch = _batch_options(store, run_id)
         from_ranks = sorted(
             int(r)
             for (r,) in store.con.execute(
@@ -160,8 +163,22 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
         layout=target,
         from_ranks=from_ranks,
         name=f"_what_if_dp{dp}_{run}",
+        **batch,
     ) as tmp:
         yield tmp
+
+
+def _batch_options(store: Store, run_id: int) -> dict[str, Any]:
+    """The global-batch options a sliced run was made with (``prism slice --global-batch``,
+    ``--microbatches``), for its re-slice: a fixed global batch stays fixed at the new dp."""
+    ((config,),) = store.con.execute(
+        "SELECT config_json FROM run WHERE run_id = ?", [run_id]
+    ).fetchall()
+    cfg = json.loads(config or "{}")
+    mode = cfg.get("global_batch", "per-rank")
+    if mode == "explicit":
+        return {"microbatches": int(cfg["microbatches"]["target"])}
+    return {"global_batch": mode} if mode == "fixed" else {}
 
 
 def _check_dp_world(run: str, per_replica: int, dp: int) -> None:
@@ -189,9 +206,12 @@ def temporary_slice(
     layout: ParallelLayout,
     from_ranks: list[int] | None,
     name: str,
+    global_batch: str = "per-rank",
+    microbatches: int | None = None,
 ) -> Iterator[str]:
     """Slice ``run`` to ``layout`` as run ``name`` for the duration of the block, then delete it
     (also on error): the dp what-if and the validation's slice check leave nothing behind.
+    ``global_batch`` and ``microbatches`` are ``slice_run``'s.
 
     The block is one transaction (the caller's, when it has one) and the slice is deleted before
     it ends, so the slice is never committed: a command that fails leaves no trace of it, one that
@@ -208,6 +228,8 @@ def temporary_slice(
             from_ranks=from_ranks,
             out_run=name,
             replace=True,
+            global_batch=global_batch,
+            microbatches=microbatches,
         )
         try:
             yield name

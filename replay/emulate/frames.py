@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -152,16 +153,27 @@ def unit_iterations(res: EmulationResult, rec_iter: pl.DataFrame) -> pl.DataFram
 _DEVICE_KINDS = ("kernel", "memcpy", "memset")
 
 
-def with_memory(store: Store, res: EmulationResult, config: EmulationConfig) -> EmulationResult:
+def with_memory(
+    store: Store,
+    res: EmulationResult,
+    config: EmulationConfig,
+    group_sizes: Mapping[int, int] | None = None,
+) -> EmulationResult:
     """``res`` with its ``memory``: every unit's memory events re-timed onto its emulated nodes.
 
     Reads only the recording (``source_run_id``), so ``store`` may be a second connection that
-    does not see the command's uncommitted writes (``write``'s reader).
+    does not see the command's uncommitted writes (``write``'s reader); ``group_sizes``: the
+    input run's communicators' sizes, for a sliced run's shards (read from ``store`` if None).
     """
-    return dataclasses.replace(res, memory=_memory(store, res, config))
+    return dataclasses.replace(res, memory=_memory(store, res, config, group_sizes))
 
 
-def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.DataFrame:
+def _memory(
+    store: Store,
+    res: EmulationResult,
+    config: EmulationConfig,
+    group_sizes: Mapping[int, int] | None = None,
+) -> pl.DataFrame:
     """Every unit's memory events re-timed onto its emulated nodes (``replay.memory``)."""
     inputs, tl = res.inputs, res.timeline
     units = pl.DataFrame(
@@ -191,6 +203,8 @@ def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.D
     nodes = pl.DataFrame(
         {
             "unit": n["unit"],
+            "node_id": n["node_id"],
+            "event_id": n["event_id"],
             "rec_ts": n["ts"],
             "rec_end": n["ts"] + n["dur"].fill_null(0),
             "emu_ts": tl.start + inputs.origin,
@@ -198,6 +212,8 @@ def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.D
             "host": host if host is not None else np.ones(n.height, dtype=bool),
         }
     ).filter(pl.col("rec_ts").is_not_null())
+    if inputs.kind == "sliced":
+        mem, nodes = _at_target_scale(store, inputs, mem, nodes, units, group_sizes)
     dp_rec, dp_tgt = inputs.dp_sizes
     delta = None
     if dp_rec != dp_tgt:
@@ -223,6 +239,92 @@ def _memory(store: Store, res: EmulationResult, config: EmulationConfig) -> pl.D
             .alias("delta"),
         )
     return retime_memory(mem, nodes, delta=delta)
+
+
+def _at_target_scale(
+    store: Store,
+    inputs: LoadedRun,
+    mem: pl.DataFrame,
+    nodes: pl.DataFrame,
+    units: pl.DataFrame,
+    group_sizes: Mapping[int, int] | None,
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A sliced run's recorded memory at its target scale (``replay.memory.scale``): shards of
+    resized reduce-scatters and all-gathers resized, and, when the slice repeated or dropped
+    microbatches, each event once per node replaying its op.
+
+    Reads the recording only (``store`` may not see the slice: the dp what-if's re-slice is not
+    committed); the slice's side comes from ``inputs`` and ``group_sizes`` (its communicators'
+    sizes; read from ``store`` when not given).
+    """
+    from prism_trace.replay.memory.scale import follow_copies, rescale_shards
+
+    sources = inputs.unit_source.tolist()
+    calls = _fetch(
+        store.con,
+        'SELECT c.rank, c.event_id, c.host_ts AS ts, c.host_ts + c.host_dur AS "end",'
+        " least(c.in_bytes, c.out_bytes) AS shard, coalesce(c.group_size, g.size) AS n"
+        " FROM collective c LEFT JOIN comm_group g USING (run_id, group_id)"
+        " WHERE c.run_id = $1 AND list_contains($2, c.rank)"
+        " AND c.kind IN ('reduce_scatter', 'all_gather') AND c.in_bytes <> c.out_bytes"
+        " AND c.host_ts IS NOT NULL AND c.event_id IS NOT NULL",
+        [inputs.source_run_id, sources],
+    )
+    if calls.height:
+        if group_sizes is None:
+            group_sizes = dict(
+                store.con.execute(
+                    "SELECT group_id, size FROM comm_group WHERE run_id = ?", [inputs.run_id]
+                ).fetchall()
+            )
+        target = (
+            inputs.nodes.select("unit", "event_id", "group_id")
+            .drop_nulls()
+            .unique(["unit", "event_id"])
+            .with_columns(
+                pl.col("group_id")
+                .replace_strict(group_sizes or {}, default=None, return_dtype=pl.Int64)
+                .alias("n_new")
+            )
+        )
+        calls = (
+            calls.join(units.cast({"rank": calls.schema["rank"]}), on="rank")
+            .join(target.cast({"event_id": calls.schema["event_id"]}), on=["unit", "event_id"])
+            .drop_nulls("n_new")
+            .select("unit", "ts", "end", "shard", "n", "n_new")
+        )
+        mem = rescale_shards(mem, calls)
+    if not _microbatches_changed(store, inputs):
+        return mem, nodes
+    recorded = _fetch(
+        store.con,
+        "SELECT rank, event_id, ts AS rec_ts, ts + coalesce(dur, 0) AS rec_end FROM graph_node"
+        " WHERE run_id = $1 AND list_contains($2, rank) AND event_id IS NOT NULL"
+        " AND ts IS NOT NULL AND NOT list_contains($3, kind)",
+        [inputs.source_run_id, sources, list(_DEVICE_KINDS)],
+    )
+    recorded = recorded.join(units.cast({"rank": recorded.schema["rank"]}), on="rank").drop("rank")
+    return follow_copies(mem, recorded, nodes)
+
+
+def _microbatches_changed(store: Store, inputs: LoadedRun) -> bool:
+    """Whether a unit replays a recorded op twice, or fewer ops than its rank recorded (a slice
+    that repeated or dropped microbatches, ``prism_trace.slicing.rebatch``)."""
+    n = inputs.nodes.filter(pl.col("event_id").is_not_null())
+    if n.select("unit", "event_id").is_duplicated().any():
+        return True
+    recorded = dict(
+        store.con.execute(
+            "SELECT rank, count(*) FROM graph_node WHERE run_id = ? AND list_contains(?, rank)"
+            " GROUP BY rank",
+            [inputs.source_run_id, inputs.unit_source.tolist()],
+        ).fetchall()
+    )
+    per_unit = np.bincount(inputs.nodes["unit"].to_numpy(), minlength=inputs.unit_source.size)
+    return any(
+        recorded.get(int(src), 0) not in (0, int(k))
+        for src, k in zip(inputs.unit_source.tolist(), per_unit.tolist(), strict=True)
+    )
 
 
 def _memory_rows(res: EmulationResult, run_id: int) -> pl.DataFrame:

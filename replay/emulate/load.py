@@ -317,7 +317,7 @@ def _recorded_transfers(store: Store, inputs: LoadedRun) -> pl.DataFrame:
         )
     )
     rec_size, rec_lo, rec_hi = (shape.to_series(i).to_numpy() for i in range(3))
-    return pl.DataFrame(
+    out = pl.DataFrame(
         {
             "source_rank": rank,
             "node_id": sync["node_id"].to_numpy().astype(np.int64),
@@ -329,6 +329,26 @@ def _recorded_transfers(store: Store, inputs: LoadedRun) -> pl.DataFrame:
             "rec_bytes": sync["msg_bytes"].fill_null(-1).to_numpy().astype(np.int64),
         }
     )
+    return out if inputs.kind == "recorded" else _copied_nodes(out, nodes, inputs.nodes)
+
+
+def _copied_nodes(rec: pl.DataFrame, parent: pl.DataFrame, sliced: pl.DataFrame) -> pl.DataFrame:
+    """``rec`` (keyed by the parent's node ids) plus a row for every sliced node that copies a
+    parent node under another id (a microbatch repeated by ``prism_trace.slicing.rebatch``): the
+    same recorded event (``event_id``), so the same recorded transfer."""
+    own = sliced.select(pl.col("source_rank").cast(pl.Int64), "node_id", "event_id")
+    known = parent.select(pl.col("rank").cast(pl.Int64).alias("source_rank"), "node_id", "event_id")
+    copies = own.join(known, on=["source_rank", "node_id"], how="anti").drop_nulls("event_id")
+    if copies.is_empty():
+        return rec
+    by_event = (
+        known.drop_nulls("event_id")
+        .unique(["source_rank", "event_id"], keep="none")
+        .join(rec, on=["source_rank", "node_id"])
+        .drop("node_id")
+    )
+    extra = copies.join(by_event, on=["source_rank", "event_id"]).drop("event_id")
+    return pl.concat([rec, extra.select(rec.columns)])
 
 
 def _groups(store: Store, run_id: int, group_ids: list[int]) -> pl.DataFrame:

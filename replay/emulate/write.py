@@ -60,7 +60,7 @@ def write_run(
         config: the emulation config (``keep_events``; stored in ``run.config_json``).
     """
     with _writing(store, res, out_run=out_run, old_id=old_id, config=config) as w:
-        res = with_memory(w.reader, res, config)
+        res = with_memory(w.reader, res, config, w.g_size)
         w.queue("memory", _memory_rows(res, w.run_id))
         iters = all_iterations(res, recorded_iterations(w.reader, res.inputs))
         n_events = w.wait()

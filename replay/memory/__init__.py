@@ -25,12 +25,14 @@ if TYPE_CHECKING:
         optimizer_shard_delta,
         retime_memory,
     )
+    from prism_trace.replay.memory.scale import follow_copies, rescale_shards
 
 _EXPORTS = {
     "DEFAULT_ROUND_TO": "host_et",
     "MEMORY_COLUMNS": "retime",
     "MEMORY_SCHEMA": "retime",
     "et_memory": "host_et",
+    "follow_copies": "scale",
     "hold": "lifetimes",
     "is_derived": "host_et",
     "lifetime_events": "host_et",
@@ -38,6 +40,7 @@ _EXPORTS = {
     "optimizer_shard_delta": "retime",
     "rank_et_ops": "host_et",
     "recorded_frees": "lifetimes",
+    "rescale_shards": "scale",
     "retime_memory": "retime",
     "storage_lifetimes": "host_et",
 }
@@ -46,6 +49,7 @@ __all__ = [
     "MEMORY_COLUMNS",
     "MEMORY_SCHEMA",
     "et_memory",
+    "follow_copies",
     "hold",
     "is_derived",
     "lifetime_events",
@@ -53,6 +57,7 @@ __all__ = [
     "optimizer_shard_delta",
     "rank_et_ops",
     "recorded_frees",
+    "rescale_shards",
     "retime_memory",
     "storage_lifetimes",
 ]

@@ -4,9 +4,12 @@ The ``memory`` table holds one row per allocator event (``bytes`` > 0 allocates,
 ``total_allocated`` after it). A memory event happens inside some op of its rank, so it moves
 with that op: ``retime_memory`` maps each event to the node that *encloses* it in the recording
 (a host-side node whose recorded ``[ts, ts + dur]`` contains the event's ``ts``; of several, the
-one that started last) and shifts it by that node's emulated start minus its recorded start. An
-event between nodes follows the node that ended last before it (shifted by the change of its
-end); one before every node follows the first node. The emulated ``total_allocated`` is then
+one that started last) and keeps it at the same fraction of that node's span: shifted by the
+node's emulated start minus its recorded start when the node keeps its duration, scaled with it
+when it does not (a communication call emulated without the recorded wait still frees its
+staging buffers as it returns, not after). An event between nodes follows the node that ended
+last before it (shifted by the change of its end); one before every node follows the first
+node. The emulated ``total_allocated`` is then
 recomputed per (rank, device) as the running sum of ``bytes`` in *emulated* order from the
 recorded level before the first event, so a reordering of allocations and frees (ops that
 overlap differently) changes the peak.
@@ -160,7 +163,7 @@ def _retime_units(
             by_end = np.argsort(ends, kind="stable")
             # Before every node: the unit's first node's shift; between nodes: the change of
             # the end of the one that ended last; inside a node (the one that started last,
-            # of several at one time the last in node order): the change of its start.
+            # of several at one time the last in node order): the same fraction of its span.
             f = by_start[0]
             shift[:] = e_ts[lo + f] - starts[f]
             j = np.searchsorted(ends[by_end], t, side="right") - 1
@@ -170,7 +173,10 @@ def _retime_units(
             j = np.searchsorted(starts[by_start], t, side="right") - 1
             j = by_start[np.maximum(j, 0)]
             inside = (starts[j] <= t) & (ends[j] >= t)
-            shift[inside] = e_ts[lo + j[inside]] - starts[j[inside]]
+            at = j[inside]
+            shift[inside] = (
+                _inside(t[inside], starts[at], ends[at], e_ts[lo + at], e_end[lo + at]) - t[inside]
+            )
         t += shift
         # Emulated order (ties keep the recorded order), then the running sum per device from
         # the level before the device's first recorded event.
@@ -188,6 +194,22 @@ def _retime_units(
     if (order[1:] > order[:-1]).all():
         return None, ts, total
     return order, ts, total
+
+
+def _inside(
+    t: np.ndarray, rec_ts: np.ndarray, rec_end: np.ndarray, emu_ts: np.ndarray, emu_end: np.ndarray
+) -> np.ndarray:
+    """An event's emulated time inside its node: at the same fraction of the node's span (its
+    recorded offset when the node keeps its duration)."""
+    rec = rec_end - rec_ts
+    emu = emu_end - emu_ts
+    same = rec == emu
+    out = emu_ts + (t - rec_ts)
+    scaled = ~same & (rec > 0)
+    out[scaled] = emu_ts[scaled] + np.rint(
+        (t[scaled] - rec_ts[scaled]) * (emu[scaled] / rec[scaled])
+    ).astype(np.int64)
+    return out
 
 
 def _device_groups(memory: pl.DataFrame) -> np.ndarray | None:
@@ -209,8 +231,10 @@ def _retime_frames(
     by_start = host.select(
         "unit",
         pl.col("rec_ts").alias("_mts"),
+        pl.col("rec_ts").alias("_s_ts"),
         pl.col("rec_end").alias("_s_end"),
-        (pl.col("emu_ts") - pl.col("rec_ts")).alias("_s_shift"),
+        pl.col("emu_ts").alias("_s_emu"),
+        (pl.col("emu_end") - pl.col("emu_ts")).alias("_s_edur"),
     ).sort("unit", "_mts")
     by_end = host.select(
         "unit",
@@ -228,7 +252,21 @@ def _retime_frames(
     mem = mem.join(first, on="unit", how="left")
     shift = (
         pl.when(pl.col("_s_end").is_not_null() & (pl.col("_s_end") >= pl.col("_mts")))
-        .then(pl.col("_s_shift"))
+        .then(
+            pl.col("_s_emu")
+            + pl.when(pl.col("_s_end") - pl.col("_s_ts") == pl.col("_s_edur"))
+            .then(pl.col("_mts") - pl.col("_s_ts"))
+            .otherwise(
+                (
+                    (pl.col("_mts") - pl.col("_s_ts")).cast(pl.Float64)
+                    * pl.col("_s_edur")
+                    / (pl.col("_s_end") - pl.col("_s_ts"))
+                )
+                .round()
+                .cast(pl.Int64)
+            )
+            - pl.col("_mts")
+        )
         .otherwise(pl.coalesce("_e_shift", "_f_shift", pl.lit(0, pl.Int64)))
     )
     mem = mem.with_columns((pl.col("ts") + shift).alias("ts"))

@@ -48,12 +48,12 @@ def test_events_move_with_their_enclosing_node() -> None:
         [
             (0, 10, 100, 1100),  # in A: stays
             (0, 150, -100, 1000),  # between A and B: follows A's end (+0)
-            (0, 210, 500, 1500),  # in B: +50
+            (0, 210, 500, 1500),  # in B: at the same fraction of B (10 of 100 -> 12 of 120)
             (0, 350, -500, 1000),  # after B: follows B's end (+70)
         ]
     )
     out = retime_memory(mem, nodes)
-    assert out["ts"].to_list() == [10, 150, 260, 420]
+    assert out["ts"].to_list() == [10, 150, 262, 420]
     assert out["total_allocated"].to_list() == [1100, 1000, 1500, 1000]
 
 
