@@ -76,7 +76,7 @@ SCENARIOS = {
         "global-batch",
         (*WAIT, "--global-batch", "64"),
         (2, 4, 8, 16),
-        slice_options=(("microbatches", "global-batch"),),
+        slice_options=(("global_batch", "fixed"),),
     ),
     "zero1": Scenario("zero1", (*WAIT, "--microbatches", "4", "--zero", "1"), (2, 4, 8, 16)),
     "real": Scenario("real", ("--schedule", "1f1b", "--layers", "4", "--steps", "6"), (2, 4)),

@@ -47,6 +47,14 @@ __all__ = ["predict_cmd"]
     help="With --variance: emulations, one per seed; their step times pool.",
 )
 @click.option(
+    "--global-batch",
+    type=click.Choice(["per-rank", "fixed"]),
+    default="per-rank",
+    show_default=True,
+    help="fixed: the job keeps its global batch, so each target rank runs fewer (or more)"
+    " microbatches than the recording, as `prism slice --global-batch fixed`.",
+)
+@click.option(
     "--warmup",
     type=click.IntRange(min=0),
     default=1,
@@ -64,6 +72,7 @@ def predict_cmd(
     replayed: str | None,
     variance: Literal["replica", "iteration", "op"] | None,  # click.Choice checks it
     seeds: int,
+    global_batch: Literal["per-rank", "fixed"],  # click.Choice checks it
     warmup: int,
     out_run: str | None,
     replace: bool,
@@ -81,6 +90,8 @@ def predict_cmd(
         raise click.UsageError(msg)
     if replayed is not None:
         given = [o for o, v in (("--variance", variance), ("--out-run", out_run)) if v]
+        if global_batch != "per-rank":
+            given.append("--global-batch")
         if seeds != 1:
             given.append("--seeds")
         if given:
@@ -104,6 +115,7 @@ def predict_cmd(
             compare=partial(compare_runs, warmup=warmup),
             variance=variance,
             seeds=seeds,
+            global_batch=global_batch,
             out_run=out_run,
             replace=replace,
         )

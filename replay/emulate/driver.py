@@ -155,6 +155,8 @@ def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str
     if layout is None:
         msg = f"{store.path}: run {run!r} has no layout to change dp in"
         raise WhatIfError(msg)
+    if config.what_if.global_batch is not None:  # asked: overrides a sliced run's own choice
+        batch = {"global_batch": config.what_if.global_batch}
     target = dataclasses.replace(layout, dp=dp)
     _check_dp_world(run, layout.world_size // layout.dp, dp)
     with temporary_slice(

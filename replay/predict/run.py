@@ -168,6 +168,7 @@ def predict_run(
     compare: Callable[[Store, list[str], str], C],
     variance: Literal["replica", "iteration", "op"] | None = None,
     seeds: int = 1,
+    global_batch: Literal["per-rank", "fixed"] = "per-rank",
     out_run: str | None = None,
     replace: bool = False,
     config: EmulationConfig | None = None,
@@ -183,6 +184,9 @@ def predict_run(
         variance: emulate with each replica drawing its durations (``replica``: its own rank effect
             and recorded residuals, see ``replay.whatif.variance_fit``; ``iteration`` or ``op``).
         seeds: emulations, seeds ``config.seed`` onwards (more than one needs ``variance``).
+        global_batch: ``fixed``: the job keeps its global batch, so each rank of the target
+            runs the recorded microbatches times the recorded over the target dp
+            (``prism slice --global-batch fixed``); ``per-rank``: each rank keeps its work.
         out_run: keep the first seed's emulated run under this name.
         replace: overwrite an emulated run called ``out_run``.
         config: the emulation config (default ``EmulationConfig()``); its what-ifs are replaced
@@ -206,7 +210,10 @@ def predict_run(
     target = target_layout(store, run, against)
     base = config or EmulationConfig()
     what_if = WhatIfConfig(
-        dp=target.dp, variance=variance is not None, variance_mode=variance or "iteration"
+        dp=target.dp,
+        global_batch=global_batch,
+        variance=variance is not None,
+        variance_mode=variance or "replica",
     )
     outer = store.in_transaction
     notes: list[str] = []

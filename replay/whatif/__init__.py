@@ -10,7 +10,9 @@ from prism_trace.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from prism_trace.replay.whatif.config import (
+        GLOBAL_BATCH,
         VARIANCE_MODES,
+        GlobalBatch,
         SlowDown,
         VarianceMode,
         WhatIfConfig,
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "DrawTable": "variance",
     "Expansion": "expansion",
+    "GLOBAL_BATCH": "config",
+    "GlobalBatch": "config",
     "NodeDraws": "variance_replica",
     "SlowDown": "config",
     "VARIANCE_MODES": "config",
@@ -57,9 +61,11 @@ _EXPORTS = {
     "unit_durations": "variance_replica",
 }
 __all__ = [
+    "GLOBAL_BATCH",
     "VARIANCE_MODES",
     "DrawTable",
     "Expansion",
+    "GlobalBatch",
     "NodeDraws",
     "SlowDown",
     "VarianceFit",

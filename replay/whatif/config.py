@@ -41,7 +41,9 @@ from prism_trace.graph.base import NODE_KINDS
 from prism_trace.limits import MAX_RANKS
 
 __all__ = [
+    "GLOBAL_BATCH",
     "VARIANCE_MODES",
+    "GlobalBatch",
     "SlowDown",
     "VarianceMode",
     "WhatIfConfig",
@@ -50,6 +52,9 @@ __all__ = [
 ]
 
 VarianceMode = Literal["iteration", "op", "replica"]
+GlobalBatch = Literal["per-rank", "fixed"]
+GLOBAL_BATCH: tuple[str, ...] = ("per-rank", "fixed")
+"""How a dp what-if's re-slice treats the batch (``WhatIfConfig.global_batch``)."""
 """How the variance what-if draws (``WhatIfConfig.variance_mode``)."""
 
 VARIANCE_MODES: tuple[VarianceMode, ...] = ("replica", "iteration", "op")
@@ -132,6 +137,10 @@ class WhatIfConfig:
         slow: slow-downs, applied in order (factors multiply).
         remove_gpu: global rank of a failed GPU (its replica runs at ``tp - 1``).
         dp: data-parallel degree to emulate (None: the run's own).
+        global_batch: with ``dp``, how the re-slice treats the batch: ``fixed`` (a fixed global
+            batch: each rank's microbatches scale by the recorded over the new dp,
+            ``prism slice --global-batch fixed``) or ``per-rank`` (every rank keeps its work);
+            None: a sliced run's own choice, per-rank for a recording.
         bandwidth_scale: factor on the network bandwidth (None: unchanged).
         variance: each replica draws its durations from its representative's recorded ones.
         variance_mode: ``replica`` (the default: a rank effect and residuals fitted on every
@@ -146,6 +155,7 @@ class WhatIfConfig:
     slow: tuple[SlowDown, ...] = ()
     remove_gpu: int | None = None
     dp: int | None = None
+    global_batch: GlobalBatch | None = None
     bandwidth_scale: float | None = None
     variance: bool = False
     variance_mode: VarianceMode = "replica"
@@ -161,6 +171,12 @@ class WhatIfConfig:
             raise WhatIfError(msg)
         if self.dp is not None and not 1 <= self.dp <= MAX_RANKS:
             msg = f"dp must be >= 1 and <= {MAX_RANKS} (the world-size limit), got {self.dp}"
+            raise WhatIfError(msg)
+        if self.global_batch is not None and self.global_batch not in GLOBAL_BATCH:
+            msg = f"global-batch must be fixed or per-rank, got {self.global_batch!r}"
+            raise WhatIfError(msg)
+        if self.global_batch is not None and self.dp is None:
+            msg = "global-batch says how a dp what-if treats the batch: give it with dp=N"
             raise WhatIfError(msg)
         if self.remove_gpu is not None and not 0 <= self.remove_gpu < MAX_RANKS:
             msg = f"remove-gpu rank {self.remove_gpu} is outside [0, {MAX_RANKS}) (the rank limit)"
@@ -231,8 +247,8 @@ def _ranks(text: str) -> tuple[int, ...]:
 
 _SYNTAX = (
     "what-ifs: slow-ranks=3,5..7@1.2 | slow-ops=GLOB@1.5 | slow-kind=kernel@1.1 |"
-    " remove-gpu=RANK | dp=N | bandwidth=FACTOR | variance[=replica|iteration|op] | no-stragglers |"
-    " no-launch-delay"
+    " remove-gpu=RANK | dp=N [global-batch=fixed|per-rank] | bandwidth=FACTOR |"
+    " variance[=replica|iteration|op] | no-stragglers | no-launch-delay"
 )
 
 
@@ -252,9 +268,9 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
     """Parse ``--what-if`` words into a config.
 
     Words: ``slow-ranks=3,5..7@1.2``, ``slow-ops=forward-*@1.5``, ``slow-kind=kernel@1.1``,
-    ``remove-gpu=17``, ``dp=64``, ``bandwidth=0.5``, ``variance`` (``variance=replica``, the
-    default, ``variance=iteration``, ``variance=op``),
-    ``no-stragglers``, ``no-launch-delay``.
+    ``remove-gpu=17``, ``dp=64`` (with ``global-batch=fixed`` or ``per-rank``),
+    ``bandwidth=0.5``, ``variance`` (``variance=replica``, the default, ``variance=iteration``,
+    ``variance=op``), ``no-stragglers``, ``no-launch-delay``.
 
     Raises:
         WhatIfError: a word that is not one of these, or a bad value; the message lists the
@@ -282,6 +298,8 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
                 kw["remove_gpu"] = int(value)
             elif key == "dp":
                 kw["dp"] = int(value)
+            elif key == "global-batch" and value in GLOBAL_BATCH:
+                kw["global_batch"] = value
             elif key == "bandwidth":
                 kw["bandwidth_scale"] = float(value)
             elif key in ("no-stragglers", "no-launch-delay") and not value:

@@ -559,6 +559,19 @@ def test_ladder_dp2_and_dp4_slice_into_each_other(tmp_path: Path) -> None:
     for src, dp_new in (("dp2", 4), ("dp4", 2)):
         name = _slice_ladder(store, src, dp_new)
         assert_same_classes(store, name, f"dp{dp_new}", {0: 0, dp_new: dp_new})
+    # `prism predict --global-batch fixed` makes the same graphs: no difference in a step's ops,
+    # collectives (kind, bytes, group) or p2p against the recording; per-rank work would differ.
+    from prism_trace import compare_runs, predict_run
+
+    fixed = predict_run(store, run="dp2", against="dp4", compare=compare_runs, global_batch="fixed")
+    assert fixed.comparison.structure.differences == {
+        "collectives": 0,
+        "p2p": 0,
+        "ops": 0,
+        "classes": 0,
+    }
+    per_rank = predict_run(store, run="dp2", against="dp4", compare=compare_runs)
+    assert per_rank.comparison.structure.differences["ops"] > 0
 
 
 def _step_bytes(store: Store, run: str, ranks: list[int]) -> list[int]:

@@ -72,6 +72,19 @@ def test_parse_what_if_words() -> None:
     assert EmulationConfig.from_dict(cfg.as_dict()).what_if == w
 
 
+def test_a_dp_what_if_can_keep_the_global_batch() -> None:
+    w = parse_what_if(["dp=8", "global-batch=fixed"])
+    assert (w.dp, w.global_batch) == (8, "fixed")
+    assert parse_what_if(["dp=8"]).global_batch is None  # a sliced run's own, else per-rank
+    assert EmulationConfig.from_dict(EmulationConfig(what_if=w).as_dict()).what_if == w
+    with pytest.raises(WhatIfError, match="give it with dp=N"):
+        parse_what_if(["global-batch=fixed"])
+    with pytest.raises(WhatIfError, match="cannot read what-if"):
+        parse_what_if(["dp=8", "global-batch=sometimes"])
+    with pytest.raises(WhatIfError, match="contradicts"):
+        parse_what_if(["dp=8", "global-batch=fixed", "global-batch=per-rank"])
+
+
 def test_slow_rank_scales_exactly_its_compute(store: Store) -> None:
     _, base = emulate(store, "st")
     res, slow = emulate(store, "st", "slow-ranks=3@1.5")
