@@ -113,7 +113,8 @@ def record(scenario: Scenario, dp: tuple[int, ...], ladder: Path) -> dict[tuple[
         cfg = json.loads(run_json.read_text())["config"]
         if int(cfg["dp"]) not in dp or int(cfg["pp"]) != scenario.pp:
             continue
-        rep = int(path.name.rsplit("-r", 1)[1]) if "-r" in path.name.rsplit("-", 1)[-1] else 0
+        last = path.name.rsplit("-", 1)[-1]  # "r1", "r2": a repeat (the ladder's names)
+        rep = int(last[1:]) if last[:1] == "r" and last[1:].isdigit() else 0
         folders[(int(cfg["dp"]), rep)] = path
     return folders
 
@@ -134,7 +135,11 @@ def predict_scenario(
     scenario: Scenario, folders: dict[tuple[int, int], Path], seeds: int, work: Path
 ) -> list[dict[str, Any]]:
     """Ingest the ladder, predict every larger scale from the smallest, and the noise floor."""
-    from prism_trace import compare_runs, ingest, open_store, predict_run
+    from prism_trace import EmulationConfig, Topology, compare_runs, ingest, open_store, predict_run
+
+    # Every rank of every recording ran on this one host: the target is one node too (the
+    # default topology puts 8 ranks on a node, and a dp group across nodes on the NIC's model).
+    one_host = EmulationConfig(topology=Topology(ranks_per_node=max(folders)[0] * scenario.pp))
 
     db = work / f"{scenario.name}.duckdb"
     rows: list[dict[str, Any]] = []
@@ -164,6 +169,7 @@ def predict_scenario(
                     compare=compare_runs,
                     variance="replica",
                     seeds=seeds,
+                    config=one_host,
                     **dict(scenario.slice_options),
                 )
                 row["prediction"] = _figures(p.comparison.as_dict())

@@ -294,32 +294,30 @@ def _at_target_scale(
             .select("unit", "ts", "end", "shard", "n", "n_new")
         )
         mem = rescale_shards(mem, calls)
-    if not _microbatches_changed(store, inputs):
+    graph = inputs.recorded_graph
+    if graph is None or not _microbatches_changed(inputs, graph):
         return mem, nodes
-    recorded = _fetch(
-        store.con,
-        "SELECT rank, event_id, ts AS rec_ts, ts + coalesce(dur, 0) AS rec_end FROM graph_node"
-        " WHERE run_id = $1 AND list_contains($2, rank) AND event_id IS NOT NULL"
-        " AND ts IS NOT NULL AND NOT list_contains($3, kind)",
-        [inputs.source_run_id, sources, list(_DEVICE_KINDS)],
+    recorded = (
+        graph.filter(
+            pl.col("event_id").is_not_null()
+            & pl.col("ts").is_not_null()
+            & ~pl.col("kind").is_in(_DEVICE_KINDS)
+        )
+        .select("rank", "event_id", pl.col("ts").alias("rec_ts"), "rec_end")
+        .join(units.cast({"rank": graph.schema["rank"]}), on="rank")
+        .drop("rank")
     )
-    recorded = recorded.join(units.cast({"rank": recorded.schema["rank"]}), on="rank").drop("rank")
     return follow_copies(mem, recorded, nodes)
 
 
-def _microbatches_changed(store: Store, inputs: LoadedRun) -> bool:
+def _microbatches_changed(inputs: LoadedRun, graph: pl.DataFrame) -> bool:
     """Whether a unit replays a recorded op twice, or fewer ops than its rank recorded (a slice
-    that repeated or dropped microbatches, ``prism_trace.slicing.rebatch``)."""
+    that repeated or dropped microbatches, ``prism_trace.slicing.rebatch``); ``graph`` is the
+    representatives' recorded graph (``LoadedRun.recorded_graph``)."""
     n = inputs.nodes.filter(pl.col("event_id").is_not_null())
     if n.select("unit", "event_id").is_duplicated().any():
         return True
-    recorded = dict(
-        store.con.execute(
-            "SELECT rank, count(*) FROM graph_node WHERE run_id = ? AND list_contains(?, rank)"
-            " GROUP BY rank",
-            [inputs.source_run_id, inputs.unit_source.tolist()],
-        ).fetchall()
-    )
+    recorded = dict(graph.group_by("rank").len().iter_rows())
     per_unit = np.bincount(inputs.nodes["unit"].to_numpy(), minlength=inputs.unit_source.size)
     return any(
         recorded.get(int(src), 0) not in (0, int(k))

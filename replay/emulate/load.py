@@ -163,6 +163,16 @@ def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
         rank_unit, notes = _with_symmetric_peers(store, name, rank_unit)
     ts = nodes["ts"]
     origin = int(ts.min()) if ts.null_count() < ts.len() else 0  # type: ignore[arg-type]
+    recorded_graph = None
+    if kind == "sliced":
+        # Read here, on the command's own connection: the write stage works the memory out
+        # through a second one, which cannot see a graph built earlier in the same transaction.
+        recorded_graph = _fetch(
+            con,
+            "SELECT rank, kind, event_id, ts, ts + coalesce(dur, 0) AS rec_end FROM graph_node"
+            " WHERE run_id = $1 AND list_contains($2, rank)",
+            [source, unit_source.tolist()],
+        )
     return LoadedRun(
         run=name,
         run_id=run_id,
@@ -178,6 +188,7 @@ def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
         origin=origin,
         dp_sizes=_dp_sizes(store, run_id, str(kind)),
         notes=tuple(notes),
+        recorded_graph=recorded_graph,
     )
 
 

@@ -42,6 +42,10 @@ class LoadedRun:
     # replay re-sizes the optimizer shard between them), read with the run
     dp_sizes: tuple[int, int] = (1, 1)
     notes: tuple[str, ...] = ()
+    # a sliced run's representatives as recorded: ``rank, kind, event_id, ts, rec_end`` of their
+    # graph nodes (the memory at the target scale follows repeated and dropped microbatches by
+    # them); None for a recorded run
+    recorded_graph: pl.DataFrame | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

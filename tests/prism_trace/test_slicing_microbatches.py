@@ -572,6 +572,17 @@ def test_ladder_dp2_and_dp4_slice_into_each_other(tmp_path: Path) -> None:
     }
     per_rank = predict_run(store, run="dp2", against="dp4", compare=compare_runs)
     assert per_rank.comparison.structure.differences["ops"] > 0
+    # The memory follows the dropped microbatches to the target's peak, also when the small
+    # recording's graph is built inside the prediction's own transaction (the write stage reads
+    # the memory through a second connection, which cannot see that graph: the load stage does).
+    rec = store.require_run("dp2")
+    with store.transaction() as con:
+        for table in ("graph_edge", "graph_node"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [rec])
+    fresh = predict_run(store, run="dp2", against="dp4", compare=compare_runs, global_batch="fixed")
+    peaks = [r.peak_error_pct for r in fresh.comparison.ranks]
+    assert peaks, "the ladder records memory"
+    assert all(p is not None and abs(p) <= 0.5 for p in peaks), peaks
 
 
 def _step_bytes(store: Store, run: str, ranks: list[int]) -> list[int]:
