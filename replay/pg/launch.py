@@ -140,6 +140,10 @@ def _parse_ranks(ranks: Sequence[int], world_size: int) -> list[int]:
     return out
 
 
+class _ReadOnly(Exception):
+    """Raised at the end of the schedules' transaction, which then rolls back."""
+
+
 def _schedules(
     db: Path, run: str, ranks: list[int], world_size: int, config: Any
 ) -> tuple[dict[int, Any], dict[int, tuple[str, list[int]]]]:
@@ -147,13 +151,21 @@ def _schedules(
 
     from prism_trace.store.connection import open_store
 
+    # Worked out in a transaction that is rolled back: a graph built for the schedules is not
+    # kept, so `prism run` writes to the store once (its --out-run, in one transaction of its
+    # own after the script) or not at all.
     with open_store(db) as store:
-        scheds = schedules_from_store(store, run=run, ranks=ranks, config=config)
-        rows = store.con.sql(
-            "SELECT c.group_id, c.name, c.ranks FROM comm_group c JOIN run r USING (run_id) "
-            "WHERE r.name = $1",
-            params=[run],
-        ).fetchall()
+        try:
+            with store.transaction():
+                scheds = schedules_from_store(store, run=run, ranks=ranks, config=config)
+                rows = store.con.sql(
+                    "SELECT c.group_id, c.name, c.ranks FROM comm_group c JOIN run r"
+                    " USING (run_id) WHERE r.name = $1",
+                    params=[run],
+                ).fetchall()
+                raise _ReadOnly
+        except _ReadOnly:
+            pass
     for r, s in scheds.items():
         if s.world_size != world_size:
             msg = f"{db}: run {run!r} has a world of {s.world_size} ranks, not {world_size}"

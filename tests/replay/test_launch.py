@@ -151,14 +151,17 @@ def test_bad_launches_fail_before_starting_anything(tmp_path: Path) -> None:
 def test_datasets_rank_under_recorded_peers(tmp_path: Path, sample_template: Path) -> None:
     """Rank 0 of the bundled tp2 x dp2 x pp2 job, the other 7 ranks virtual, timed by the run."""
     from prism_trace.store.connection import open_store
-    from tests.conftest import sample_copy
+    from tests.conftest import db_contents, sample_copy
 
     db = tmp_path / "s.duckdb"
     sample_copy(sample_template, db).close()
+    before = db_contents(db)
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_run_accuracy.py"), "rank"]
     cmd += ["--config", str(SAMPLE / "run.json"), "--out", str(out)]
     res = launch(cmd, world_size=8, ranks=[0], db=db, run="sample", capture=True, timeout_s=240)
+    # The schedules' emulation wrote nothing (not even a graph): only --out-run writes, once.
+    assert db_contents(db) == before
     rep = res.ranks[0].report or {}
     assert res.returncode == 0, rep.get("log", "")[-2000:]
     # Every recorded call of rank 0 (2 steps) was matched; the warm-up step and the final
