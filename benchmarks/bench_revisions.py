@@ -129,6 +129,13 @@ EXPLAINED: tuple[tuple[str, frozenset[int] | None, str], ...] = (
         frozenset({4}),
         "report MiB of the emulated run: the rank_step heatmap, as above (cb8ea6f)",
     ),
+    (
+        r"^report: sample#_emu / sample \(one run\)",
+        None,
+        "a line of the after revision only: bench_report gives the 8192-rank report's time as a"
+        " ratio to the sample's, measured in one run (65f44c0), now that no test asserts a"
+        " wall-clock time",
+    ),
 )
 """(figure regex, numbers allowed to differ (1-based; None: any), why) for deterministic figures
 that differ between the default revisions because of features merged between them."""
