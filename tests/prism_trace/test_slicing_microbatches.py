@@ -579,10 +579,20 @@ def test_ladder_dp2_and_dp4_slice_into_each_other(tmp_path: Path) -> None:
     with store.transaction() as con:
         for table in ("graph_edge", "graph_node"):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [rec])
-    fresh = predict_run(store, run="dp2", against="dp4", compare=compare_runs, global_batch="fixed")
-    peaks = [r.peak_error_pct for r in fresh.comparison.ranks]
-    assert peaks, "the ladder records memory"
-    assert all(p is not None and abs(p) <= 0.5 for p in peaks), peaks
+    predict_run(
+        store,
+        run="dp2",
+        against="dp4",
+        compare=compare_runs,
+        global_batch="fixed",
+        out_run="kept",
+    )
+    # What each rank allocates in each step is exact: every event of a dropped microbatch left
+    # out. (The peak also depends on when gloo's worker thread lets go of a buffer, which a loaded
+    # host moves from one recording to the next; bench_predict measures it on a quiet one.) The
+    # emulated run holds its class exemplars' memory: ranks 0 (stage 0) and 4 (stage 1).
+    for exemplar, stage in ((0, [0, 1, 2, 3]), (4, [4, 5, 6, 7])):
+        assert set(_step_bytes(store, "kept", [exemplar])) == set(_step_bytes(store, "dp4", stage))
 
 
 def _step_bytes(store: Store, run: str, ranks: list[int]) -> list[int]:

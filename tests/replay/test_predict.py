@@ -154,11 +154,25 @@ def test_the_predicted_dp4_step_is_the_recorded_one(ladder: Store) -> None:
     assert [k.label for k in st.classes] == ["pp=0", "pp=1"]
     assert all(k.counts[s][0] > 0 for k in st.classes for s in ("ops", "collectives", "p2p"))
     assert len(c.ranks) == 8
-    for r in c.ranks:
-        assert r.peak_error_pct is not None, r
-        assert abs(r.peak_error_pct) <= 0.5, r
+    assert all(r.peak_error_pct is not None for r in c.ranks)  # memory on both sides
     assert c.steps.predicted_n == c.steps.recorded_n == 8
     assert c.steps.ks_d is not None
+    # The memory each predicted rank allocates in a step is the recording's, byte for byte. (Its
+    # peak also depends on when gloo's worker thread frees a bucket, which a loaded host moves
+    # between recordings; benchmarks/bench_predict.py measures peaks on a quiet host.)
+    predict_run(ladder, run="dp2", against="dp4", compare=compare_runs, out_run="kept")
+    per_step = (
+        "SELECT rank, iteration, sum(bytes) FILTER (WHERE bytes > 0) FROM memory"
+        " WHERE run_id = ? AND iteration IS NOT NULL GROUP BY ALL ORDER BY ALL"
+    )
+    kept, dp4 = (
+        ladder.con.execute(per_step, [ladder.require_run(r)]).fetchall() for r in ("kept", "dp4")
+    )
+    # The emulated run holds its class exemplars' memory (ranks 0 and 4, one a stage); every
+    # recorded rank of the stage (dp 4 x pp 2: ranks 0-3 and 4-7) allocates the same.
+    assert sorted({r for r, _, _ in kept}) == [0, 4]
+    for rank, it, allocated in dp4:
+        assert (rank // 4 * 4, it, allocated) in kept, (rank, it, allocated)
 
 
 @pytest.mark.slow
