@@ -9,7 +9,20 @@ from typing import TYPE_CHECKING
 from prism_trace.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from prism_trace.slicing.batch import GLOBAL_BATCH, BatchPlan, plan_batch, target_microbatches
+    from prism_trace.slicing.batch import (
+        GLOBAL_BATCH,
+        BatchPlan,
+        plan_batch,
+        read_graphs,
+        target_microbatches,
+    )
+    from prism_trace.slicing.members import (
+        LIST_COLLECTIVES,
+        MemberRun,
+        find_member_runs,
+        rewrite_member_ops,
+        scale_member_ops,
+    )
     from prism_trace.slicing.plan import (
         RULES,
         CommMapping,
@@ -44,6 +57,8 @@ _EXPORTS = {
     "CommMapping": "plan",
     "FWD_MARKERS": "schedule",
     "GLOBAL_BATCH": "batch",
+    "LIST_COLLECTIVES": "members",
+    "MemberRun": "members",
     "Periods": "schedule",
     "RECV_NEXT": "schedule",
     "RECV_PREV": "schedule",
@@ -59,11 +74,15 @@ _EXPORTS = {
     "TargetGroups": "plan",
     "check_layouts": "plan",
     "count_rows": "write",
+    "find_member_runs": "members",
     "map_comm_ops": "plan",
     "plan_batch": "batch",
     "plan_classes": "plan",
+    "read_graphs": "batch",
     "rebatch_rank": "rebatch",
     "recognise_step": "schedule",
+    "rewrite_member_ops": "members",
+    "scale_member_ops": "members",
     "slice_run": "slicer",
     "target_groups": "plan",
     "target_microbatches": "batch",
@@ -75,6 +94,7 @@ __all__ = [
     "BWD_MARKERS",
     "FWD_MARKERS",
     "GLOBAL_BATCH",
+    "LIST_COLLECTIVES",
     "RECV_NEXT",
     "RECV_PREV",
     "RULES",
@@ -82,6 +102,7 @@ __all__ = [
     "SEND_PREV",
     "BatchPlan",
     "CommMapping",
+    "MemberRun",
     "Periods",
     "RankSteps",
     "ScheduleNotRecognised",
@@ -92,11 +113,15 @@ __all__ = [
     "TargetGroups",
     "check_layouts",
     "count_rows",
+    "find_member_runs",
     "map_comm_ops",
     "plan_batch",
     "plan_classes",
+    "read_graphs",
     "rebatch_rank",
     "recognise_step",
+    "rewrite_member_ops",
+    "scale_member_ops",
     "slice_run",
     "target_groups",
     "target_microbatches",

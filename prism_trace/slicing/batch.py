@@ -35,7 +35,7 @@ from prism_trace.slicing.schedule import (
 if TYPE_CHECKING:
     import duckdb
 
-__all__ = ["GLOBAL_BATCH", "BatchPlan", "plan_batch", "target_microbatches"]
+__all__ = ["GLOBAL_BATCH", "BatchPlan", "plan_batch", "read_graphs", "target_microbatches"]
 
 GLOBAL_BATCH = ("per-rank", "fixed")
 """``--global-batch`` values: keep each rank's recorded work, or keep the job's global batch."""
@@ -135,18 +135,7 @@ def plan_batch(
     if microbatches is None and recorded.dp == target.dp:
         return BatchPlan("fixed"), None  # the same dp: the same microbatches, nothing to read
     reps = sorted({c.representative for c in classes})
-    nodes = con.sql(
-        f"SELECT {', '.join(NODE_SCHEMA)} FROM graph_node WHERE run_id = $1"
-        " AND list_contains($2, rank) ORDER BY rank, node_id",
-        params=[rec_id, reps],
-    ).pl()
-    edges = con.sql(
-        f"SELECT {', '.join(EDGE_SCHEMA)} FROM graph_edge WHERE run_id = $1"
-        " AND list_contains($2, rank)",
-        params=[rec_id, reps],
-    ).pl()
-    nodes = nodes.cast({c: t for c, t in NODE_SCHEMA.items()})
-    edges = edges.cast({c: t for c, t in EDGE_SCHEMA.items()})
+    nodes, edges = read_graphs(con, rec_id, reps)
     steps, schedule, m = _recognise_all(nodes, reps, recorded, rec_axes)
     mode = "explicit" if microbatches is not None else "fixed"
     m_new = (
@@ -177,6 +166,26 @@ def plan_batch(
         out_nodes.append(n)
         out_edges.append(e)
     return plan, (pl.concat(out_nodes), pl.concat(out_edges))
+
+
+def read_graphs(
+    con: duckdb.DuckDBPyConnection, rec_id: int, ranks: list[int]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """The graphs of ``ranks`` of run ``rec_id``, as nodes and edges frames typed as stored."""
+    nodes = con.sql(
+        f"SELECT {', '.join(NODE_SCHEMA)} FROM graph_node WHERE run_id = $1"
+        " AND list_contains($2, rank) ORDER BY rank, node_id",
+        params=[rec_id, ranks],
+    ).pl()
+    edges = con.sql(
+        f"SELECT {', '.join(EDGE_SCHEMA)} FROM graph_edge WHERE run_id = $1"
+        " AND list_contains($2, rank)",
+        params=[rec_id, ranks],
+    ).pl()
+    return (
+        nodes.cast({c: t for c, t in NODE_SCHEMA.items()}),
+        edges.cast({c: t for c, t in EDGE_SCHEMA.items()}),
+    )
 
 
 def _recognise_all(

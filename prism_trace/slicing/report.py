@@ -33,6 +33,8 @@ class SliceReport:
     elapsed_s: float = 0.0
     microbatches: dict[str, Any] = field(default_factory=dict)
     """``global_batch``, and with it the recorded and target microbatches and the schedule."""
+    member_runs: int = 0
+    """Runs of per-member ops (``members``) repeated or dropped to their group's target size."""
 
     @property
     def mapping(self) -> dict[int, str]:
@@ -69,6 +71,11 @@ class SliceReport:
                 f"microbatches per rank and step: {mb['recorded']} -> {mb['target']}"
                 f" ({mb['schedule']}, global batch {self.microbatches['global_batch']})"
             )
+        if self.member_runs:
+            lines.append(
+                f"per-member ops of list collectives: {self.member_runs} runs rescaled to the"
+                " target group sizes"
+            )
         if self.rescaled:
             rules = ", ".join(f"{k} {v}" for k, v in sorted(self.rescaled.items()))
             lines.append(f"communication ops by size rule: {rules}")
@@ -95,6 +102,7 @@ class SliceReport:
             "rescaled": self.rescaled,
             "other_ops": self.other_ops,
             "built_graph": self.built_graph,
+            "member_runs": self.member_runs,
             "elapsed_s": round(self.elapsed_s, 3),
             **self.microbatches,
         }

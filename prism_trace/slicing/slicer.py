@@ -21,6 +21,7 @@ from prism_trace.layout.mesh import EMBD, WORLD, ParallelAxis, ParallelLayout, p
 from prism_trace.layout.roles import group_axis
 from prism_trace.limits import MAX_RANKS
 from prism_trace.slicing.batch import plan_batch
+from prism_trace.slicing.members import rewrite_member_ops
 from prism_trace.slicing.plan import (
     SliceError,
     check_layouts,
@@ -161,6 +162,20 @@ def slice_run(
             microbatches=microbatches,
         )
 
+        # Ops run once per member of a list collective follow its group's target size.
+        sizes = {
+            gid: (len(ranks), int((tgt.members[rec_axes[gid]][0] >= 0).sum()))
+            for gid, (_, _, _, ranks) in rec_groups.items()
+            if gid in rec_axes and ranks and rec_axes[gid] in tgt.members
+        }
+        rewritten, member_runs = rewrite_member_ops(
+            con,
+            rec_id,
+            sorted({c.representative for c in classes}),
+            {g: s for g, s in sizes.items() if s[0] != s[1]},
+            rewritten,
+        )
+
         if old_id is not None:
             drop_run(con, old_id)
         config = {
@@ -205,6 +220,7 @@ def slice_run(
         built_graph=built,
         elapsed_s=time.perf_counter() - t0,
         microbatches=batch.as_config(),
+        member_runs=member_runs,
     )
 
 

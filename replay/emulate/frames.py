@@ -257,8 +257,21 @@ def _at_target_scale(
     committed); the slice's side comes from ``inputs`` and ``group_sizes`` (its communicators'
     sizes; read from ``store`` when not given).
     """
-    from prism_trace.replay.memory.scale import follow_copies, rescale_shards
+    from prism_trace.replay.memory.scale import anchor_copies, follow_copies, rescale_shards
 
+    graph = inputs.recorded_graph
+    recorded = None
+    if graph is not None and _microbatches_changed(inputs, graph):
+        recorded = (
+            graph.filter(
+                pl.col("event_id").is_not_null()
+                & pl.col("ts").is_not_null()
+                & ~pl.col("kind").is_in(_DEVICE_KINDS)
+            )
+            .select("rank", "event_id", pl.col("ts").alias("rec_ts"), "rec_end")
+            .join(units.cast({"rank": graph.schema["rank"]}), on="rank")
+            .drop("rank")
+        )
     sources = inputs.unit_source.tolist()
     calls = _fetch(
         store.con,
@@ -293,20 +306,11 @@ def _at_target_scale(
             .drop_nulls("n_new")
             .select("unit", "ts", "end", "shard", "n", "n_new")
         )
-        mem = rescale_shards(mem, calls)
-    graph = inputs.recorded_graph
-    if graph is None or not _microbatches_changed(inputs, graph):
+        # Shard lists made by per-member ops that the slice repeated follow them one by one.
+        copies = None if recorded is None else anchor_copies(mem, recorded, nodes)
+        mem = rescale_shards(mem, calls, copies)
+    if recorded is None:
         return mem, nodes
-    recorded = (
-        graph.filter(
-            pl.col("event_id").is_not_null()
-            & pl.col("ts").is_not_null()
-            & ~pl.col("kind").is_in(_DEVICE_KINDS)
-        )
-        .select("rank", "event_id", pl.col("ts").alias("rec_ts"), "rec_end")
-        .join(units.cast({"rank": graph.schema["rank"]}), on="rank")
-        .drop("rank")
-    )
     return follow_copies(mem, recorded, nodes)
 
 

@@ -25,12 +25,13 @@ if TYPE_CHECKING:
         optimizer_shard_delta,
         retime_memory,
     )
-    from prism_trace.replay.memory.scale import follow_copies, rescale_shards
+    from prism_trace.replay.memory.scale import anchor_copies, follow_copies, rescale_shards
 
 _EXPORTS = {
     "DEFAULT_ROUND_TO": "host_et",
     "MEMORY_COLUMNS": "retime",
     "MEMORY_SCHEMA": "retime",
+    "anchor_copies": "scale",
     "et_memory": "host_et",
     "follow_copies": "scale",
     "hold": "lifetimes",
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_ROUND_TO",
     "MEMORY_COLUMNS",
     "MEMORY_SCHEMA",
+    "anchor_copies",
     "et_memory",
     "follow_copies",
     "hold",

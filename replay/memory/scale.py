@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-__all__ = ["follow_copies", "rescale_shards"]
+__all__ = ["anchor_copies", "follow_copies", "rescale_shards"]
 
 _CUDA_BLOCK = 512
 
@@ -58,8 +58,10 @@ def _new_sizes(
     free_ts: np.ndarray,
     size: np.ndarray,
     calls: pl.DataFrame,
+    copies: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Per allocation, its size at the target scale (module docstring)."""
+    """Per allocation, its size at the target scale (module docstring); ``copies``: per
+    allocation, how many nodes of the unit replay the op that made it (None: one each)."""
     new = size.copy()
     taken = np.zeros(size.size, dtype=bool)
     prev_end = np.iinfo(np.int64).min
@@ -75,6 +77,8 @@ def _new_sizes(
             latest = held[np.argsort(alloc_ts[held], kind="stable")][held.size - n :]
             rest = np.setdiff1d(held, latest)
             new[rest] = own[rest]
+            if copies is not None and int(copies[latest].sum()) != n:
+                new[latest] = own[latest]  # made per member: the slice repeated their ops
         else:
             new[held] = own[held]
         if inside.size and inside.size == n - 1 and n > 1:
@@ -88,13 +92,17 @@ def _new_sizes(
     return new
 
 
-def rescale_shards(memory: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
+def rescale_shards(
+    memory: pl.DataFrame, calls: pl.DataFrame, copies: pl.DataFrame | None = None
+) -> pl.DataFrame:
     """The unit's recorded allocator events with the shard allocations of resized calls resized.
 
     Args:
         memory: ``unit`` + ``MEMORY_COLUMNS`` less ``rank``, the recorded events.
         calls: per unit, its reduce-scatters and all-gathers: ``unit, ts, end, shard, n, n_new``
             (recorded span, ``min(in_bytes, out_bytes)``, recorded and target group size).
+        copies: ``anchor_copies``' frame for ``memory`` (same rows): per event, how many nodes
+            replay its op; None when every op is replayed once.
 
     Returns:
         ``memory`` with ``bytes`` and ``total_allocated`` changed where a shard was resized
@@ -104,15 +112,18 @@ def rescale_shards(memory: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
         return memory
     parts = []
     mem = memory.with_row_index("_row")
+    if copies is not None:
+        mem = mem.with_columns(copies["_k"])
     for (unit,), part in mem.group_by(["unit"], maintain_order=True):
         own = calls.filter(pl.col("unit") == unit).sort("ts")
         parts.append(_rescale_unit(part, own) if own.height else part)
-    return pl.concat(parts).sort("_row").drop("_row")
+    return pl.concat(parts).sort("_row").drop("_row", "_k", strict=False)
 
 
 def _rescale_unit(part: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
     """``rescale_shards`` for one unit's events."""
     part = part.sort("ts", "_row")
+    k = part["_k"].to_numpy().astype(np.int64) if "_k" in part.columns else None
     ts = part["ts"].to_numpy().astype(np.int64)
     nbytes = part["bytes"].fill_null(0).to_numpy().astype(np.int64)
     addr = part["addr"].fill_null(-1).to_numpy().astype(np.int64)
@@ -144,7 +155,7 @@ def _rescale_unit(part: pl.DataFrame, calls: pl.DataFrame) -> pl.DataFrame:
             open_at[key] = i
     never = np.iinfo(np.int64).max
     free_ts = np.where(free_of >= 0, ts[np.maximum(free_of, 0)], never)
-    sizes = _new_sizes(ts[alloc], free_ts, nbytes[alloc], calls)
+    sizes = _new_sizes(ts[alloc], free_ts, nbytes[alloc], calls, None if k is None else k[alloc])
     changed = np.flatnonzero(sizes != nbytes[alloc])
     if changed.size == 0:
         return part
@@ -180,11 +191,87 @@ def _anchors(mem_ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nda
     return out
 
 
+def _paired_allocs(part: pl.DataFrame) -> np.ndarray:
+    """Per event of one unit (in ``part``'s order), the row of the allocation it frees, or -1.
+
+    A free is the next event at an allocation's address on its device, of minus its size.
+    """
+    order = np.argsort(part["ts"].to_numpy(), kind="stable")
+    nbytes = part["bytes"].fill_null(0).to_numpy().astype(np.int64)
+    addr = part["addr"].fill_null(-1).to_numpy().astype(np.int64)
+    dev = part["device_type"].fill_null("").to_list()
+    dev_id = part["device_id"].fill_null(-1).to_list()
+    out = np.full(part.height, -1, dtype=np.int64)
+    open_at: dict[tuple[object, object, int], int] = {}
+    for i in order.tolist():
+        if addr[i] < 0:
+            continue
+        key = (dev[i], dev_id[i], int(addr[i]))
+        if nbytes[i] < 0 and key in open_at:
+            j = open_at.pop(key)
+            if nbytes[j] == -nbytes[i]:
+                out[i] = j
+        elif nbytes[i] > 0:
+            open_at[key] = i
+    return out
+
+
+def anchor_copies(
+    memory: pl.DataFrame, recorded: pl.DataFrame, nodes: pl.DataFrame
+) -> pl.DataFrame:
+    """Per memory event (``memory``'s rows, in order), the recorded op it is anchored to and how
+    many nodes of its unit replay that op: ``_ev`` (null: no op to anchor to) and ``_k`` (1 for an
+    event without an op; 0 for one whose op was dropped).
+
+    Args:
+        memory: ``unit`` + ``MEMORY_COLUMNS`` less ``rank``, the recorded events.
+        recorded: the recorded ops of each unit's rank that can allocate: ``unit, event_id,
+            rec_ts, rec_end``.
+        nodes: the units' graphs: ``unit, event_id`` (one row per node).
+    """
+    counts = (
+        nodes.drop_nulls("event_id")
+        .group_by("unit", "event_id")
+        .len("_k")
+        .select("unit", pl.col("event_id").alias("_ev"), pl.col("_k").cast(pl.Int64))
+    )
+    ev = np.full(memory.height, -1, dtype=np.int64)
+    has = np.zeros(memory.height, dtype=bool)
+    rows = memory.with_row_index("_row")
+    for (unit,), part in rows.group_by(["unit"], maintain_order=True):
+        ops = recorded.filter((pl.col("unit") == unit) & pl.col("rec_ts").is_not_null())
+        if ops.is_empty():
+            continue
+        at = _anchors(
+            part["ts"].to_numpy().astype(np.int64),
+            ops["rec_ts"].to_numpy().astype(np.int64),
+            ops["rec_end"].to_numpy().astype(np.int64),
+        )
+        idx = part["_row"].to_numpy()
+        ev[idx] = ops["event_id"].to_numpy()[at]
+        has[idx] = True
+    out = pl.DataFrame(
+        {
+            "unit": memory["unit"],
+            "_ev": pl.Series(ev, dtype=pl.Int64).scatter(np.flatnonzero(~has), None),
+        }
+    ).join(counts.cast({"unit": memory.schema["unit"]}), on=["unit", "_ev"], how="left")
+    return out.select(
+        "_ev",
+        pl.when(pl.col("_ev").is_null()).then(1).otherwise(pl.col("_k").fill_null(0)).alias("_k"),
+    )
+
+
 def follow_copies(
     memory: pl.DataFrame, recorded: pl.DataFrame, nodes: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Memory events and nodes on a virtual recorded clock where every copy of an op has its own
     span (module docstring).
+
+    An allocation appears once per node replaying its op; its free appears as often as the
+    allocation does, each with a copy of the free's own op (the last one when the free's op has
+    fewer copies: the per-member outputs of a list collective, allocated by repeated ops, are
+    freed together by one later op), so no copy leaks and no free goes unmatched.
 
     Args:
         memory: ``unit`` + ``MEMORY_COLUMNS`` less ``rank``, the recorded events.
@@ -211,24 +298,20 @@ def follow_copies(
         .group_by("unit")
         .agg((pl.col("hi").max() - pl.col("lo").min() + 1).alias("_span"))
     )
-    anchored = []
+    k = anchor_copies(memory, recorded, nodes)["_k"].to_numpy().astype(np.int64)
+    times = k.copy()  # how many times each event appears: its allocation's count for a free
     mem = memory.with_row_index("_row")
-    for (unit,), part in mem.group_by(["unit"], maintain_order=True):
-        ops = recorded.filter((pl.col("unit") == unit) & pl.col("rec_ts").is_not_null())
-        if ops.is_empty():
-            anchored.append(part.with_columns(pl.lit(None, pl.Int64).alias("_ev")))
-            continue
-        at = _anchors(
-            part["ts"].to_numpy().astype(np.int64),
-            ops["rec_ts"].to_numpy().astype(np.int64),
-            ops["rec_end"].to_numpy().astype(np.int64),
-        )
-        anchored.append(part.with_columns(pl.Series("_ev", ops["event_id"].to_numpy()[at])))
-    mem = pl.concat(anchored)
-    per_copy = copies.select("unit", pl.col("event_id").alias("_ev"), "_c").drop_nulls("_ev")
-    lone = mem.filter(pl.col("_ev").is_null()).with_columns(pl.lit(0, pl.Int64).alias("_c"))
-    mem = pl.concat([mem.join(per_copy, on=["unit", "_ev"]), lone], how="vertical_relaxed").join(
-        span, on="unit", how="left"
+    for (_,), part in mem.group_by(["unit"], maintain_order=True):
+        idx = part["_row"].to_numpy()
+        alloc = _paired_allocs(part)
+        frees = np.flatnonzero(alloc >= 0)
+        times[idx[frees]] = k[idx[alloc[frees]]]
+    mem = (
+        mem.with_columns(pl.Series("_k", k), pl.int_ranges(0, pl.Series("_n", times)).alias("_c"))
+        .explode("_c")
+        .drop_nulls("_c")
+        .with_columns(pl.min_horizontal("_c", pl.max_horizontal(pl.col("_k") - 1, 0)).alias("_c"))
+        .join(span, on="unit", how="left")
     )
     cols = [c for c in memory.columns]
     mem = (

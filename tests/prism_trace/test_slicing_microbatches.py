@@ -610,7 +610,8 @@ def _step_bytes(store: Store, run: str, ranks: list[int]) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.torch
 def test_zero1_ladder_memory_at_the_target_dp(tmp_path: Path) -> None:
-    """The same ladder with ZeRO-1, sliced both ways and emulated: each class allocates per step
+    """The same ladder with ZeRO-1, sliced both ways and emulated: each class runs the target
+    recording's ops (its per-member ops repeated or dropped with dp), and allocates per step
     what the target recording's ranks of its stage do (the median over ranks and steps, which
     one rank's retained gloo buffers do not move): the activations of the changed number of
     microbatches, the reduce-scatter and all-gather shards at the target's size."""
@@ -620,6 +621,9 @@ def test_zero1_ladder_memory_at_the_target_dp(tmp_path: Path) -> None:
     store = _ladder(tmp_path, "--zero", "1")
     for src, dp_new in (("dp2", 4), ("dp4", 2)):
         name = _slice_ladder(store, src, dp_new)
+        # The ops made once per member of a list all-gather / reduce-scatter (the caller's
+        # output allocations, gloo's copies out of its buffer) number the target dp's.
+        assert_same_classes(store, name, f"dp{dp_new}", {0: 0, dp_new: dp_new})
         emulate_run(store, run=name, out_run=f"e{dp_new}")
         for stage in (0, 1):
             got = _step_bytes(store, f"e{dp_new}", [dp_new * stage])

@@ -80,7 +80,8 @@ def test_cuda_blocks_round_the_shard() -> None:
 
 def test_copied_ops_copy_their_allocations() -> None:
     """Op B is replayed twice (the second copy a new node), op C is dropped: B's allocation and
-    free appear once per copy, C's free is gone, A's events stay."""
+    free appear once per copy; A's allocation stays, and so does its free, though C, the op it
+    happened in, is gone (a free follows its allocation: nothing leaks)."""
     mem = _mem([(5, 1, 100), (22, 2, 50), (28, 2, -50), (45, 1, -100)])
     recorded = pl.DataFrame(
         {
@@ -103,8 +104,36 @@ def test_copied_ops_copy_their_allocations() -> None:
         }
     )
     m, n = follow_copies(mem, recorded, nodes)
-    assert m["bytes"].to_list() == [100, 50, -50, 50, -50]
+    assert m["bytes"].to_list() == [100, 50, -50, -100, 50, -50]
     assert n.sort("node_id")["rec_ts"].to_list() == [0, 20, 20 + 51]
     out = retime_memory(m, n)
-    assert out["ts"].to_list() == [5, 22, 28, 32, 38]
-    assert out["total_allocated"].to_list() == [100, 150, 100, 150, 100]
+    assert out.sort("ts", maintain_order=True)["total_allocated"].to_list()[-1] == 0
+    assert out["total_allocated"].max() == 150
+
+
+def test_per_member_copies_are_freed_together() -> None:
+    """A list collective's outputs, one allocation per member by op B (recorded 2 members, B and
+    B2), freed together later by op D. The slice repeated B to 4 members: the 4 allocations all
+    live until D, and D frees each of them once."""
+    mem = _mem([(21, 1, 40), (26, 2, 40), (61, 1, -40), (62, 2, -40)])
+    recorded = pl.DataFrame(
+        {"unit": [0] * 3, "event_id": [11, 12, 13], "rec_ts": [20, 25, 60], "rec_end": [22, 27, 65]}
+    )
+    nodes = pl.DataFrame(
+        {
+            "unit": [0] * 5,
+            "node_id": [1, 8, 9, 2, 3],  # B, two copies of B, B2, D
+            "event_id": [11, 11, 11, 12, 13],
+            "rec_ts": [20, 20, 20, 25, 60],
+            "rec_end": [22, 22, 22, 27, 65],
+            "emu_ts": [20, 23, 26, 29, 60],
+            "emu_end": [22, 25, 28, 31, 65],
+            "host": [True] * 5,
+        }
+    )
+    m, n = follow_copies(mem, recorded, nodes)
+    assert sorted(m["bytes"].to_list()) == [-40] * 4 + [40] * 4
+    out = retime_memory(m, n).sort("ts", maintain_order=True)
+    assert out["bytes"].to_list() == [40] * 4 + [-40] * 4  # all four live until D
+    assert out["total_allocated"].to_list() == [40, 80, 120, 160, 120, 80, 40, 0]
+    assert out["ts"].to_list()[4:] == [61, 61, 61, 62]
