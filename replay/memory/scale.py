@@ -268,10 +268,11 @@ def follow_copies(
     """Memory events and nodes on a virtual recorded clock where every copy of an op has its own
     span (module docstring).
 
-    An allocation appears once per node replaying its op; its free appears as often as the
-    allocation does, each with a copy of the free's own op (the last one when the free's op has
-    fewer copies: the per-member outputs of a list collective, allocated by repeated ops, are
-    freed together by one later op), so no copy leaks and no free goes unmatched.
+    An event appears once per node replaying its op. A free whose op is replayed fewer times
+    (but at least once) than its allocation's appears as often as the allocation, the extra ones
+    with the free op's last copy: the per-member outputs of a list collective, allocated by
+    repeated ops, are freed together by one later op, and a copy must not leak. (A free whose op
+    was dropped goes with it: a dropped microbatch drops as many allocations as frees.)
 
     Args:
         memory: ``unit`` + ``MEMORY_COLUMNS`` less ``rank``, the recorded events.
@@ -305,7 +306,9 @@ def follow_copies(
         idx = part["_row"].to_numpy()
         alloc = _paired_allocs(part)
         frees = np.flatnonzero(alloc >= 0)
-        times[idx[frees]] = k[idx[alloc[frees]]]
+        k_free, k_alloc = k[idx[frees]], k[idx[alloc[frees]]]
+        more = (k_alloc > k_free) & (k_free >= 1)
+        times[idx[frees[more]]] = k_alloc[more]
     mem = (
         mem.with_columns(pl.Series("_k", k), pl.int_ranges(0, pl.Series("_n", times)).alias("_c"))
         .explode("_c")
