@@ -285,7 +285,10 @@ def run_emulation(store: Store, inputs: PreparedRun, config: EmulationConfig) ->
     elif w.no_stragglers:  # own time before computation stays; communication is posted at once
         to_comm = nodes["kind"].is_in(_COMM).to_numpy()[edges["d"].to_numpy()]
         delay = np.where(to_comm, 0, delay)
-        release = np.zeros_like(release)
+        # The releases stay: a rank enters the recording when it did (its step window starts
+        # there, replay.emulate.frames.unit_iterations). Moving every root to the origin made
+        # each late rank's first step start earlier while its end stayed held by the
+        # collectives: DLRM's mean step came out 13 % *longer* without stragglers.
     graph = EmulatorGraph(
         unit=nodes["unit"].to_numpy(),
         dur=dur,
