@@ -279,9 +279,12 @@ def run_emulation(store: Store, inputs: PreparedRun, config: EmulationConfig) ->
             )
         ).to_series()
         per_part = typical_transfers(kind_key, per_part, replace[host])
+    # No what-if moves a release (a root's recorded start, where its rank's first step window
+    # starts): every what-if then moves weights only, and in this max-plus model every end moves
+    # the way the weights did, so the end of every step and each rank's total follow
+    # (docs/emulator.md, "Monotone what-ifs").
     if w.no_launch_delay:  # no own delay: every op starts as soon as its dependencies allow
         delay = np.zeros_like(delay)
-        release = np.zeros_like(release)
     elif w.no_stragglers:  # own time before computation stays; communication is posted at once
         to_comm = nodes["kind"].is_in(_COMM).to_numpy()[edges["d"].to_numpy()]
         delay = np.where(to_comm, 0, delay)

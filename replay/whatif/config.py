@@ -151,7 +151,9 @@ class WhatIfConfig:
             allow, and every rank enters the recording when it did (its recorded release: the
             start of its first step window) (the counterpart of StragglerAnalysis's
             ``step_t_noblk``).
-        no_launch_delay: every op's own delay is 0 (``step_t_nodelay``).
+        no_launch_delay: every op's own delay is 0 (``step_t_nodelay``); releases stay, as with
+            ``no_stragglers``, so that no what-if moves where a rank's first step starts (the
+            monotone what-ifs, docs/emulator.md).
     """
 
     slow: tuple[SlowDown, ...] = ()
