@@ -115,9 +115,10 @@ def test_dlrm_kineto_and_host_et(dlrm_store: Store) -> None:
 
 @pytest.mark.shared_data
 def test_dlrm_no_stragglers_removes_at_most_the_waits(dlrm_store: Store) -> None:
-    """Each rank's step gets shorter by no more than it waited at its collectives (the time from
-    its arrival at each NCCL kernel to the last peer's): no-stragglers removes waits, it does not
-    invent speed. (With every root moved to the origin, the mean step came out +13 % longer.)"""
+    """Each rank's step gets shorter, by no more than the ranks waited at their collectives on
+    average (each from its arrival at an NCCL kernel to the last peer's): no-stragglers removes
+    waits, it does not invent speed. (With every root moved to the origin, the mean step came
+    out 13 % longer.) Not each rank's own wait: a straggler waits least and gains most."""
     base = _iters(dlrm_store, "dlrm", []).group_by("rank").agg(pl.col("dur").sum())
     ns = _iters(dlrm_store, "dlrm", ["no-stragglers"]).group_by("rank").agg(pl.col("dur").sum())
     waits = pl.DataFrame(
@@ -135,7 +136,7 @@ def test_dlrm_no_stragglers_removes_at_most_the_waits(dlrm_store: Store) -> None
     assert j.height == 8
     gain = (j["dur"] - j["dur_ns"]).to_numpy()
     assert (gain >= 0).all(), j
-    assert (gain <= j["wait"].to_numpy()).all(), j
+    assert (gain <= j["wait"].mean()).all(), j
     assert gain.sum() > 0  # it removes something
 
 
