@@ -148,8 +148,12 @@ class WhatIfConfig:
             representative) or ``op`` (each op alone).
         no_stragglers: every op takes its type's typical time (``replay.whatif.typical``); own
             delays before computations stay, communication is posted as soon as its dependencies
-            allow (the counterpart of StragglerAnalysis's ``step_t_noblk``).
-        no_launch_delay: every op's own delay is 0 (``step_t_nodelay``).
+            allow, and every rank enters the recording when it did (its recorded release: the
+            start of its first step window) (the counterpart of StragglerAnalysis's
+            ``step_t_noblk``).
+        no_launch_delay: every op's own delay is 0 (``step_t_nodelay``); releases stay, as with
+            ``no_stragglers``, so that no what-if moves where a rank's first step starts (the
+            monotone what-ifs, docs/emulator.md).
     """
 
     slow: tuple[SlowDown, ...] = ()

@@ -15,6 +15,15 @@ Own delays (``prism_trace.graph.deps_op_timeline``) are not durations: ``replay.
 keeps those before a computation (CPU work and launches happen without stragglers too) and drops
 those before a communication op, which could have been posted as soon as its dependencies allowed.
 
+Why ``no-stragglers`` is not monotone by construction, unlike the slow-downs and
+``no-launch-delay`` (docs/emulator.md, "Monotone what-ifs"): the mean *raises* every op that was
+faster than its type's mean, and a raised op on the critical path can lengthen the run. The
+largest rule that never lengthens an op, ``min(recorded, mean)``, puts ST 4.62 % from
+StragglerAnalysis's ``step_t_noblk`` (0.91 % with the mean), because ST's figure rests on raising
+its three fast stages to the pooled mean. What does hold by construction: a communication's
+typical time is a transfer, never a duration that holds a wait, and no release moves; the rest is
+checked on every multi-rank set (``tests/replay/test_whatif_monotone.py``).
+
 Both functions take a mask of the rows to replace, so that one group of ops can keep its
 recorded times while the rest are typical (the slowdown attribution, ``replay.emulate.slowdown``).
 """
