@@ -220,16 +220,19 @@ def network_time_us(
             ``broadcast``, ``reduce``; anything else is priced as ``all_gather``).
         size: nccl-tests size, bytes.
         ranks: participants.
-        nodes: nodes the participants span (clipped to ``[1, ranks]``).
+        nodes: nodes the participants span (clipped to ``[1, ranks]``). ``size``, ``ranks`` and
+            ``nodes`` broadcast against each other.
         algo: ``NCCL_ALGO`` to restrict to (as `allowed_pairs`).
         proto: ``NCCL_PROTO`` to restrict to.
 
     Returns:
         ``(time_us, choice)``: float64 times (0 for a group of one) and ``"algo/proto"`` labels.
     """
-    size = np.maximum(np.asarray(size, dtype=np.float64), 0.0)
-    n = np.maximum(np.asarray(ranks, dtype=np.float64), 1.0)
-    nn = np.clip(np.asarray(nodes, dtype=np.float64), 1.0, n)
+    shaped = np.broadcast_arrays(np.atleast_1d(size), np.atleast_1d(ranks), np.atleast_1d(nodes))
+    size, n, nn = (np.array(a, dtype=np.float64) for a in shaped)
+    size = np.maximum(size, 0.0)
+    n = np.maximum(n, 1.0)
+    nn = np.clip(nn, 1.0, n)
     ops = np.full(size.size, op, dtype=object) if isinstance(op, str) else np.asarray(op, object)
     out = np.zeros(size.size)
     choice = np.full(size.size, "none", dtype=object)
