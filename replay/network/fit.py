@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from prism_trace.replay.network.model import NetworkModel, network_time_us
@@ -191,7 +192,8 @@ def _start(rows: FitRows, logs: Sequence[NcclTestLog]) -> NetworkModel:
 
 
 def _with(model: NetworkModel, names: Sequence[str], x: np.ndarray) -> NetworkModel:
-    return replace(model, **{k: float(math.exp(v)) for k, v in zip(names, x, strict=True)})
+    kw: dict[str, Any] = {k: float(math.exp(v)) for k, v in zip(names, x, strict=True)}
+    return replace(model, **kw)
 
 
 _PRIOR = 0.002
@@ -220,7 +222,8 @@ def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
     Shared parameters first (bandwidths, latency scales; NVLS tried on and off, the better
     kept), then each collective kind's efficiency against all_reduce (fixed at 1 when the logs
     hold all_reduce, else the kind with most rows). ``determined`` lists the parameters whose
-    doubling or halving moves the error by more than 1 % of a row.
+    doubling or halving (either one) moves the mean error by more than 0.01: a parameter only
+    one of the two moves hurts is a bound, not a value (docs/network.md).
 
     Raises:
         NcclLogError: no logs, or a log without ranks (see `fit_rows`).
@@ -268,7 +271,7 @@ def _subset(rows: FitRows, keep: np.ndarray) -> FitRows:
 
 
 def _determined(model: NetworkModel, rows: FitRows) -> tuple[str, ...]:
-    """The parameters the rows pin down: moving one x2 or x0.5 costs > 0.01 mean |log err|."""
+    """The parameters the rows constrain: moving one x2 or x0.5 costs > 0.01 mean |log err|."""
     base = _loss(model, rows)
     names = [k for k in _SHARED if not (k == "nvls_gbps" and model.nvls_gbps == 0)]
     names += [k for k in model.__dataclass_fields__ if k.endswith("_efficiency")]
@@ -276,7 +279,7 @@ def _determined(model: NetworkModel, rows: FitRows) -> tuple[str, ...]:
     for k in names:
         v = float(getattr(model, k))
         moved = [
-            _loss(replace(model, **{k: v * f}), rows)
+            _loss(replace(model, **dict[str, Any]({k: v * f})), rows)
             for f in (2.0, 0.5)
             if not (k.endswith("_efficiency") and v * f > 2.0)
         ]
