@@ -43,13 +43,18 @@ def network_fit_cmd(logs: tuple[Path, ...], out: Path, as_json: bool) -> None:
     from prism_trace.replay.network.fit import fit_network
     from prism_trace.replay.network.io import write_network_file
     from prism_trace.replay.network.parse import read_nccl_logs
+    from prism_trace.replay.network.predict import choice_by_size
 
     parsed = read_nccl_logs(list(logs))
     model = fit_network(parsed)
     header = "written by `prism network fit " + " ".join(str(p) for p in logs) + "`"
     write_network_file(model, out, header=header)
+    scales = sorted({(lg.op, lg.ranks or 0, lg.nodes or 0) for lg in parsed})
+    choices = {f"{op}@{r}r/{n}n": choice_by_size(model, op, r, n) for op, r, n in scales if r and n}
     if as_json:
-        click.echo(json.dumps(model.as_table(), indent=2))
+        table = model.as_table()
+        table["choice_by_size"] = {k: [list(p) for p in v] for k, v in choices.items()}
+        click.echo(json.dumps(table, indent=2))
         return
     click.echo(
         f"fitted {len(parsed)} test(s), {sum(len(lg.rows) for lg in parsed)} rows:"
@@ -63,7 +68,17 @@ def network_fit_cmd(logs: tuple[Path, ...], out: Path, as_json: bool) -> None:
     err = model.fit_error if model.fit_error is not None else float("nan")
     click.echo(f"median |error| on the fitted rows: {100 * err:.1f} %")
     click.echo(f"determined by the logs: {', '.join(model.determined) or 'none'}")
+    for label, pairs in choices.items():
+        steps = ", ".join(f"{c} from {_size(b)}" for b, c in pairs)
+        click.echo(f"choice by size, {label}: {steps}")
     click.echo(f"wrote {out}")
+
+
+def _size(b: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift:
+            return f"{b >> shift} {unit}"
+    return f"{b} B"
 
 
 @network_group.command("predict")

@@ -28,7 +28,12 @@ if TYPE_CHECKING:
         read_nccl_log,
         read_nccl_logs,
     )
-    from prism_trace.replay.network.predict import Prediction, parse_size, predict_sizes
+    from prism_trace.replay.network.predict import (
+        Prediction,
+        choice_by_size,
+        parse_size,
+        predict_sizes,
+    )
     from prism_trace.replay.network.transfer import NetworkTransfer, network_kinds
 
 _EXPORTS = {
@@ -45,6 +50,7 @@ _EXPORTS = {
     "Prediction": "predict",
     "ResultRow": "parse",
     "allowed_pairs": "model",
+    "choice_by_size": "predict",
     "fit_network": "fit",
     "fit_rows": "fit",
     "nelder_mead": "fit",
@@ -71,6 +77,7 @@ __all__ = [
     "Prediction",
     "ResultRow",
     "allowed_pairs",
+    "choice_by_size",
     "fit_network",
     "fit_rows",
     "nelder_mead",

@@ -16,7 +16,7 @@ from prism_trace.replay.network.parse import OPS
 
 from prism_trace.errors import UsageError
 
-__all__ = ["Prediction", "parse_size", "predict_sizes"]
+__all__ = ["Prediction", "choice_by_size", "parse_size", "predict_sizes"]
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE = re.compile(r"^(\d+)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
@@ -116,4 +116,22 @@ def predict_sizes(
                 algorithm=str(c),
             )
         )
+    return out
+
+
+def choice_by_size(
+    model: NetworkModel, op: str, ranks: int, nodes: int, *, max_bytes: int = 1 << 34
+) -> list[tuple[int, str]]:
+    """Where the model's algorithm/protocol choice changes, from 1 byte up to ``max_bytes``.
+
+    Returns:
+        ``(smallest size, choice)`` pairs over powers of two: the choice holds from that size
+        until the next pair's (``[(1, "tree/LL"), (524288, "tree/LL128"), ...]``).
+    """
+    sizes = np.array([1 << k for k in range(int(max_bytes).bit_length())], dtype=np.float64)
+    _, choice = network_time_us(model, OPS.get(op, op), sizes, ranks, nodes)
+    out: list[tuple[int, str]] = []
+    for s, c in zip(sizes.tolist(), choice.tolist(), strict=True):
+        if not out or out[-1][1] != c:
+            out.append((int(s), str(c)))
     return out

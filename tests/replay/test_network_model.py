@@ -17,6 +17,7 @@ from prism_trace.replay.network.fit import fit_network
 from prism_trace.replay.network.io import read_network_file, write_network_file
 from prism_trace.replay.network.model import NetworkModel, network_time_us
 from prism_trace.replay.network.parse import read_nccl_log
+from prism_trace.replay.network.predict import choice_by_size
 from prism_trace.replay.network.transfer import NetworkTransfer
 
 from prism_trace.errors import ConfigError
@@ -105,6 +106,7 @@ def test_fit_file_predict_round_trip(tmp_path: Path) -> None:
     fit = prism("network", "fit", str(log), "-o", str(out))
     assert fit.returncode == 0, fit.stderr
     assert "all_reduce@16r/2n" in fit.stdout
+    assert "choice by size, all_reduce@16r/2n: tree/LL from 1 B, " in fit.stdout
     model = read_network_file(out)
     assert model == fit_network(read_nccl_log(log))  # the file holds the fit exactly
     (measured,) = read_nccl_log(log)
@@ -125,6 +127,20 @@ def test_fit_file_predict_round_trip(tmp_path: Path) -> None:
     shown = prism(*text_args)
     assert shown.returncode == 0
     assert "all_to_all, 64 ranks on 16 node(s)" in shown.stdout
+
+
+def test_the_choice_by_size_is_the_cheapest_candidate_at_each_size() -> None:
+    model = NetworkModel(intra_gbps=400.0, inter_gbps=50.0, nvls_gbps=450.0)
+    pairs = choice_by_size(model, "all_reduce", 64, 8)
+    assert pairs[0][0] == 1
+    assert [b for b, _ in pairs] == sorted(b for b, _ in pairs)
+    assert len({c for _, c in pairs}) == len(pairs) > 1  # small and large sizes differ
+    for (b, c), nxt in zip(pairs, [*pairs[1:], (1 << 34, None)], strict=True):
+        for size in (b, max(b, nxt[0] // 2)):  # both ends of the range the choice holds
+            _, got = network_time_us(model, "all_reduce", [size], [64], [8])
+            assert got[0] == c
+    ring_only = choice_by_size(model, "all_gather", 64, 8)
+    assert {c.split("/")[0] for _, c in ring_only} == {"ring"}
 
 
 def test_a_file_without_a_fitted_network_is_refused(tmp_path: Path) -> None:
