@@ -193,3 +193,17 @@ def test_cli_refusal_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
         f" '16777216       4194304     float     sum      -1'"
     ]
     assert not out.exists()
+
+
+def test_a_log_of_several_tests_gives_each_its_own(tmp_path: Path) -> None:
+    both = tmp_path / "session.log"
+    first = (DATA / "nccl-ebpf" / "all_reduce_perf_mpi_tagged.log").read_text()
+    second = first.replace("all_reduce_perf_mpi", "all_gather_perf_mpi")
+    both.write_text(first + "\nsome shell noise 12 34\n" + second)
+    logs = read_nccl_log(both)
+    assert [(lg.op, lg.ranks, len(lg.rows)) for lg in logs] == [
+        ("all_reduce", 2, 8),
+        ("all_gather", 2, 8),
+    ]
+    # the blank line and the noise line between the two: the second table starts 2 lines later
+    assert logs[1].rows[0].line == len(first.splitlines()) + 2 + logs[0].rows[0].line
