@@ -36,6 +36,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from prism_trace.errors import ConfigError
 
@@ -204,9 +205,9 @@ def _bus_factor(op: str, n: np.ndarray) -> np.ndarray:
 def network_time_us(
     model: NetworkModel,
     op: str | np.ndarray,
-    size: np.ndarray,
-    ranks: np.ndarray,
-    nodes: np.ndarray,
+    size: npt.ArrayLike,
+    ranks: npt.ArrayLike,
+    nodes: npt.ArrayLike,
     *,
     algo: str | None = None,
     proto: str | None = None,
