@@ -15,9 +15,10 @@ machine the wall time grows with the load average, which is printed too. Prints 
 events/s: nodes of the whole world, i.e. class nodes x class members, per second of the DES core
 and of the whole call; "write+memory" is the write, during which the memory and iterations are
 worked out while the events go in) and writes ``results/emulate_<host>_<date>.md`` unless
-``--no-note``. ``--network net.toml`` (issue 34) times every repetition twice, alternating, without
-and with the fitted network model pricing the collectives (``prism emulate --network``), so
-both figures come from the same run on the same load.
+``--no-note``. ``--network FILE`` (issue 34) times every repetition twice, alternating, without
+and with a fitted network model pricing the collectives (``prism emulate --network``), so
+both figures come from the same run on the same load; FILE is a ``net.toml`` or nccl-tests logs
+(repeatable), fitted here as ``prism network fit`` would.
 
 Usage::
 
@@ -26,7 +27,8 @@ Usage::
     python benchmarks/bench_emulate.py --source sample --dp 16384 --what-if variance --repeat 1
     python benchmarks/bench_emulate.py --dp 4096 --repeat 3 --no-note
     python benchmarks/bench_emulate.py --source generated --tp 8 --pp 2
-    python benchmarks/bench_emulate.py --source sample --network net.toml --repeat 3
+    python benchmarks/bench_emulate.py --source sample --repeat 3 \
+        --network tests/data/nccl/nccl-tests-309/gj_tuned_ring_all_reduce_2n.log
 """
 
 from __future__ import annotations
@@ -54,7 +56,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
-    ap.add_argument("--network", type=Path, default=None, help="net.toml: also time --network")
+    ap.add_argument(
+        "--network",
+        type=Path,
+        action="append",
+        default=[],
+        help="net.toml or nccl-tests logs (repeatable): also time with the fitted model",
+    )
     args = ap.parse_args()
 
     from prism_trace.replay.emulate.config import EmulationConfig
@@ -89,12 +97,18 @@ def main() -> None:
             layout = ParallelLayout.parse(f"tp={args.tp},dp={dp},pp={args.pp}")
         config = EmulationConfig(what_if=parse_what_if(args.what_if))
         net_config = None
-        if args.network is not None:
+        if args.network:
             from dataclasses import replace
 
+            from prism_trace.replay.network.fit import fit_network
             from prism_trace.replay.network.io import read_network_file
+            from prism_trace.replay.network.parse import read_nccl_logs
 
-            net_config = replace(config, network=read_network_file(args.network))
+            if len(args.network) == 1 and args.network[0].suffix == ".toml":
+                net = read_network_file(args.network[0])
+            else:
+                net = fit_network(read_nccl_logs(args.network))
+            net_config = replace(config, network=net)
         ingest(store, [src], run="src", progress=False)
         build_graph(store, "src")
         t = time.perf_counter()
@@ -197,7 +211,7 @@ def main() -> None:
         + (f" --tp {args.tp} --pp {args.pp}" if args.source == "generated" else "")
         + f" --dp {layout.dp} --repeat {args.repeat}"
         + "".join(f" --what-if {w}" for w in args.what_if)
-        + (f" --network {args.network}" if args.network else ""),
+        + "".join(f" --network {p}" for p in args.network),
         body=f"```\n{text}\n```",
     )
     print(f"note: {note}")
