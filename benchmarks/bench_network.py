@@ -19,10 +19,14 @@ has, fitted on its smallest and scored on the rest:
   (bare metal) and 4 nodes (VMs with an NCCL topology file). Fit on 2 nodes.
 
 Writes ``results/network_<case>_<date>.md`` per case (``--date`` fixes the name's date).
+Another cluster's logs are checked the same way with ``--name``, ``--fit`` and ``--predict``
+(paths; the built-in cases are then skipped).
 
 Usage::
 
     python benchmarks/bench_network.py [--date 2026-11-27]
+    python benchmarks/bench_network.py --name mycluster --fit ar_1n.log ar_2n.log \
+        --predict ar_4n.log ar_8n.log ar_16n.log
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import statistics
+from pathlib import Path
 
 import numpy as np
 from _common import HERE, REPO
@@ -41,22 +46,26 @@ DATA = REPO / "tests" / "data" / "nccl" / "nccl-tests-309"
 MIB = 1 << 20
 CASES: dict[str, tuple[str, list[str], list[str]]] = {
     "gj-default": (
-        "nccl-tests#309, gj-aion's cluster (8x H100, 8x 400G IB per node), default NCCL",
+        "nccl-tests#309, gj-aion's cluster (8x H100, 8x 400G IB per node), default NCCL;"
+        " logs in tests/data/nccl/nccl-tests-309/ (its README cites them)",
         ["gj_all_reduce_2n.log"],
         ["gj_all_reduce_4n.log", "gj_all_reduce_8n.log"],
     ),
     "gj-default-2n4n": (
-        "nccl-tests#309, gj-aion's cluster (8x H100, 8x 400G IB per node), default NCCL",
+        "nccl-tests#309, gj-aion's cluster (8x H100, 8x 400G IB per node), default NCCL;"
+        " logs in tests/data/nccl/nccl-tests-309/ (its README cites them)",
         ["gj_all_reduce_2n.log", "gj_all_reduce_4n.log"],
         ["gj_all_reduce_8n.log"],
     ),
     "gj-tuned": (
-        "nccl-tests#309, gj-aion's cluster with NCCL_MIN_CTAS=24 NCCL_IB_QPS_PER_CONNECTION=2",
+        "nccl-tests#309, gj-aion's cluster with NCCL_MIN_CTAS=24 NCCL_IB_QPS_PER_CONNECTION=2;"
+        " logs in tests/data/nccl/nccl-tests-309/ (its README cites them)",
         ["gj_tuned_ring_all_reduce_2n.log"],
         ["gj_tuned_all_reduce_8n.log"],
     ),
     "qoofyk": (
-        "nccl-tests#309, qoofyk's H100 nodes (8x 400G IB), default NCCL",
+        "nccl-tests#309, qoofyk's H100 nodes (8x 400G IB), default NCCL;"
+        " logs in tests/data/nccl/nccl-tests-309/ (its README cites them)",
         ["qoofyk_all_reduce_2n.log"],
         ["qoofyk_all_reduce_4n.log"],
     ),
@@ -74,14 +83,16 @@ def _pct(v: float | None) -> str:
 
 def run_case(name: str, title: str, fit_on: list[str], predict: list[str], date: str) -> str:
     """Fit, predict, write the case's note; returns its summary line."""
-    logs = [lg for f in fit_on for lg in read_nccl_log(DATA / f)]
+    logs = [lg for f in fit_on for lg in read_nccl_log(DATA / f)]  # an absolute f stays itself
     model = fit_network(logs)
     lines = [
         f"# Network model extrapolation: {name}",
         "",
-        f"Command: `python benchmarks/bench_network.py --date {date}`",
+        "Command: `python benchmarks/bench_network.py --date "
+        + date
+        + ("`" if name in CASES else f" --name {name} --fit ... --predict ...`"),
         "",
-        f"Cluster: {title}. Logs: tests/data/nccl/nccl-tests-309/ (README there cites them).",
+        f"Cluster: {title}.",
         "",
         f"Fitted on: {', '.join(fit_on)} ({', '.join(model.fitted_from)}); fit error (median"
         f" |rel|) on its own rows {_pct(model.fit_error)}.",
@@ -156,8 +167,20 @@ def main() -> None:
     """Run every case."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--date", default=dt.date.today().isoformat())
+    ap.add_argument("--name", default=None, help="a case of your own: its name")
+    ap.add_argument("--fit", nargs="+", default=[], help="with --name: the logs to fit")
+    ap.add_argument("--predict", nargs="+", default=[], help="with --name: the logs to predict")
     args = ap.parse_args()
-    for name, (title, fit_on, predict) in CASES.items():
+    cases = CASES
+    if args.name:
+        if not args.fit or not args.predict:
+            raise SystemExit("--name needs --fit LOG... and --predict LOG...")
+        own = (
+            [str(Path(p).resolve()) for p in args.fit],
+            [str(Path(p).resolve()) for p in args.predict],
+        )
+        cases = {args.name: (f"logs given on the command line ({args.name})", *own)}
+    for name, (title, fit_on, predict) in cases.items():
         print(run_case(name, title, fit_on, predict, args.date))
 
 
