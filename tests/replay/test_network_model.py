@@ -268,3 +268,16 @@ def test_emulate_cli_network_flag_and_info_config(tmp_path: Path) -> None:
     assert missing.stderr.strip().splitlines() == [
         "error: nope.toml: cannot read the config: No such file or directory"
     ]
+
+
+def test_a_cluster_shape_unlike_the_topologys_is_noted(tmp_path: Path) -> None:
+    store = two_ranks(tmp_path, 1 << 20)
+    net = NetworkModel(intra_gbps=300.0, inter_gbps=30.0, ranks_per_node=4)
+    report = emulate_run(store, run="h", out_run="e", config=EmulationConfig(network=net))
+    assert (
+        "network: fitted on 4 ranks per node, but groups are placed 8 per node"
+        " ([topology] ranks_per_node)"
+    ) in report.notes
+    same = EmulationConfig(network=net, topology=Topology(ranks_per_node=4))
+    quiet = emulate_run(store, run="h", out_run="e4", config=same)
+    assert not any("ranks per node" in n for n in quiet.notes)
