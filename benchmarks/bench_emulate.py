@@ -15,7 +15,10 @@ machine the wall time grows with the load average, which is printed too. Prints 
 events/s: nodes of the whole world, i.e. class nodes x class members, per second of the DES core
 and of the whole call; "write+memory" is the write, during which the memory and iterations are
 worked out while the events go in) and writes ``results/emulate_<host>_<date>.md`` unless
-``--no-note``.
+``--no-note``. ``--network FILE`` (issue 34) times every repetition twice, alternating, without
+and with a fitted network model pricing the collectives (``prism emulate --network``), so
+both figures come from the same run on the same load; FILE is a ``net.toml`` or nccl-tests logs
+(repeatable), fitted here as ``prism network fit`` would.
 
 Usage::
 
@@ -24,6 +27,8 @@ Usage::
     python benchmarks/bench_emulate.py --source sample --dp 16384 --what-if variance --repeat 1
     python benchmarks/bench_emulate.py --dp 4096 --repeat 3 --no-note
     python benchmarks/bench_emulate.py --source generated --tp 8 --pp 2
+    python benchmarks/bench_emulate.py --source sample --repeat 3 \
+        --network tests/data/nccl/nccl-tests-309/gj_tuned_ring_all_reduce_2n.log
 """
 
 from __future__ import annotations
@@ -51,6 +56,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--host-kind", default=None)
     ap.add_argument("--no-note", action="store_true")
+    ap.add_argument(
+        "--network",
+        type=Path,
+        action="append",
+        default=[],
+        help="net.toml or nccl-tests logs (repeatable): also time with the fitted model",
+    )
     args = ap.parse_args()
 
     from prism_trace.replay.emulate.config import EmulationConfig
@@ -84,12 +96,25 @@ def main() -> None:
             dp = args.dp or 8192 // (args.tp * args.pp)
             layout = ParallelLayout.parse(f"tp={args.tp},dp={dp},pp={args.pp}")
         config = EmulationConfig(what_if=parse_what_if(args.what_if))
+        net_config = None
+        if args.network:
+            from dataclasses import replace
+
+            from prism_trace.replay.network.fit import fit_network
+            from prism_trace.replay.network.io import read_network_file
+            from prism_trace.replay.network.parse import read_nccl_logs
+
+            if len(args.network) == 1 and args.network[0].suffix == ".toml":
+                net = read_network_file(args.network[0])
+            else:
+                net = fit_network(read_nccl_logs(args.network))
+            net_config = replace(config, network=net)
         ingest(store, [src], run="src", progress=False)
         build_graph(store, "src")
         t = time.perf_counter()
         slice_run(store, run="src", layout=layout, world=layout.world_size, out_run="big")
         slice_s = time.perf_counter() - t
-        times, cpu = [], []
+        times, cpu, net_times, net_cpu = [], [], [], []
         report = None
         for i in range(args.repeat):
             t, c = time.perf_counter(), os.times()
@@ -97,6 +122,12 @@ def main() -> None:
             times.append(time.perf_counter() - t)
             c1 = os.times()
             cpu.append(c1.user - c.user + c1.system - c.system)
+            if net_config is not None:
+                t, c = time.perf_counter(), os.times()
+                emulate_run(store, run="big", out_run=f"net{i}", config=net_config)
+                net_times.append(time.perf_counter() - t)
+                c1 = os.times()
+                net_cpu.append(c1.user - c.user + c1.system - c.system)
         ((n_iter,),) = store.con.execute(
             "SELECT count(*) FROM iteration WHERE run_id = ?", [report.run_id]
         ).fetchall()
@@ -117,6 +148,21 @@ def main() -> None:
         (f"emulate_run (best of {args.repeat})", f"{best:.2f} s"),
         ("emulate_run, all repetitions", ", ".join(f"{x:.2f}" for x in times) + " s"),
         ("  CPU time (user + system), all repetitions", ", ".join(f"{x:.2f}" for x in cpu) + " s"),
+        *(
+            [
+                (f"emulate_run --network (best of {args.repeat})", f"{min(net_times):.2f} s"),
+                (
+                    "emulate_run --network, all repetitions",
+                    ", ".join(f"{x:.2f}" for x in net_times) + " s",
+                ),
+                (
+                    "  CPU time --network, all repetitions",
+                    ", ".join(f"{x:.2f}" for x in net_cpu) + " s",
+                ),
+            ]
+            if net_times
+            else []
+        ),
         ("load average (1, 5, 15 min) after", ", ".join(f"{x:.1f}" for x in os.getloadavg())),
         (
             "  of which load / DES core / write+memory (last run)",
@@ -155,6 +201,7 @@ def main() -> None:
     theme = "emulate" + ("" if args.source == "st" else f"_{args.source}")
     theme += f"_{layout.world_size}" if layout.world_size != 8192 else ""
     theme += "".join(f"_{w.split('=')[0]}" for w in args.what_if)
+    theme += "_network" if net_times else ""
     note = write_note(
         theme,
         host_kind(args.host_kind),
@@ -163,7 +210,8 @@ def main() -> None:
         command=f"python benchmarks/bench_emulate.py --source {args.source}"
         + (f" --tp {args.tp} --pp {args.pp}" if args.source == "generated" else "")
         + f" --dp {layout.dp} --repeat {args.repeat}"
-        + "".join(f" --what-if {w}" for w in args.what_if),
+        + "".join(f" --what-if {w}" for w in args.what_if)
+        + "".join(f" --network {p}" for p in args.network),
         body=f"```\n{text}\n```",
     )
     print(f"note: {note}")

@@ -1,10 +1,12 @@
 """`--config FILE.toml` for `prism emulate` and `prism replay`: typed configs, one-line errors.
 
 One TOML section per frozen dataclass, one key per field. The emulation's sections are those of
-`EmulationConfig` (``[completion]``, ``[timing]``, ``[topology]``, ``[memory]``, ``[what_if]``)
-plus the top-level ``seed`` and ``keep_events``; ``what_if`` may also be written as the CLI
-writes it (``what_if = ["slow-ranks=3@1.2", "bandwidth=0.5"]``), since that syntax is the
-documented one. A kernel replay's file adds ``[kernel_replay]`` (`KernelReplayOptions`); its
+`EmulationConfig` (``[completion]``, ``[timing]``, ``[topology]``, ``[memory]``, ``[what_if]``,
+``[network]``) plus the top-level ``seed`` and ``keep_events``; ``what_if`` may also be written
+as the CLI writes it (``what_if = ["slow-ranks=3@1.2", "bandwidth=0.5"]``), since that syntax is the
+documented one. ``[network]`` holds a fitted network model's keys, or ``file = "net.toml"``
+naming the output of ``prism network fit`` (relative to the config file; keys given beside it
+override the file's). A kernel replay's file adds ``[kernel_replay]`` (`KernelReplayOptions`); its
 emulation sections configure the virtual peers.
 
 Every value is checked against the field's annotation before the dataclass sees it, so a typo
@@ -29,6 +31,7 @@ from prism_trace.replay.emulate.config import CompletionConfig, EmulationConfig,
 from prism_trace.replay.hybrid.options import KernelReplayOptions
 from prism_trace.replay.model.timing import TimingConfig
 from prism_trace.replay.model.topology import Topology
+from prism_trace.replay.network.model import NetworkModel
 from prism_trace.replay.whatif.config import WhatIfConfig, WhatIfError, parse_what_if
 
 from prism_trace.errors import ConfigError
@@ -42,6 +45,7 @@ __all__ = [
     "EMULATION_SECTIONS",
     "emulation_config_from",
     "load_emulation_config",
+    "load_network_table",
     "load_replay_config",
     "read_toml",
     "to_toml",
@@ -55,6 +59,7 @@ EMULATION_SECTIONS: dict[str, type] = {
     "topology": Topology,
     "memory": MemoryConfig,
     "what_if": WhatIfConfig,
+    "network": NetworkModel,
 }
 """The emulation's table sections and the dataclass each one builds."""
 
@@ -142,6 +147,8 @@ def emulation_config_from(
         )
         raise ConfigError(msg)
     kw: dict[str, Any] = {}
+    if isinstance(data.get("network"), dict) and "file" in data["network"]:
+        data["network"] = load_network_table(data["network"], base=Path(path).parent, where=path)
     if isinstance(what_if, list):
         if not all(isinstance(w, str) for w in what_if):
             msg = f"{path}: what_if must be a list of strings like 'slow-ranks=3@1.2'"
@@ -162,6 +169,37 @@ def emulation_config_from(
     except (ValueError, TypeError) as exc:
         msg = f"{path}: {str(exc).splitlines()[0]}"
         raise ConfigError(msg) from exc
+
+
+def load_network_table(table: dict[str, Any], *, base: Path, where: Path | str) -> dict[str, Any]:
+    """A ``[network]`` table with its ``file = "net.toml"`` replaced by that file's keys.
+
+    Args:
+        table: the section as written (``file`` plus any keys that override the file's).
+        base: the folder a relative ``file`` is read from (the config file's).
+        where: the config file, for errors.
+
+    Raises:
+        ConfigError: ``file`` is not a string, cannot be read or holds no ``[network]`` table.
+    """
+    table = dict(table)
+    name = table.pop("file")
+    if not isinstance(name, str):
+        msg = f"{where}: [network] `file` must be a string (a net.toml path), got {name!r}"
+        raise ConfigError(msg)
+    target = Path(name) if Path(name).is_absolute() else base / name
+    try:
+        loaded = read_toml(target).get("network")
+    except ConfigError as exc:
+        msg = f"{where}: [network] `file`: {exc}"
+        raise ConfigError(msg) from exc
+    if not isinstance(loaded, dict):
+        msg = (
+            f"{where}: [network] `file` {str(target)!r} has no [network] table (write one"
+            " with `prism network fit LOG... -o FILE`)"
+        )
+        raise ConfigError(msg)
+    return {**loaded, **table}
 
 
 def build(cls: type[T], table: Any, *, where: str) -> T:

@@ -3,7 +3,22 @@
 Nothing below imports it. Each module registers its commands on ``main`` when imported.
 """
 
-from prism_trace.cli import export_cmds, predict_cmds, question_cmds, time_cmds, trace_cmds
+from prism_trace.cli import (
+    export_cmds,
+    network_cmds,
+    predict_cmds,
+    question_cmds,
+    time_cmds,
+    trace_cmds,
+)
 from prism_trace.cli._group import main
 
-__all__ = ["export_cmds", "main", "predict_cmds", "question_cmds", "time_cmds", "trace_cmds"]
+__all__ = [
+    "export_cmds",
+    "main",
+    "network_cmds",
+    "predict_cmds",
+    "question_cmds",
+    "time_cmds",
+    "trace_cmds",
+]

@@ -63,6 +63,13 @@ __all__ = ["emulate_cmd", "replay_cmd", "run_cmd", "validate_cmd"]
     help="Transfer times: recorded, carried to a new scale by the model, or the pure model.",
 )
 @click.option("--calibrate", is_flag=True, help="Fit the network model to recorded collectives.")
+@click.option(
+    "--network",
+    "network_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="A network model from `prism network fit` (net.toml): it prices every collective.",
+)
 @config_option(
     "TOML of the emulation's sections (docs/network.md); flags given on the command line"
     " override the file. `prism info DB --run E --config` prints a run's resolved config."
@@ -81,6 +88,7 @@ def emulate_cmd(
     system: str,
     timing_model: Literal["recorded", "scaled", "alpha_beta"],  # click.Choice checks it
     calibrate: bool,
+    network_file: Path | None,
     config_file: Path | None,
     partial: bool,
     as_json: bool,
@@ -108,6 +116,10 @@ def emulate_cmd(
         config = with_(config, timing=with_(config.timing, model=timing_model))
     if calibrate:
         config = with_(config, timing=with_(config.timing, calibrate=True))
+    if network_file is not None:
+        from prism_trace.replay.network.io import read_network_file
+
+        config = with_(config, network=read_network_file(network_file))
     if partial:
         config = with_(config, completion=with_(config.completion, allow_partial=True))
     if keep_events:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from prism_trace.replay.model.timing import TimingConfig
 from prism_trace.replay.model.topology import Topology
+from prism_trace.replay.network.model import NetworkModel
 from prism_trace.replay.whatif.config import WhatIfConfig
 
 from prism_trace.errors import ConfigError
@@ -100,6 +101,9 @@ class EmulationConfig:
         topology: the network (``replay.topology.Topology``), used by modelled transfers.
         memory: the memory replay (``MemoryConfig``).
         what_if: departures from the recording (``replay.whatif.WhatIfConfig``).
+        network: a network model fitted on nccl-tests logs (``replay.network.NetworkModel``,
+            ``prism network fit``); when set it prices every collective in place of the
+            topology's alpha-beta costs. Off (``intra_gbps`` unset) by default.
         seed: seed of the random models (the variance mode).
         keep_events: ranks whose own per-op events are written besides the class exemplars'
             (a class member otherwise shares its exemplar's events: ``rank.class_id``).
@@ -110,6 +114,7 @@ class EmulationConfig:
     topology: Topology = field(default_factory=Topology)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     what_if: WhatIfConfig = field(default_factory=WhatIfConfig)
+    network: NetworkModel = field(default_factory=NetworkModel)
     seed: int = 0
     keep_events: tuple[int, ...] = ()
 
@@ -135,8 +140,11 @@ class EmulationConfig:
             raise EmulationConfigError(msg)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return asdict(self)
+        """JSON-ready form; no ``network`` section while the network model is off."""
+        out = asdict(self)
+        if not self.network.enabled:
+            del out["network"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EmulationConfig:
@@ -155,6 +163,7 @@ class EmulationConfig:
             topology=Topology(**data.get("topology", {})),
             memory=MemoryConfig(**data.get("memory", {})),
             what_if=WhatIfConfig(**data.get("what_if", {})),
+            network=NetworkModel.from_table(data.get("network", {})),
             seed=int(data.get("seed", 0)),
             keep_events=tuple(int(r) for r in data.get("keep_events", ())),
         )

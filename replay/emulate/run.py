@@ -211,6 +211,19 @@ def run_emulation(store: Store, inputs: PreparedRun, config: EmulationConfig) ->
         topology = cal.topology
         notes.extend(cal.notes)
     model = transfer_model(config.timing, topology)
+    if config.network.enabled:  # a model fitted on nccl-tests prices every collective
+        from prism_trace.replay.network.transfer import NetworkTransfer
+
+        model = NetworkTransfer(config.network, topology, config.timing.model)
+        notes.append(
+            f"network: collectives priced by the fitted network model"
+            f" ({', '.join(config.network.fitted_from) or 'given inline'})"
+        )
+        if config.network.ranks_per_node != topology.per_node:
+            notes.append(
+                f"network: fitted on {config.network.ranks_per_node} ranks per node, but groups"
+                f" are placed {topology.per_node} per node ([topology] ranks_per_node)"
+            )
     rec_size = per["rec_size"].fill_null(pl.Series(gsize)).to_numpy().astype(np.int64)
     rec_nodes, _ = topology.group_nodes(
         per["rec_lo"].fill_null(pl.Series(lo)).to_numpy(),

@@ -199,10 +199,10 @@ def test_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from prism_trace.replay.model.timing import TimingConfig
 
     bad = tmp_path / "bad.toml"
-    bad.write_text("[network]\nx = 1\n")
+    bad.write_text("[netwrok]\nx = 1\n")  # [network] is a section now (issue 34)
     with pytest.raises(ConfigError) as exc:
         load_emulation_config(bad)
-    assert str(exc.value).startswith(f"{bad}: unknown section(s) ['network']; known: ")
+    assert str(exc.value).startswith(f"{bad}: unknown section(s) ['netwrok']; known: ")
 
     with pytest.raises(ConfigError) as exc:
         TimingConfig(model="exact")  # type: ignore[arg-type]

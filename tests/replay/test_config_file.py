@@ -43,7 +43,10 @@ def _write(text: str, name: str) -> Path:
     [
         ("[topology]\nsytem = 'h100'\n", r"\[topology\]: unknown key\(s\) \['sytem'\]"),
         ("[topology\n", "not valid TOML"),
-        ("[network]\nx = 1\n", r"unknown section\(s\) \['network'\]"),
+        ("[netwrok]\nx = 1\n", r"unknown section\(s\) \['netwrok'\]"),
+        ("[network]\nx = 1\n", r"\[network\]: unknown key\(s\) \['x'\]"),
+        ("[network]\nintra_gbps = -3.0\n", r"\[network\]: network `intra_gbps` must be"),
+        ("[network]\nfile = 'missing.toml'\n", r"missing.toml: cannot read the config"),
         ("topology = 3\n", r"\[topology\] must be a table"),
         ("what_if = [1]\n", "what_if must be a list of strings"),
         ("what_if = ['slow-ranks=x@2']\n", "slow-ranks"),
