@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         split_trace_events,
     )
     from prism_trace.formats.kineto.reader import EventsSink, read_kineto, stage_kineto
-    from prism_trace.formats.kineto.sql import ARG_ROW_SQL, ev0_sql
+    from prism_trace.formats.kineto.sql import ARG_ROW_SQL, ev0_sql, track_sql
 
 _EXPORTS = {
     "ARG_ROW_SQL": "sql",
@@ -44,6 +44,7 @@ _EXPORTS = {
     "sniff_kineto": "json_array",
     "split_trace_events": "json_array",
     "stage_kineto": "reader",
+    "track_sql": "sql",
     "try_read_kineto_batch": "batch",
 }
 __all__ = [
@@ -63,6 +64,7 @@ __all__ = [
     "sniff_kineto",
     "split_trace_events",
     "stage_kineto",
+    "track_sql",
     "try_read_kineto_batch",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
