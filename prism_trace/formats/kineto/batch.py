@@ -31,7 +31,7 @@ import duckdb
 import polars as pl
 
 from prism_trace.formats.base import TraceTables
-from prism_trace.formats.kineto.comms import _CommTables, comm_raw_sql
+from prism_trace.formats.kineto.comms import _CommTables, comm_raw_sql, groups_by_id
 from prism_trace.formats.kineto.events import _DEVICE_CATEGORIES
 from prism_trace.formats.kineto.frames import _MEMORY_COLUMNS
 from prism_trace.formats.kineto.header import _base_ns, _resolve_rank, ranks_frame_of
@@ -321,6 +321,7 @@ class _BatchReader(_Reader):
                     .otherwise(pl.col("group_size"))
                     .alias("group_size")
                 )
+            raw = groups_by_id(raw, groups, ws)
             fc.raw = raw
             tables.collectives, tables.p2p = fc.comm_frames(raw, groups)
             tables.comm_groups = fc.comm_groups(groups, tables.collectives, tables.p2p)
