@@ -66,3 +66,39 @@ def test_groups_named_by_id_are_one_group_across_ranks(
         ).fetchone()
         assert both == 21
         build_graph(store, "pt23")
+
+
+def test_gloo_spans_on_worker_threads_are_the_calls(tmp_path: Path) -> None:
+    """A CPU-only gloo job recorded by an older PyTorch: only the ``gloo:<op>`` spans of the
+    worker threads say a call happened. They were not communication (temporal: 100 % idle,
+    skew: "no communication calls", emulate: a 15 µs run without iterations); in the sample as
+    recorded (its calls described on the issuing thread) they are not counted twice."""
+    from prism_trace.analysis import temporal
+    from prism_trace.replay.emulate.driver import emulate_run
+
+    sample = sorted(Path("datasets/sample").glob("rank*.kineto.json.gz"))
+    (tmp_path / "old").mkdir()
+    files = [bt.save(bt.as_old_gloo(bt.load(p)), tmp_path / "old" / p.name) for p in sample]
+    with open_store(tmp_path / "t.duckdb") as store:
+        ingest(store, files, run="old", progress=False)
+        ingest(store, sample, run="sample", progress=False)
+        rows = store.con.execute(
+            """SELECT r.name, c.rank, c.kind, count(*), bool_and(t.tid <> t.pid::BIGINT)
+               FROM collective c JOIN run r USING (run_id)
+               JOIN event e USING (run_id, rank, event_id)
+               JOIN track t USING (run_id, rank, track_id)
+               WHERE c.rank = 0 GROUP BY ALL ORDER BY ALL"""
+        ).fetchall()
+        # rank 0: its 34 all-reduces, on the gloo worker threads (not the main thread)
+        assert rows == [("old", 0, "all_reduce", 34, True), ("sample", 0, "all_reduce", 34, False)]
+        old = temporal(store, "old")
+        assert old["idle_pct"].max() < 20.0
+        assert old["comm_pct"].min() > 10.0
+        report = emulate_run(store, run="old", out_run="old-e")
+        steps = store.con.execute(
+            "SELECT count(DISTINCT iteration), min(dur) FROM iteration i JOIN run r USING (run_id)"
+            " WHERE r.name = 'old-e'"
+        ).fetchone()
+        assert report is not None
+        assert steps[0] == 2
+        assert steps[1] > 100_000_000  # each step hundreds of ms, as recorded

@@ -79,6 +79,7 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
     c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
     k_dtype = _dtype_sql("ka.args->>'dtype'")
     launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
+    file_of = "e.f" if same_file else "0"
     prism_in, prism_out = (
         _call_bytes_sql(
             rf"TRY_CAST(regexp_extract(e.name, '[:;]{k}=(\d+)', 1) AS HUGEINT)", "1", k, "e"
@@ -191,8 +192,36 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                 SELECT d.* FROM c10d d ASOF LEFT JOIN said o
                   ON o.track_id = d.track_id AND o.ts >= d.ts
                 WHERE o.ts IS NULL OR o.ts > d.ts + d.dur),
+            described AS (
+                -- the files (a batch reads several) whose calls something describes
+                SELECT DISTINCT {file_of} AS f FROM ev e
+                WHERE e.event_id IN (SELECT event_id FROM said UNION ALL
+                                     SELECT event_id FROM c10d)),
+            marks_alone AS (
+                -- older PyTorch on CPU: a backend's span (`gloo:all_reduce`) on the worker
+                -- thread that ran the call is all the trace says of it; taken only in a
+                -- file where nothing else describes calls (elsewhere it repeats a call
+                -- recorded on the issuing thread)
+                SELECT a.event_id, a.track_id, a.ts, a.dur, 4 AS source,
+                       '0' AS group_name, NULL::VARCHAR AS group_desc,
+                       NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
+                       {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
+                       NULL::BIGINT AS seq,
+                       {
+        _call_bytes_sql(
+            "list_aggregate(TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')",
+            _dtype_size_sql(old_dtype),
+            "Input Dims",
+            "a",
+        )
+    } AS in_bytes,
+                       NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
+                       NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                FROM (SELECT m.*, {file_of} AS f FROM old_mark m JOIN ev e USING (event_id)) a
+                WHERE a.f NOT IN (SELECT f FROM described)),
             cand AS (
-                SELECT * FROM said UNION ALL SELECT * FROM c10d_alone),
+                SELECT * FROM said UNION ALL SELECT * FROM c10d_alone
+                UNION ALL SELECT * FROM marks_alone),
             kept AS (
                 -- drop a call enclosed by an earlier one in (ts, -dur, source, event_id)
                 -- order on its track: a running max of the ends, not a range join

@@ -24,8 +24,11 @@ Conventions:
   ``record_param_comms`` ops with ``Collective name`` (PyTorch >= 2.1), and older
   ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks),
   then the ``c10d::<op>`` op itself where nothing better describes the call (its input tensor's
-  size). A call whose host record names no group takes the group (and ``Seq``) from its NCCL
-  kernel's args when they have them. Call names are normalised (``c10d::_allgather_base_``,
+  size), then, in a file where nothing of these describes any call (older PyTorch on CPU), the
+  backend's ``gloo:<op>`` spans on the worker threads that ran the calls. A call whose host
+  record names no group takes the group (and ``Seq``) from its NCCL kernel's args when they
+  have them; one naming it by ``Process Group ID`` only (PyTorch 2.2-2.3) gets a group every
+  rank shares (``comms.groups_by_id``). Call names are normalised (``c10d::_allgather_base_``,
   ``nccl:_all_gather_base``, ``all_gather_into_tensor``, the ``_coalesced`` forms, ``isend``).
   A comm op inside another one on the same thread is not counted again. ``wait``, coalescing
   markers (``coalesced``) and unknown names are not collectives. ``Seq`` (1-based per group)
