@@ -16,7 +16,7 @@ if TYPE_CHECKING:
         read_kineto_batch,
         try_read_kineto_batch,
     )
-    from prism_trace.formats.kineto.comms import comm_raw_sql
+    from prism_trace.formats.kineto.comms import comm_raw_sql, groups_by_id
     from prism_trace.formats.kineto.header import rank_from_file_name, ranks_frame_of
     from prism_trace.formats.kineto.json_array import (
         TraceEventsFile,
@@ -35,6 +35,7 @@ _EXPORTS = {
     "batchable": "batch",
     "comm_raw_sql": "comms",
     "ev0_sql": "sql",
+    "groups_by_id": "comms",
     "json_size_guess": "json_array",
     "plan_batches": "batch",
     "rank_from_file_name": "header",
@@ -55,6 +56,7 @@ __all__ = [
     "batchable",
     "comm_raw_sql",
     "ev0_sql",
+    "groups_by_id",
     "json_size_guess",
     "plan_batches",
     "rank_from_file_name",
