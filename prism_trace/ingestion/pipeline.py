@@ -245,7 +245,7 @@ def ingesting(
     if not files:
         msg = f"{', '.join(map(str, paths))}: no trace files found"
         raise TraceFormatError(msg)
-    ranks = file_ranks(files, rank)  # --rank for one rank's files; an ET's from its pair
+    read_with = file_ranks(files, rank)  # --rank for one rank's files; an ET's from its pair
     # Timelines first, so a host ET can be linked to its rank's Kineto events already written.
     files.sort(key=lambda f: f.format == "host_et")
     prints = _check_fingerprints(store, files, old_id)
@@ -266,7 +266,7 @@ def ingesting(
             paths=paths,
             run=run,
             format=format,
-            ranks=ranks,
+            read_with=read_with,
             progress=progress,
             plan=_Plan(workers=workers, engine=engine, scheduler=scheduler, auto=auto),
             memory_limit=limit_in_force,
@@ -284,7 +284,7 @@ def _ingest_files(
     paths: list[Path],
     run: str,
     format: str,
-    ranks: dict[Path, int],
+    read_with: dict[Path, int],
     progress: bool,
     plan: _Plan,
     memory_limit: float,
@@ -295,7 +295,9 @@ def _ingest_files(
     groups, which mints the group ids they are stored with.
     """
     con = store.con
-    shared = _Shared(store=store, run_id=run_id, tmp=tmp, ranks=ranks, memory_limit=memory_limit)
+    shared = _Shared(
+        store=store, run_id=run_id, tmp=tmp, ranks=read_with, memory_limit=memory_limit
+    )
     book = _RankBook()
     rank_frames: list[pl.DataFrame] = []
     group_frames: list[pl.DataFrame] = []
