@@ -21,10 +21,9 @@ its name: a single-process job) is rank 0.
 from __future__ import annotations
 
 import gzip
+import json
 import re
 from pathlib import Path
-
-import orjson
 
 from prism_trace.errors import UsageError
 from prism_trace.formats.host_et.reader import rank_from_file_name as et_rank_from_name
@@ -35,7 +34,6 @@ __all__ = ["file_ranks"]
 
 _HEAD = 1 << 16
 _PID = re.compile(rb'"pid"\s*:\s*"?(\d+)')
-_INFO = re.compile(rb'"distributedInfo"\s*:\s*(\{[^{}]*\})')
 _NOISE = re.compile(
     r"(^|[._-])(et|ets|host|kineto|trace|traces|pt|chakra|eg|json|gz|pytorch|profile|"
     r"[0-9]+(\.[0-9]+)*|v[0-9]+)(?=$|[._-])"
@@ -71,16 +69,16 @@ def _stem(path: Path) -> str:
 def _stated_kineto_rank(path: Path, head: bytes) -> int | bool | None:
     """The rank a Kineto file's header or name states; False when its header has
     ``distributedInfo`` without one we can read here (its reader decides)."""
-    m = _INFO.search(head)
-    if m is not None:
+    at = head.find(b'"distributedInfo"')
+    if at >= 0:
+        text = head[at:].decode("utf-8", "replace")
+        start = text.find("{")
         try:
-            info = orjson.loads(m.group(1))
-        except orjson.JSONDecodeError:
+            info, _ = json.JSONDecoder().raw_decode(text, start)
+        except ValueError:  # cut off by the head's end, or not an object
             return False
         rank = info.get("rank") if isinstance(info, dict) else None
         return rank if isinstance(rank, int) and not isinstance(rank, bool) else False
-    if b'"distributedInfo"' in head:
-        return False
     return kineto_rank_from_name(path)
 
 

@@ -24,7 +24,12 @@ from prism_trace.store.connection import open_store
 def _kineto(path: Path, pid: int, rank: int | None) -> TraceFile:
     head = {"schemaVersion": 1}
     if rank is not None:
-        head["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 4}
+        head["distributedInfo"] = {
+            "backend": "nccl",
+            "pg_config": [{"pg_name": "0", "ranks": [0, 1, 2, 3]}],  # nested, before the rank
+            "rank": rank,
+            "world_size": 4,
+        }
     events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": pid}]
     path.write_text(json.dumps({**head, "traceEvents": events}))
     return TraceFile(path, "kineto")
