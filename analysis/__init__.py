@@ -107,6 +107,8 @@ def analyze(
     window: Window = "step",
     threshold_pct: float = 1.0,
     min_ns: int = 0,
+    rank_map: dict[int, int] | None = None,
+    iteration_map: dict[int, int] | None = None,
 ) -> dict[str, pl.DataFrame]:
     """Run the analysis ``what`` with its options; the result as named frames.
 
@@ -121,6 +123,8 @@ def analyze(
         window: the breakdowns' window semantics, ``step`` or ``hta`` (docs/analysis.md).
         threshold_pct: divergence threshold of ``diff`` (% of the rank's iteration).
         min_ns: shortest bubble counted.
+        rank_map: ``diff``: rank of ``run`` -> rank of ``compare`` to compare (``--map``).
+        iteration_map: ``diff``: iteration of ``run`` -> iteration of ``compare``.
 
     Returns:
         One frame named ``what``, or a comparison's sections.
@@ -137,9 +141,20 @@ def analyze(
         if compare is None:
             msg = f"`{what}` compares two runs: give the other with --compare"
             raise UsageError(msg)
-        check_selection(store, compare, ranks=ranks, iteration=iteration)
+        check_selection(
+            store,
+            compare,
+            ranks=None if rank_map else ranks,
+            iteration=None if iteration_map else iteration,
+        )
         diff = COMPARISONS[what](
-            store, run, compare, threshold_pct=threshold_pct, iteration=iteration
+            store,
+            run,
+            compare,
+            threshold_pct=threshold_pct,
+            iteration=iteration,
+            rank_map=rank_map,
+            iteration_map=iteration_map,
         )
         return _by_ranks(diff.frames(), ranks)
     if what in ("temporal", "overlap", "kernels", "idle"):

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import polars as pl
+from prism_trace.analysis.diff_map import resolve_map
 
 from prism_trace.errors import RunStateError
 from prism_trace.store.connection import Store
@@ -51,15 +52,21 @@ class RunDiff:
     unmatched_a: int = 0
     unmatched_b: int = 0
     notes: list[str] = field(default_factory=list)
+    pairing: list[str] = field(default_factory=list)
+    """The rank and iteration pairs the diff made without being given them (``diff_map``)."""
 
     def frames(self) -> dict[str, pl.DataFrame]:
-        """The sections as named frames (for printing or JSON)."""
-        return {
+        """The sections as named frames (for printing or JSON); ``pairing`` when the diff
+        paired ranks or iterations itself."""
+        out = {
             "iterations": self.iterations,
             "divergence": self.divergence,
             "contributors": self.contributors,
             "ranks": self.ranks,
         }
+        if self.pairing:
+            out["pairing"] = pl.DataFrame({"note": self.pairing}, schema={"note": pl.Utf8})
+        return out
 
 
 def _info(store: Store, run: str) -> tuple[int, str, int | None]:
@@ -153,6 +160,8 @@ def run_diff(
     threshold_ns: int | None = None,
     iteration: int | None = None,
     top: int = 10,
+    rank_map: dict[int, int] | None = None,
+    iteration_map: dict[int, int] | None = None,
 ) -> RunDiff:
     """Compare run ``b`` with run ``a`` (differences are ``b - a``).
 
@@ -165,6 +174,11 @@ def run_diff(
         threshold_ns: an absolute threshold instead (takes precedence).
         iteration: only this iteration.
         top: contributors kept (by duration difference or by start shift).
+        rank_map: rank of ``a`` -> rank of ``b`` to compare (``--map 3:1``); None: equal
+            ranks, or the one rank of each run (``diff_map.resolve_map``).
+        iteration_map: iteration of ``a`` -> iteration of ``b``; None: equal numbers, or in
+            order when no number is shared. Rows keep ``a``'s numbers (and ``b``'s in
+            ``rank_b``/``iteration_b`` when mapped).
 
     Returns:
         A ``RunDiff``.
@@ -176,14 +190,19 @@ def run_diff(
     ia, ib = _info(store, a), _info(store, b)
     ua, ub = _units(store, ia[0]), _units(store, ib[0])
     it_a, it_b = _iterations(store, ia[0]), _iterations(store, ib[0])
+    pairing = resolve_map(it_a, it_b, ranks=rank_map, iterations=iteration_map)
+    it_a, it_b = pairing.keep_a(it_a), pairing.to_a(it_b)
+    ub = pairing.to_a(ub)
     if iteration is not None:
         it_a = it_a.filter(pl.col("iteration") == iteration)
         it_b = it_b.filter(pl.col("iteration") == iteration)
+    mapped = [c for c in ("rank_b", "iteration_b") if c in it_b.columns]
     ranks = (
         it_a.join(it_b, on=["rank", "iteration"], how="inner", suffix="_b")
         .select(
             "rank",
             "iteration",
+            *mapped,
             pl.col("it_dur").alias("a_ns"),
             pl.col("it_dur_b").alias("b_ns"),
         )
@@ -192,16 +211,21 @@ def run_diff(
         .sort("iteration", "rank")
     )
     if ranks.is_empty():
-        msg = f"{store.path}: runs {a!r} and {b!r} share no (rank, iteration)"
+        msg = (
+            f"{store.path}: runs {a!r} and {b!r} share no (rank, iteration); pair them with"
+            " --map A:B (rank A of the run with rank B of the other) and --map-iterations A:B"
+        )
         raise RunStateError(msg)
 
     mode, graph_a, graph_b = _alignment(store, ia, ib)
     ops_a = _ops(store, ia[0], graph_a).join(
         it_a.select("rank", "iteration"), on=["rank", "iteration"], how="semi"
     )
-    ops_b = _ops(store, ib[0], graph_b).join(
-        it_b.select("rank", "iteration"), on=["rank", "iteration"], how="semi"
+    ops_b = pairing.to_a(_ops(store, ib[0], graph_b), rank=False).drop("iteration_b", strict=False)
+    it_b_units = it_b.join(ub.select("rank", "unit"), on="rank").select(
+        pl.col("unit").alias("rank"), "iteration"
     )
+    ops_b = ops_b.join(it_b_units, on=["rank", "iteration"], how="semi")
     pairs = (
         ua.join(ub, on="rank", how="inner", suffix="_b")
         .select(pl.col("unit").alias("rank"), pl.col("unit_b").alias("rank_b"))
@@ -281,7 +305,7 @@ def run_diff(
         .filter((pl.col("dur_rank") <= top) | (pl.col("shift_rank") <= top))
         .sort("dur_rank")
     )
-    notes = []
+    notes = list(pairing.notes)
     if mode == "ordinal":
         notes.append("ops aligned by (rank, iteration, name, occurrence)")
     return RunDiff(
@@ -299,4 +323,5 @@ def run_diff(
         ).height
         - matched.height,
         notes=notes,
+        pairing=list(pairing.notes),
     )

@@ -78,6 +78,18 @@ def _json_rows(df: Any) -> list[dict[str, Any]]:
     help="diff: an op diverges when its start shifts by more than this % of its iteration.",
 )
 @click.option("--min-ns", type=int, default=0, show_default=True, help="bubbles: shortest window.")
+@click.option(
+    "--map",
+    "rank_map",
+    default=None,
+    help="diff: compare rank A of RUN with rank B of OTHER (A:B, several as 3:1,2:0).",
+)
+@click.option(
+    "--map-iterations",
+    "iteration_map",
+    default=None,
+    help="diff: compare iteration A of RUN with iteration B of OTHER (A:B,...).",
+)
 @json_option("Rows as JSON.")
 @max_rows_option()
 @_one_line_errors
@@ -94,6 +106,8 @@ def analyze_cmd(
     as_json: bool,
     max_rows: int,
     by: str | None,
+    rank_map: str | None,
+    iteration_map: str | None,
 ) -> None:
     """Answer WHAT about a run: temporal/kernel breakdown, overlap, idle time, collective skew,
     pipeline bubbles, critical path across ranks, its diff with another run, or its straggler
@@ -109,6 +123,13 @@ def analyze_cmd(
     if compare is not None and what not in COMPARE_WORDS:  # it would be silently ignored
         msg = f"--compare goes with {', '.join(COMPARE_WORDS)}; `{what}` reads one run"
         raise UsageError(msg)
+    if (rank_map or iteration_map) and what not in COMPARE_WORDS:
+        msg = f"--map and --map-iterations go with {', '.join(COMPARE_WORDS)}"
+        raise UsageError(msg)
+    from prism_trace.analysis.diff_map import parse_pairs
+
+    rmap = parse_pairs(rank_map) if rank_map else None
+    imap = parse_pairs(iteration_map, "iteration") if iteration_map else None
     if what == "slowdown":
         from prism_trace.replay.emulate.slowdown import slowdown
 
@@ -126,6 +147,8 @@ def analyze_cmd(
                 window=window,  # type: ignore[arg-type]
                 threshold_pct=threshold_pct,
                 min_ns=min_ns,
+                rank_map=rmap,
+                iteration_map=imap,
             )
             empty = [k for k, v in frames.items() if v.is_empty()]
             hint = exemplar_hint(store, run_name, ranks) if empty else ""

@@ -47,7 +47,12 @@ __all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
     default="auto",
     show_default=True,
 )
-@click.option("--rank", type=int, default=None, help="Rank of a single file that does not say.")
+@click.option(
+    "--rank",
+    type=int,
+    default=None,
+    help="Rank of one rank's files (a trace and its host ET) that do not say.",
+)
 @replace_option()
 @click.option(
     "--workers",

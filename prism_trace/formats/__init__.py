@@ -18,13 +18,27 @@ if TYPE_CHECKING:
         open_maybe_gzip,
         read_all_bytes,
     )
+    from prism_trace.formats.device import (
+        DEVICE_KERNEL_CATEGORIES,
+        DRIVER_CATEGORIES,
+        RUNTIME_CATEGORIES,
+        STREAM_WAIT_CALLS,
+        SYNC_CALLS,
+        category_sql,
+    )
     from prism_trace.formats.nesting import innermost_enclosing, nest_events
 
 _EXPORTS = {
+    "DEVICE_KERNEL_CATEGORIES": "device",
+    "DRIVER_CATEGORIES": "device",
     "ET_IO_COLUMNS": "base",
     "FRAME_SCHEMAS": "base",
     "FormatName": "base",
+    "RUNTIME_CATEGORIES": "device",
+    "STREAM_WAIT_CALLS": "device",
+    "SYNC_CALLS": "device",
     "TraceTables": "base",
+    "category_sql": "device",
     "empty_frame": "base",
     "innermost_enclosing": "nesting",
     "nest_events": "nesting",
@@ -32,10 +46,16 @@ _EXPORTS = {
     "read_all_bytes": "base",
 }
 __all__ = [
+    "DEVICE_KERNEL_CATEGORIES",
+    "DRIVER_CATEGORIES",
     "ET_IO_COLUMNS",
     "FRAME_SCHEMAS",
+    "RUNTIME_CATEGORIES",
+    "STREAM_WAIT_CALLS",
+    "SYNC_CALLS",
     "FormatName",
     "TraceTables",
+    "category_sql",
     "empty_frame",
     "innermost_enclosing",
     "nest_events",

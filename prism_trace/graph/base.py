@@ -4,9 +4,11 @@ helpers every rule set shares."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import polars as pl
+
+from prism_trace.formats.device import SYNC_CALLS
 
 __all__ = [
     "DEVICE_CATEGORIES",
@@ -33,22 +35,6 @@ __all__ = [
 
 NODE_KINDS = ("host", "kernel", "memcpy", "memset", "collective", "send", "recv")
 EDGE_KINDS = ("program", "launch", "stream", "wait", "sync", "comm", "data", "ctrl")
-
-SYNC_CALLS: dict[str, Literal["device", "stream"]] = {
-    "cudaDeviceSynchronize": "device",
-    "cuCtxSynchronize": "device",
-    "cudaStreamSynchronize": "stream",
-    "cuStreamSynchronize": "stream",
-    "cudaEventSynchronize": "stream",
-    "cuEventSynchronize": "stream",
-    "cudaMemcpy": "stream",
-    "cudaMemcpy2D": "stream",
-    "cudaMemcpy3D": "stream",
-    "cudaMemcpyToSymbol": "stream",
-    "cudaMemcpyFromSymbol": "stream",
-}
-"""Synchronising runtime calls (blocking copies included, ``*Async`` ones not) and what they wait
-for: every stream of the device, or one stream."""
 
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 DEVICE_CATEGORIES = ("kernel", "memcpy", "memset")

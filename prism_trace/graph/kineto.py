@@ -7,6 +7,7 @@ import numpy as np
 import polars as pl
 
 from prism_trace.errors import PrismError
+from prism_trace.formats.device import STREAM_WAIT_CALLS
 from prism_trace.graph.base import (
     DEVICE_CATEGORIES,
     EDGE_SCHEMA,
@@ -285,7 +286,7 @@ def kineto_graph(
             on=["rank", "node_id"],
             how="left",
         ),
-        ev.filter(pl.col("name") == "cudaStreamWaitEvent").select("rank", "ts"),
+        ev.filter(pl.col("name").is_in(STREAM_WAIT_CALLS)).select("rank", "ts"),
     )
     wait_edges = pl.concat([wait_edges, inferred.select(wait_edges.columns)], how="vertical")
     sync_edges, guessed = _sync_edges(ev, info, launched)

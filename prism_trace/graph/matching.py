@@ -455,7 +455,7 @@ def settle_order_matching(
             continue
         known = members.get(name)
         expected = sorted(recorded_set & set(known)) if known else issuing
-        mine = per_call.filter(pl.col("group_name") == name)
+        mine = per_call.filter(pl.col("group_name").eq_missing(name))
         agree = bool(mine["same"].all()) and all(
             set(expected) <= set(r) for r in mine["issued"].to_list()
         )
@@ -468,7 +468,7 @@ def settle_order_matching(
             matching.append({**entry, "mode": "order", "reason": how})
             continue
         diff = _first_difference(
-            calls.filter((pl.col("group_name") == name) & pl.col("seq_by_order")), expected
+            calls.filter(pl.col("group_name").eq_missing(name) & pl.col("seq_by_order")), expected
         )
         matching.append(
             {

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         worker_limit,
         works_on_disk,
     )
+    from prism_trace.ingestion.pairing import file_ranks
     from prism_trace.ingestion.parts import (
         Engine,
         FileJob,
@@ -57,6 +58,7 @@ _EXPORTS = {
     "TraceFile": "discover",
     "assign_iteration": "derive",
     "detect_format": "discover",
+    "file_ranks": "pairing",
     "fill_sizes": "derive",
     "find": "discover",
     "fingerprint": "discover",
@@ -90,6 +92,7 @@ __all__ = [
     "TraceFile",
     "assign_iteration",
     "detect_format",
+    "file_ranks",
     "fill_sizes",
     "find",
     "fingerprint",

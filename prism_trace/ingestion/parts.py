@@ -82,7 +82,7 @@ class FileJob:
     Attributes:
         index: the file's place in the ingest (names its parts).
         trace: the file and its detected format.
-        rank: the ``--rank`` of a single file, if given.
+        rank: the rank to read the file with (``pairing.file_ranks``), if any.
         out_dir: where the worker writes the file's events (Parquet); the driver reads them.
         threads: DuckDB threads of the worker's connection (set when it is made).
         memory_limit: DuckDB memory limit of the worker's connection, bytes.
@@ -241,7 +241,7 @@ def _parse_kineto_batch(jobs: list[FileJob]) -> list[FilePart] | None:
 def parts(
     files: list[TraceFile],
     *,
-    rank: int | None,
+    ranks: dict[Path, int],
     out_dir: Path,
     workers: int,
     memory_limit: int,
@@ -257,12 +257,15 @@ def parts(
     """
     n = max(1, min(workers, len(files)))
     threads = max(1, (os.cpu_count() or 1) // n)
-    jobs = [FileJob(i, f, rank, out_dir, threads, memory_limit) for i, f in enumerate(files)]
+    jobs = [
+        FileJob(i, f, ranks.get(f.path), out_dir, threads, memory_limit)
+        for i, f in enumerate(files)
+    ]
     if engine == "dask":
         with _dask_parts(jobs, workers=n, scheduler=scheduler) as it:
             yield it
         return
-    planned = kineto_batch.plan_batches(_batch_candidates(files, rank), n)
+    planned = kineto_batch.plan_batches(_batch_candidates(files, ranks), n)
     batches = [[jobs[i] for i in b] for b in planned]
     forked = _PREFORKED
     if forked is not None and forked[1] >= n:

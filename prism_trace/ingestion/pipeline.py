@@ -46,6 +46,7 @@ from prism_trace.ingestion.derive import (
     fill_sizes,
 )
 from prism_trace.ingestion.discover import FormatArg, Found, TraceFile, find
+from prism_trace.ingestion.pairing import file_ranks
 from prism_trace.ingestion.parts import Engine
 from prism_trace.ingestion.plan import _Plan
 from prism_trace.ingestion.ranks import _check_bounds, _check_fingerprints, _RankBook
@@ -144,7 +145,8 @@ def ingest(
         paths: files or folders holding the ranks of one job.
         run: the run name; must be new unless ``replace``.
         format: force a format instead of detecting it per file.
-        rank: the rank of a single file whose rank cannot be told otherwise.
+        rank: the rank of one rank's files (a trace, its host ET) that do not tell it; without
+            it, a host ET takes the rank of the Kineto trace it pairs with (``pairing``).
         replace: overwrite an existing run of that name (atomically).
         progress: show a progress bar (stderr).
         workers: files read at the same time (default ``_WORKERS``). With one, files are read
@@ -243,9 +245,7 @@ def ingesting(
     if not files:
         msg = f"{', '.join(map(str, paths))}: no trace files found"
         raise TraceFormatError(msg)
-    if rank is not None and len(files) > 1:
-        msg = f"{files[0].path}: --rank applies to a single file, but {len(files)} were given"
-        raise UsageError(msg)
+    read_with = file_ranks(files, rank)  # --rank for one rank's files; an ET's from its pair
     # Timelines first, so a host ET can be linked to its rank's Kineto events already written.
     files.sort(key=lambda f: f.format == "host_et")
     prints = _check_fingerprints(store, files, old_id)
@@ -266,7 +266,7 @@ def ingesting(
             paths=paths,
             run=run,
             format=format,
-            rank=rank,
+            read_with=read_with,
             progress=progress,
             plan=_Plan(workers=workers, engine=engine, scheduler=scheduler, auto=auto),
             memory_limit=limit_in_force,
@@ -284,7 +284,7 @@ def _ingest_files(
     paths: list[Path],
     run: str,
     format: str,
-    rank: int | None,
+    read_with: dict[Path, int],
     progress: bool,
     plan: _Plan,
     memory_limit: float,
@@ -295,7 +295,9 @@ def _ingest_files(
     groups, which mints the group ids they are stored with.
     """
     con = store.con
-    shared = _Shared(store=store, run_id=run_id, tmp=tmp, rank=rank, memory_limit=memory_limit)
+    shared = _Shared(
+        store=store, run_id=run_id, tmp=tmp, ranks=read_with, memory_limit=memory_limit
+    )
     book = _RankBook()
     rank_frames: list[pl.DataFrame] = []
     group_frames: list[pl.DataFrame] = []

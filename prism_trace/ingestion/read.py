@@ -54,7 +54,7 @@ class _Shared:
     store: Store
     run_id: int
     tmp: Path
-    rank: int | None
+    ranks: dict[Path, int]  # the rank to read a file with, where known before (``pairing``)
     memory_limit: float  # bytes DuckDB may use in this ingest (``settings._ingest_settings``)
     lock: threading.Lock = field(default_factory=threading.Lock)
     claims: dict[int, Path] = field(default_factory=dict)
@@ -78,7 +78,7 @@ def _reading(
     if n:
         with parts(
             files,
-            rank=shared.rank,
+            ranks=shared.ranks,
             out_dir=shared.tmp,
             workers=n,
             memory_limit=ingest_memory.worker_limit(shared.memory_limit, n),
@@ -87,7 +87,7 @@ def _reading(
         ) as got:
             yield ((p.tables, p) for p in got)
         return
-    small = _batch_candidates(files, shared.rank)
+    small = _batch_candidates(files, shared.ranks)
     pool = ThreadPoolExecutor(max_workers=1)  # reads the next batch while one is stored
     batches = kineto_batch.plan_batches(small, 1)
     futures = [pool.submit(_read_files, shared, files, b) for b in batches]
@@ -165,7 +165,7 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
     DuckDB, which bounds the peak and keeps the spill of a trace many times the limit small.
     """
     if trace.format != "kineto":
-        return read_trace(trace, rank=shared.rank)
+        return read_trace(trace, rank=shared.ranks.get(trace.path))
     store = shared.store
     on_disk = _works_on_disk(trace.path, shared.memory_limit)
 
@@ -180,5 +180,9 @@ def _read_file(shared: _Shared, trace: TraceFile, index: int) -> TraceTables:
     work = shared.tmp / f"work{index}.duckdb" if on_disk else None
     with _work_database(store.con, f"{_WORK}{index}", file=work, lock=shared.lock) as cur:
         return kineto_reader.stage_kineto(
-            trace.path, con=cur, events_into=append, rank=shared.rank, tmp_dir=shared.tmp
+            trace.path,
+            con=cur,
+            events_into=append,
+            rank=shared.ranks.get(trace.path),
+            tmp_dir=shared.tmp,
         )

@@ -104,13 +104,14 @@ def _works_on_disk(path: Path, memory_limit: float) -> bool:
     return ingest_memory.works_on_disk(json_size_guess(path), memory_limit)
 
 
-def _batch_candidates(files: list[TraceFile], rank: int | None) -> list[Path | None]:
+def _batch_candidates(files: list[TraceFile], ranks: dict[Path, int]) -> list[Path | None]:
     """The paths of the files that may be read in a batch (``kineto_batch.plan_batches``):
-    Kineto files with no ``--rank`` that would be worked on in memory; None for the others."""
+    Kineto files read with no rank given (``ranks``) that would be worked on in memory; None
+    for the others."""
     return [
         f.path
         if f.format == "kineto"
-        and rank is None
+        and f.path not in ranks
         and json_size_guess(f.path) < ingest_memory.WORK_ON_DISK_BYTES
         else None
         for f in files

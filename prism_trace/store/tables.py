@@ -113,7 +113,11 @@ TABLES: tuple[Table, ...] = (
             col("track_id", "INTEGER", "Minted id within the rank.", null=False),
             col("kind", "VARCHAR", "thread | stream.", null=False),
             col("pid", "VARCHAR", "Trace pid (process id, or device index for streams)."),
-            col("tid", "BIGINT", "OS thread id, or CUDA stream id."),
+            col(
+                "tid",
+                "BIGINT",
+                "OS thread id, or the device stream id (args.stream where tid is text).",
+            ),
             col("name", "VARCHAR", "Thread or stream name when the trace gives one."),
         ),
         ("run_id", "rank", "track_id"),
@@ -131,7 +135,8 @@ TABLES: tuple[Table, ...] = (
                 "VARCHAR",
                 "cpu_op | user_annotation | python_function | cuda_runtime | cuda_driver |"
                 " kernel | memcpy | memset | gpu_user_annotation | cuda_sync | compute | comm |"
-                " instant | other.",
+                " instant | other. Device ops and runtime calls of every backend (HIP, MTIA, XPU..."
+                " as kernel/memcpy/memset and cuda_runtime/cuda_driver: formats.device).",
                 null=False,
             ),
             col("name", "VARCHAR", "Op, kernel or annotation name.", null=False),

@@ -73,9 +73,11 @@ def rank_steps(
     Returns:
         The sums, one group per (unit, step) with a communication call.
     """
-    start = start.reshape(start.shape[0], -1)
-    arrival = arrival.reshape(arrival.shape[0], -1)
-    cols = start.shape[1]
+    # The column count comes from ``start`` alone: a run without collectives has no instance,
+    # and an empty ``arrival`` cannot say how many columns it has (``reshape(0, -1)`` fails).
+    cols = start.shape[1] if start.ndim == 2 else 1
+    start = start.reshape(start.shape[0], cols)
+    arrival = arrival.reshape(arrival.shape[0], cols)
     node = np.asarray(sync_node, dtype=np.int64)
     inst = np.asarray(instance, dtype=np.int64)
     # Columns in blocks: the gathered (participations, block) matrices stay ~16 MB each.

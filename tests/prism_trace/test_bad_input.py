@@ -162,9 +162,24 @@ def test_existing_run_name_and_replace(seeded_db: Path, shared_datasets: Path) -
         assert kinds == [("all_gather",)]
 
 
-def test_reingest_same_files_is_refused(seeded_db: Path, shared_datasets: Path) -> None:
+def test_the_same_files_may_be_ingested_into_another_run(
+    seeded_db: Path, shared_datasets: Path, tmp_path: Path
+) -> None:
+    """Two runs may share a file (two views of one recording compared by ``diff``); a file
+    given twice in one ingest is still refused."""
     same = shared_datasets / "chakra-et/astrasim_et_examples/microbenchmarks/all_reduce/4npus_1MB"
-    assert_fails_cleanly(seeded_db, [same, "--run", "again"], "already ingested as run 'seed'")
+    db = tmp_path / "copy.duckdb"
+    shutil.copyfile(seeded_db, db)
+    code, out = run_cli("ingest", same, "--db", db, "--run", "again", "-q")
+    assert code == 0, out
+    with open_store(db, read_only=True) as store:
+        runs = store.con.execute(
+            "SELECT r.name, count(*) FROM source_file s JOIN run r USING (run_id)"
+            " GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+    assert runs == [("again", 4), ("seed", 4)]
+    one = sorted(same.glob("*.et"))[0]
+    assert_fails_cleanly(seeded_db, [one, one, "--run", "twice"], "each file may be given once")
 
 
 def test_replace_keeps_old_run_when_new_input_is_bad(seeded_db: Path, tmp_path: Path) -> None:

@@ -171,3 +171,16 @@ def test_skew_and_the_report_draw_on_rank_step(store: Store, tmp_path: Path) -> 
     )
     assert out.exit_code == 0, out.output
     assert "rank_step: every rank of the world, from the rank_step table" in out.output
+
+
+@pytest.mark.parametrize("cols", [1, 3])
+def test_a_run_without_collectives_has_no_rows_and_no_crash(cols: int) -> None:
+    """A single-GPU training step has nodes but no collective instance: the empty ``arrival``
+    says nothing of the columns (``reshape(0, -1)`` raised "cannot reshape array of size 0"),
+    so they come from ``start``."""
+    start = np.arange(5 * cols, dtype=np.int64).reshape(5, cols) if cols > 1 else np.arange(5)
+    empty = np.zeros(0, dtype=np.int64)
+    got = rank_steps(start, empty, sync_node=empty, instance=empty, unit=empty, iteration=empty)
+    assert got.unit.size == 0
+    assert got.wait.shape == (0, cols)
+    assert got.late.shape == (0, cols)

@@ -252,18 +252,20 @@ def _resolve_rank(
     world_size: int | None,
     rank: int | None,
 ) -> int:
-    """Rank from the trace, else from the file name, else from the argument."""
+    """Rank from the trace, else from the file name, else from the argument, else 0 when the
+    trace's one group is of one process (the argument first: ``--rank`` for a trace and its
+    host ET, or the rank of the Kineto trace the ET pairs with, must give both one rank)."""
     if dist_info.get("rank") is not None:
         return check_rank(path, dist_info["rank"], "distributedInfo.rank")
     if comm_ranks:
         return Counter(comm_ranks).most_common(1)[0][0]
-    if world_size == 1 and groups:
-        return 0
     from_name = rank_from_file_name(path)
     if from_name is not None:
         return check_rank(path, from_name, "the rank in the file name")
     if rank is not None:
         return check_rank(path, rank, "the rank given")
+    if world_size == 1 and groups:
+        return 0
     msg = (
         f"{path}: cannot tell the rank (no distributedInfo, comm node or rank in the file name);"
         " pass --rank"

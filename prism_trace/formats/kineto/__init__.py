@@ -16,7 +16,7 @@ if TYPE_CHECKING:
         read_kineto_batch,
         try_read_kineto_batch,
     )
-    from prism_trace.formats.kineto.comms import comm_raw_sql
+    from prism_trace.formats.kineto.comms import comm_raw_sql, groups_by_id
     from prism_trace.formats.kineto.header import rank_from_file_name, ranks_frame_of
     from prism_trace.formats.kineto.json_array import (
         TraceEventsFile,
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         split_trace_events,
     )
     from prism_trace.formats.kineto.reader import EventsSink, read_kineto, stage_kineto
-    from prism_trace.formats.kineto.sql import ARG_ROW_SQL, ev0_sql
+    from prism_trace.formats.kineto.sql import ARG_ROW_SQL, ev0_sql, track_sql
 
 _EXPORTS = {
     "ARG_ROW_SQL": "sql",
@@ -35,6 +35,7 @@ _EXPORTS = {
     "batchable": "batch",
     "comm_raw_sql": "comms",
     "ev0_sql": "sql",
+    "groups_by_id": "comms",
     "json_size_guess": "json_array",
     "plan_batches": "batch",
     "rank_from_file_name": "header",
@@ -44,6 +45,7 @@ _EXPORTS = {
     "sniff_kineto": "json_array",
     "split_trace_events": "json_array",
     "stage_kineto": "reader",
+    "track_sql": "sql",
     "try_read_kineto_batch": "batch",
 }
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "batchable",
     "comm_raw_sql",
     "ev0_sql",
+    "groups_by_id",
     "json_size_guess",
     "plan_batches",
     "rank_from_file_name",
@@ -63,6 +66,7 @@ __all__ = [
     "sniff_kineto",
     "split_trace_events",
     "stage_kineto",
+    "track_sql",
     "try_read_kineto_batch",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

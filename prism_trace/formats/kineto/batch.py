@@ -31,7 +31,7 @@ import duckdb
 import polars as pl
 
 from prism_trace.formats.base import TraceTables
-from prism_trace.formats.kineto.comms import _CommTables, comm_raw_sql
+from prism_trace.formats.kineto.comms import _CommTables, comm_raw_sql, groups_by_id
 from prism_trace.formats.kineto.events import _DEVICE_CATEGORIES
 from prism_trace.formats.kineto.frames import _MEMORY_COLUMNS
 from prism_trace.formats.kineto.header import _base_ns, _resolve_rank, ranks_frame_of
@@ -42,7 +42,13 @@ from prism_trace.formats.kineto.json_array import (
 )
 from prism_trace.formats.kineto.load import _OBJECT_BYTES
 from prism_trace.formats.kineto.reader import _FREE_BYTES, _Reader, read_kineto
-from prism_trace.formats.kineto.sql import _LAUNCH_CATEGORIES, _SELECT_FAST, ARG_ROW_SQL, ev0_sql
+from prism_trace.formats.kineto.sql import (
+    _LAUNCH_CATEGORIES,
+    _SELECT_FAST,
+    ARG_ROW_SQL,
+    ev0_sql,
+    track_sql,
+)
 from prism_trace.limits import check_world_size
 
 __all__ = [
@@ -315,6 +321,7 @@ class _BatchReader(_Reader):
                     .otherwise(pl.col("group_size"))
                     .alias("group_size")
                 )
+            raw = groups_by_id(raw, groups, ws)
             fc.raw = raw
             tables.collectives, tables.p2p = fc.comm_frames(raw, groups)
             tables.comm_groups = fc.comm_groups(groups, tables.collectives, tables.p2p)
@@ -363,24 +370,7 @@ class _BatchReader(_Reader):
 
     def build_tracks(self) -> None:
         device = ", ".join(f"'{c}'" for c in _DEVICE_CATEGORIES)
-        self.sql(
-            f"""CREATE TABLE track AS
-                WITH t AS (
-                    SELECT f, pid, tid, bool_or(category IN ({device})) AS is_stream
-                    FROM ev0 GROUP BY f, pid, tid),
-                names AS (
-                    SELECT f, pid, tid, trim(any_value(args->>'name')) AS name
-                    FROM raw WHERE ph = 'M' AND name = 'thread_name' GROUP BY f, pid, tid)
-                SELECT (row_number() OVER (
-                            ORDER BY t.f, t.is_stream, TRY_CAST(t.pid AS BIGINT) NULLS LAST, t.pid,
-                                     TRY_CAST(t.tid AS BIGINT) NULLS LAST, t.tid) - 1)::INTEGER
-                           AS track_id, t.f,
-                       CASE WHEN t.is_stream THEN 'stream' ELSE 'thread' END AS kind,
-                       t.pid, TRY_CAST(t.tid AS BIGINT) AS tid, t.tid AS tid_text,
-                       coalesce(n.name, CASE WHEN TRY_CAST(t.tid AS BIGINT) IS NULL THEN t.tid END)
-                           AS name
-                FROM t LEFT JOIN names n ON n.f = t.f AND n.pid = t.pid AND n.tid = t.tid"""
-        )
+        self.sql(track_sql(device, keys="f"))
 
     def keep_side_records(self) -> None:
         base = self._list(self.bases, "BIGINT")

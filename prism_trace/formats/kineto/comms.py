@@ -19,7 +19,7 @@ from prism_trace.formats.kineto.sql import (
 from prism_trace.formats.kineto.work import _Work
 from prism_trace.limits import check_count, check_rank, check_text, wrong_type
 
-__all__ = ["comm_raw_sql"]
+__all__ = ["comm_raw_sql", "groups_by_id"]
 
 
 def _json_list(value: Any) -> Any:
@@ -79,6 +79,7 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
     c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
     k_dtype = _dtype_sql("ka.args->>'dtype'")
     launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
+    file_of = "e.f" if same_file else "0"
     prism_in, prism_out = (
         _call_bytes_sql(
             rf"TRY_CAST(regexp_extract(e.name, '[:;]{k}=(\d+)', 1) AS HUGEINT)", "1", k, "e"
@@ -103,7 +104,9 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                 FROM ev e WHERE NOT e.on_device AND starts_with(e.name, 'prism_comm:')),
             rpc_new AS (
                 SELECT e.event_id, e.track_id, e.ts, e.dur, 1 AS source,
-                       e.args->>'Process Group Name' AS group_name,
+                       -- PyTorch 2.2-2.3 name the group by its id only
+                       coalesce(e.args->>'Process Group Name',
+                                'id:' || (e.args->>'Process Group ID'), '0') AS group_name,
                        e.args->>'Process Group Description' AS group_desc,
                        e.args->>'Process Group Ranks' AS group_ranks,
                        TRY_CAST(e.args->>'Group size' AS INTEGER) AS group_size,
@@ -189,8 +192,36 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                 SELECT d.* FROM c10d d ASOF LEFT JOIN said o
                   ON o.track_id = d.track_id AND o.ts >= d.ts
                 WHERE o.ts IS NULL OR o.ts > d.ts + d.dur),
+            described AS (
+                -- the files (a batch reads several) whose calls something describes
+                SELECT DISTINCT {file_of} AS f FROM ev e
+                WHERE e.event_id IN (SELECT event_id FROM said UNION ALL
+                                     SELECT event_id FROM c10d)),
+            marks_alone AS (
+                -- older PyTorch on CPU: a backend's span (`gloo:all_reduce`) on the worker
+                -- thread that ran the call is all the trace says of it; taken only in a
+                -- file where nothing else describes calls (elsewhere it repeats a call
+                -- recorded on the issuing thread)
+                SELECT a.event_id, a.track_id, a.ts, a.dur, 4 AS source,
+                       '0' AS group_name, NULL::VARCHAR AS group_desc,
+                       NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
+                       {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
+                       NULL::BIGINT AS seq,
+                       {
+        _call_bytes_sql(
+            "list_aggregate(TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')",
+            _dtype_size_sql(old_dtype),
+            "Input Dims",
+            "a",
+        )
+    } AS in_bytes,
+                       NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
+                       NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                FROM (SELECT m.*, {file_of} AS f FROM old_mark m JOIN ev e USING (event_id)) a
+                WHERE a.f NOT IN (SELECT f FROM described)),
             cand AS (
-                SELECT * FROM said UNION ALL SELECT * FROM c10d_alone),
+                SELECT * FROM said UNION ALL SELECT * FROM c10d_alone
+                UNION ALL SELECT * FROM marks_alone),
             kept AS (
                 -- drop a call enclosed by an earlier one in (ts, -dur, source, event_id)
                 -- order on its track: a running max of the ends, not a range join
@@ -224,7 +255,9 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                        -- a host record that names no group (sources 2, 3): the NCCL
                        -- kernel's args may (newer Kineto copies them onto the kernel)
                        CASE WHEN c.source >= 2
-                            THEN coalesce(ka.args->>'Process Group Name', c.group_name)
+                            THEN coalesce(ka.args->>'Process Group Name',
+                                          'id:' || (ka.args->>'Process Group ID'),
+                                          c.group_name)
                             ELSE c.group_name END AS group_name,
                        CASE WHEN c.source >= 2
                             THEN coalesce(ka.args->>'Process Group Description', c.group_desc)
@@ -258,6 +291,61 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
             LEFT JOIN ev k ON k.event_id = l.kernel_event_id
             LEFT JOIN eva ka ON ka.event_id = l.kernel_event_id
             LEFT JOIN ev_it i ON i.event_id = c.event_id"""
+
+
+_BY_ID = "id:"
+"""Prefix of a group name made from a call's ``Process Group ID`` (``comm_raw_sql``)."""
+
+
+def groups_by_id(
+    raw: pl.DataFrame, groups: dict[str, dict[str, Any]], world_size: int | None
+) -> pl.DataFrame:
+    """``raw`` with each group a call names by its id only given a name every rank shares.
+
+    PyTorch 2.2-2.3 name a call's group by ``Process Group ID`` alone: the address of the
+    process group object in that process, so the same group has another id on every rank and
+    the calls of two ranks would never match (and a call with neither name nor id stored no
+    group at all: ``NOT NULL constraint failed: collective.group_id``). The id's group is:
+
+    - the declared group (``distributedInfo.pg_config``) with the members the call states
+      (``Process Group Ranks``), else a group of those members;
+    - without members, the declared group of the call's size when exactly one has it, else
+      the default group ``"0"`` when the size is the world's;
+    - else the id itself (a group of this rank only; its calls are matched in order).
+
+    Returns ``raw`` itself when no call names a group by id.
+    """
+    by_id = pl.col("group_name").str.starts_with(_BY_ID)
+    if raw.is_empty() or not raw.select(by_id.any()).item():
+        return raw
+    by_ranks = {tuple(g["ranks"]): n for n, g in groups.items() if g.get("ranks")}
+    sizes: dict[int, list[str]] = {}
+    for n, g in groups.items():
+        size = g.get("size") if g.get("size") is not None else len(g.get("ranks") or [])
+        if size:
+            sizes.setdefault(int(size), []).append(n)
+
+    def name_of(name: str, ranks_text: Any, size: Any) -> str:
+        ranks = _json_list(ranks_text)
+        if isinstance(ranks, list) and ranks and all(isinstance(r, int) for r in ranks):
+            return by_ranks.get(tuple(ranks), "ranks:" + ",".join(map(str, ranks)))
+        if size is not None and len(sizes.get(int(size), [])) == 1:
+            return sizes[int(size)][0]
+        if size is not None and world_size is not None and int(size) == world_size:
+            return "0"
+        return name
+
+    cache: dict[tuple[str, Any, Any], str] = {}
+    names = []
+    for name, ranks_text, size in raw.select("group_name", "group_ranks", "group_size").iter_rows():
+        if name is None or not name.startswith(_BY_ID):
+            names.append(name)
+            continue
+        key = (name, ranks_text, size)
+        if key not in cache:
+            cache[key] = name_of(name, ranks_text, size)
+        names.append(cache[key])
+    return raw.with_columns(pl.Series("group_name", names, dtype=pl.Utf8))
 
 
 class _CommTables(_Work):
@@ -311,7 +399,14 @@ class _CommTables(_Work):
         ws = self.world_size if self.world_size is not None else "NULL"
         self.sql(comm_raw_sql(str(ws), ""))
         raw = self.frame("SELECT * FROM comm_raw ORDER BY ts, event_id")
-        return self.comm_frames(raw, groups)
+        named = groups_by_id(raw, groups, self.world_size)
+        if named is not raw:  # ``named_groups`` reads the table: it gets the names too
+            self.con.register("_comm_named", named)
+            try:
+                self.sql("CREATE OR REPLACE TABLE comm_raw AS SELECT * FROM _comm_named")
+            finally:
+                self.con.unregister("_comm_named")
+        return self.comm_frames(named, groups)
 
     def comm_frames(
         self, raw: pl.DataFrame, groups: dict[str, dict[str, Any]]

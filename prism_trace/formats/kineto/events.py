@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from prism_trace.errors import TraceFormatError
-from prism_trace.formats.kineto.sql import _LAUNCH_CATEGORIES, ARG_ROW_SQL
+from prism_trace.formats.kineto.sql import _LAUNCH_CATEGORIES, ARG_ROW_SQL, track_sql
 from prism_trace.formats.kineto.work import _short, _Work
 from prism_trace.formats.nesting import innermost_enclosing, nest_events
 
@@ -28,24 +28,7 @@ class _Events(_Work):
     def build_tracks(self) -> None:
         """One track per (pid, tid): a ``stream`` if it holds device events, else a ``thread``."""
         device = ", ".join(f"'{c}'" for c in _DEVICE_CATEGORIES)
-        self.sql(
-            f"""CREATE TABLE track AS
-                WITH t AS (
-                    SELECT pid, tid, bool_or(category IN ({device})) AS is_stream
-                    FROM ev0 GROUP BY pid, tid),
-                names AS (
-                    SELECT pid, tid, trim(any_value(args->>'name')) AS name
-                    FROM raw WHERE ph = 'M' AND name = 'thread_name' GROUP BY pid, tid)
-                SELECT (row_number() OVER (
-                            ORDER BY t.is_stream, TRY_CAST(t.pid AS BIGINT) NULLS LAST, t.pid,
-                                     TRY_CAST(t.tid AS BIGINT) NULLS LAST, t.tid) - 1)::INTEGER
-                           AS track_id,
-                       CASE WHEN t.is_stream THEN 'stream' ELSE 'thread' END AS kind,
-                       t.pid, TRY_CAST(t.tid AS BIGINT) AS tid, t.tid AS tid_text,
-                       coalesce(n.name, CASE WHEN TRY_CAST(t.tid AS BIGINT) IS NULL THEN t.tid END)
-                           AS name
-                FROM t LEFT JOIN names n ON n.pid = t.pid AND n.tid = t.tid"""
-        )
+        self.sql(track_sql(device))
 
     def build_events(self) -> None:
         """``ev``: the timed events with their ids, track, nesting and typed columns (no args)."""

@@ -9,19 +9,26 @@ Conventions:
 - ``ts``/``dur`` are integer ns. When the trace has ``baseTimeNanoseconds`` (Kineto >= 2024), its
   ``ts`` are microseconds after that base and ``ts`` here is ``base + ts * 1000``, i.e. ns since the
   epoch, like older traces whose ``ts`` are epoch microseconds.
-- Categories: ``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime``,
-  ``cuda_driver``, ``kernel``, ``gpu_memcpy`` -> ``memcpy``, ``gpu_memset`` -> ``memset``,
-  ``gpu_user_annotation``, ``cuda_sync``; ``i``/``I`` instants -> ``instant`` (``[memory]`` goes to
-  ``memory``); any other ``X`` -> ``other``. The profiler's own ``Trace`` span and the
-  ``Spans``/``Traces`` pids are skipped.
-- Tracks: a ``stream`` per (device, CUDA stream) holding device events, a ``thread`` per (pid, tid)
-  otherwise; ``track_id`` and ``event_id`` are minted densely in (track, ts, -dur) order.
+- Categories: the device model of every backend (``formats.device``): ``cpu_op``,
+  ``user_annotation``, ``python_function``; device ops ``kernel`` (CUDA's ``kernel``, MTIA's
+  ``mtia_ccp_events``), ``memcpy``, ``memset``, ``gpu_user_annotation``, ``cuda_sync``; the
+  runtime and driver calls of any backend (``cuda_runtime``, ``hip_runtime``, ``mtia_runtime``,
+  ``xpu_runtime``, ...) as ``cuda_runtime``/``cuda_driver``; ``i``/``I`` instants -> ``instant``
+  (``[memory]`` goes to ``memory``); any other ``X`` -> ``other``. The profiler's own ``Trace``
+  span and the ``Spans``/``Traces`` pids are skipped.
+- Tracks: a ``stream`` per (device, stream) holding device events (its ``tid`` the stream id,
+  from ``args.stream`` where the trace's ``tid`` is text such as ``"stream 7"``), a ``thread``
+  per (pid, tid) otherwise; ``track_id`` and ``event_id`` are minted densely in (track, ts,
+  -dur) order.
 - Collectives come from, in order of preference, ``prism_comm:`` annotations (our generator's),
   ``record_param_comms`` ops with ``Collective name`` (PyTorch >= 2.1), and older
   ``record_param_comms`` ops enclosing an ``nccl:<op>`` annotation (group ``0`` of all ranks),
   then the ``c10d::<op>`` op itself where nothing better describes the call (its input tensor's
-  size). A call whose host record names no group takes the group (and ``Seq``) from its NCCL
-  kernel's args when they have them. Call names are normalised (``c10d::_allgather_base_``,
+  size), then, in a file where nothing of these describes any call (older PyTorch on CPU), the
+  backend's ``gloo:<op>`` spans on the worker threads that ran the calls. A call whose host
+  record names no group takes the group (and ``Seq``) from its NCCL kernel's args when they
+  have them; one naming it by ``Process Group ID`` only (PyTorch 2.2-2.3) gets a group every
+  rank shares (``comms.groups_by_id``). Call names are normalised (``c10d::_allgather_base_``,
   ``nccl:_all_gather_base``, ``all_gather_into_tensor``, the ``_coalesced`` forms, ``isend``).
   A comm op inside another one on the same thread is not counted again. ``wait``, coalescing
   markers (``coalesced``) and unknown names are not collectives. ``Seq`` (1-based per group)

@@ -3,12 +3,14 @@ dtypes, and the bounds of their times."""
 
 from __future__ import annotations
 
+from prism_trace.formats.device import category_sql
 from prism_trace.limits import MAX_COMM_BYTES
 
-__all__ = ["ARG_ROW_SQL", "ev0_sql"]
+__all__ = ["ARG_ROW_SQL", "ev0_sql", "track_sql"]
 
 _LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
-"""Host categories of the runtime calls that launch device work."""
+"""Stored categories of the runtime calls that launch device work (of any backend:
+``formats.device``)."""
 
 _TWO_POW_43 = 8796093022208  # µs; beyond it a DOUBLE holds less than 1 ns of fraction
 # Bounds of a record's times, in µs: ``ts`` up to year ~2096 as epoch µs, so that the base time
@@ -115,20 +117,7 @@ SELECT j->>'ph' AS ph, j->>'cat' AS cat, j->>'name' AS name,
 FROM read_json_objects(?, format = 'array', maximum_object_size = {{object_bytes}}) AS t(j)
 """
 
-_CATEGORY_SQL = """
-CASE
-    WHEN ph IN ('i', 'I') THEN 'instant'
-    WHEN lower(cat) IN ('cpu_op', 'user_annotation', 'python_function', 'cuda_runtime',
-                        'cuda_driver', 'kernel', 'gpu_user_annotation', 'cuda_sync')
-        THEN lower(cat)
-    WHEN lower(cat) IN ('gpu_memcpy', 'memcpy') THEN 'memcpy'
-    WHEN lower(cat) IN ('gpu_memset', 'memset') THEN 'memset'
-    WHEN lower(cat) = 'operator' THEN 'cpu_op'
-    WHEN lower(cat) = 'runtime' THEN 'cuda_runtime'
-    WHEN lower(cat) = 'driver' THEN 'cuda_driver'
-    ELSE 'other'
-END
-"""
+_CATEGORY_SQL = category_sql("cat", "coalesce(name, '')", "ph")
 
 # ``coalesced`` (the record closing a ``_coalescing_manager`` block), ``_coalescing_manager`` and
 # ``batch_isend_irecv`` are no entries on purpose: they wrap calls that are recorded one by one.
@@ -235,10 +224,11 @@ def _dtype_size_sql(x: str) -> str:
 # the batch reader both keep ``raw``'s rowid as ``ord``.
 ARG_ROW_SQL = """CREATE TABLE arg_row AS
    SELECT rowid AS ord, args FROM raw
-   WHERE name = 'record_param_comms' OR lower(cat) = 'cuda_sync'
+   WHERE name = 'record_param_comms' OR lower(cat) IN ('cuda_sync', 'gcu_sync')
       OR regexp_matches(name, '^(nccl|gloo|mpi|ucc|xccl):')
       OR starts_with(name, 'c10d::')
-      OR (lower(cat) = 'kernel' AND name ILIKE '%nccl%')"""
+      OR (lower(cat) IN ('kernel', 'mtia_ccp_events', 'concurrent_kernel')
+          AND name ILIKE '%nccl%')"""
 
 
 def ev0_sql(base_ns: str, *, keys: str = "") -> str:
@@ -257,3 +247,54 @@ def ev0_sql(base_ns: str, *, keys: str = "") -> str:
           AND coalesce(cat, '') <> 'Trace'
           AND coalesce(pid, '') NOT IN ('Spans', 'Traces', '')
           AND NOT (ph IN ('i', 'I') AND name = '[memory]')"""
+
+
+_STREAM_ARG_CATEGORIES = (
+    "('kernel', 'mtia_ccp_events', 'concurrent_kernel', 'gpu_memcpy', 'gpu_memset', 'memcpy',"
+    " 'memset')"
+)
+
+
+def track_sql(device: str, *, keys: str = "") -> str:
+    """The statement making ``track``: one per (pid, tid), a ``stream`` when it holds device
+    events (``device``: their stored categories, SQL list items), else a ``thread``.
+
+    A stream's ``tid`` is its stream id: the ``tid`` itself where it is a number, else the
+    ``stream`` arg of its device events, else the number its text ends with. Older Kineto
+    names a stream track ``"stream 7"`` and says 7 only in the events' args; taking the text's
+    NULL cast lost the id (idle rows and report lanes showed no stream). ``keys`` are the extra
+    leading key columns (``"f"`` for a batch of files).
+    """
+    k = f"{keys}, " if keys else ""
+    cols = [*([keys] if keys else []), "pid", "tid"]
+    by_names = " AND ".join(f"n.{c} = t.{c}" for c in cols)
+    by_args = " AND ".join(f"s.{c} = t.{c}" for c in cols)
+    first_key = f"t.{keys}, " if keys else ""
+    return rf"""CREATE TABLE track AS
+        WITH t AS (
+            SELECT {k}pid, tid, bool_or(category IN ({device})) AS is_stream
+            FROM ev0 GROUP BY {k}pid, tid),
+        names AS (
+            SELECT {k}pid, tid, trim(any_value(args->>'name')) AS name
+            FROM raw WHERE ph = 'M' AND name = 'thread_name' GROUP BY {k}pid, tid),
+        stream_arg AS (
+            SELECT {k}pid, tid, min(TRY_CAST(args->>'stream' AS BIGINT)) AS stream
+            FROM raw
+            WHERE TRY_CAST(tid AS BIGINT) IS NULL AND ph = 'X'
+              AND lower(cat) IN {_STREAM_ARG_CATEGORIES}
+            GROUP BY {k}pid, tid)
+        SELECT (row_number() OVER (
+                    ORDER BY {first_key}t.is_stream, TRY_CAST(t.pid AS BIGINT) NULLS LAST, t.pid,
+                             TRY_CAST(t.tid AS BIGINT) NULLS LAST, t.tid) - 1)::INTEGER
+                   AS track_id, {first_key}
+               CASE WHEN t.is_stream THEN 'stream' ELSE 'thread' END AS kind,
+               t.pid,
+               CASE WHEN t.is_stream
+                    THEN coalesce(TRY_CAST(t.tid AS BIGINT), s.stream,
+                                  TRY_CAST(regexp_extract(t.tid, '(\d+)\s*$', 1) AS BIGINT))
+                    ELSE TRY_CAST(t.tid AS BIGINT) END AS tid,
+               t.tid AS tid_text,
+               coalesce(n.name, CASE WHEN TRY_CAST(t.tid AS BIGINT) IS NULL THEN t.tid END)
+                   AS name
+        FROM t LEFT JOIN names n ON {by_names}
+        LEFT JOIN stream_arg s ON {by_args}"""
