@@ -37,7 +37,9 @@ from prism_trace.errors import RunStateError
 from prism_trace.store.connection import Store
 
 __all__ = [
+    "CARRIED_OVER",
     "PATH_COLUMNS",
+    "PRECEDING_OP",
     "SYNC_SLACK_NS",
     "critical_path",
     "critical_path_shares",
@@ -54,6 +56,17 @@ had ended ends much later than the constraint and is not bound by it.
 """
 
 _COMM_KINDS = ("collective", "send", "recv")
+
+WHOLE_TRACE = -2
+"""Internal iteration of every node when no rank has steps: the whole trace is one window."""
+
+PRECEDING_OP = "preceding-op"
+"""Reason of a node bound by no recorded dependency: the path goes on through the op of its rank
+that ended last before it (the first op of another thread, such as autograd's backward thread)."""
+
+CARRIED_OVER = "carried-over"
+"""Reason of a node whose binding constraint was an earlier step's work (a stream still busy):
+the path goes on through its predecessor in its own step, the gap is the wait."""
 
 PATH_COLUMNS: dict[str, pl.DataType] = {
     "iteration": pl.Int32(),
@@ -85,6 +98,12 @@ class _Graph:
     pred_c: np.ndarray  # its constraint: anchor time + delay
     pred_kind: list[str | None]
     pred_from_end: np.ndarray
+    # The binding predecessor among the in-edges from the node's own iteration (-1: none): the
+    # walk's way on when the overall one is earlier-step work (a stream still busy with it).
+    pred_in: np.ndarray
+    pred_in_c: np.ndarray
+    pred_in_kind: list[str | None]
+    pred_in_from_end: np.ndarray
     sync_pred: np.ndarray  # latest sync in-edge source (-1: none)
     sync_c: np.ndarray
     inst: np.ndarray  # communication instance of a sync node (-1: none)
@@ -218,6 +237,12 @@ def _load(store: Store, run: str) -> _Graph:
     for i, k in zip(d.tolist(), best["kind"].to_list(), strict=True):
         pred_kind[i] = k
     _inferred_waits(nodes, edges, start, end, pred, pred_c, pred_from_end, pred_kind)
+    iteration = nodes["iteration"].fill_null(-1).to_numpy().astype(np.int64)
+    if not (iteration >= 0).any():
+        # No step on any rank (no ProfilerStep): HTA's rule for a trace without the annotation
+        # is the whole trace as one window (``critical_path_analysis(annotation="")``).
+        iteration = np.full(n, WHOLE_TRACE, dtype=np.int64)
+    pred_in, pred_in_c, pred_in_from_end, pred_in_kind = _same_step_preds(edges, iteration, n)
     sync_pred = np.full(n, -1, dtype=np.int64)
     sync_c = np.zeros(n, dtype=np.int64)
     sync = (
@@ -234,17 +259,55 @@ def _load(store: Store, run: str) -> _Graph:
         nodes=nodes.select("rank", "node_id", "kind", "name", "category", "iteration", "ts", "dur"),
         start=start,
         end=end,
-        iteration=nodes["iteration"].fill_null(-1).to_numpy().astype(np.int64),
+        iteration=iteration,
         pred=pred,
         pred_c=pred_c,
         pred_kind=pred_kind,
         pred_from_end=pred_from_end,
+        pred_in=pred_in,
+        pred_in_c=pred_in_c,
+        pred_in_kind=pred_in_kind,
+        pred_in_from_end=pred_in_from_end,
         sync_pred=sync_pred,
         sync_c=sync_c,
         inst=inst,
         inst_arrival=arrival,
         inst_last=last,
     )
+
+
+def _same_step_preds(
+    edges: pl.DataFrame, iteration: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str | None]]:
+    """Per node, the binding predecessor among its in-edges from its own iteration.
+
+    A step whose first device op waits on the stream for the previous step's kernels (the GPU
+    still behind the host) has its overall binding predecessor in the earlier step; the time
+    the step itself spent up to that op is on the host that launched it (data loading, a
+    blocking copy), which is where HTA's critical path, built from the step's own events only,
+    runs. Returns ``(pred, constraint, from_end, kind)``; ``-1`` where there is none.
+    """
+    pred = np.full(n, -1, dtype=np.int64)
+    c = np.zeros(n, dtype=np.int64)
+    from_end = np.ones(n, dtype=bool)
+    kind: list[str | None] = [None] * n
+    if edges.is_empty():
+        return pred, c, from_end, kind
+    s_it = iteration[edges["s"].to_numpy()]
+    d_it = iteration[edges["d"].to_numpy()]
+    best = (
+        edges.filter(pl.Series((s_it == d_it) & (d_it != -1)) & (pl.col("kind") != "sync"))
+        .sort(["d", "c", "src_end", "s"])
+        .group_by("d", maintain_order=True)
+        .last()
+    )
+    d = best["d"].to_numpy()
+    pred[d] = best["s"].to_numpy()
+    c[d] = best["c"].to_numpy()
+    from_end[d] = best["from_end"].to_numpy()
+    for i, k in zip(d.tolist(), best["kind"].to_list(), strict=True):
+        kind[i] = k
+    return pred, c, from_end, kind
 
 
 def _inferred_waits(
@@ -373,6 +436,29 @@ def _instances(
     return inst, arrival, last
 
 
+class _EndedBefore:
+    """The node of a window that ended last before another's start, on the same rank."""
+
+    def __init__(self, g: _Graph, members: np.ndarray) -> None:
+        self._g = g
+        rank = g.nodes["rank"].to_numpy()[members].astype(np.int64)
+        order = np.lexsort((g.end[members], rank))
+        self._idx = members[order]
+        self._rank = rank[order]
+        self._end = g.end[self._idx]
+
+    def latest(self, node: int) -> int:
+        """The member on ``node``'s rank whose end is latest at or before its start; -1: none."""
+        g = self._g
+        r = int(g.nodes["rank"][node])
+        lo = int(np.searchsorted(self._rank, r, side="left"))
+        hi = int(np.searchsorted(self._rank, r, side="right"))
+        j = lo + int(np.searchsorted(self._end[lo:hi], g.start[node], side="right")) - 1
+        while j >= lo and self._idx[j] == node:
+            j -= 1
+        return int(self._idx[j]) if j >= lo else -1
+
+
 def _walk(g: _Graph, it: int) -> list[tuple[int, int, int, str]]:
     """The path of iteration ``it``, latest first: ``(node, path_ts, path_end, reason)``."""
     members = np.flatnonzero(g.iteration == it)
@@ -380,6 +466,7 @@ def _walk(g: _Graph, it: int) -> list[tuple[int, int, int, str]]:
         return []
     # The node that ends last; ties to the one that started last.
     cur = int(members[np.lexsort((g.start[members], g.end[members]))[-1]])
+    before = _EndedBefore(g, members)
     path_end = int(g.end[cur])
     by_end = True
     rows: list[tuple[int, int, int, str]] = []
@@ -401,12 +488,28 @@ def _walk(g: _Graph, it: int) -> list[tuple[int, int, int, str]]:
             cur, path_end, by_end = sp, int(g.end[sp]), True
             continue
         u = int(g.pred[cur])
-        if u < 0 or g.iteration[u] != it:
-            rows.append((cur, s, max(path_end, s), "start"))
-            break
-        rows.append((cur, s, max(path_end, s), str(g.pred_kind[cur])))
-        c = int(g.pred_c[cur])
-        by_end = bool(g.pred_from_end[cur])
+        if u >= 0 and g.iteration[u] == it:
+            reason, c, by_end = (
+                str(g.pred_kind[cur]),
+                int(g.pred_c[cur]),
+                bool(g.pred_from_end[cur]),
+            )
+        elif g.pred_in[cur] >= 0:
+            # Bound by an earlier step's work (the stream still busy with it): the step's own
+            # time up to here went through its in-step predecessor (the host that launched it).
+            u = int(g.pred_in[cur])
+            reason, c = CARRIED_OVER, int(g.pred_in_c[cur])
+            by_end = bool(g.pred_in_from_end[cur])
+        else:
+            u = before.latest(cur)
+            if u < 0:
+                rows.append((cur, s, max(path_end, s), "start"))
+                break
+            # No recorded dependency binds it (the first op of another thread, e.g. autograd's
+            # backward thread): the rank's op that ended last before it is the likeliest cause,
+            # so the path stays on the rank's own time back to the step start.
+            reason, c, by_end = PRECEDING_OP, int(g.end[u]), True
+        rows.append((cur, s, max(path_end, s), reason))
         path_end = int(g.end[u]) if by_end else min(c, int(g.end[u]))
         cur = u
     return rows
@@ -439,8 +542,28 @@ def _path_frame(g: _Graph, it: int, rows: list[tuple[int, int, int, str]]) -> pl
     ).cast(PATH_COLUMNS)  # type: ignore[arg-type]
 
 
+def _paths(g: _Graph, iteration: int | None) -> pl.DataFrame:
+    """The paths of the graph's windows (``WHOLE_TRACE`` kept as is), in iteration order."""
+    its = sorted({int(i) for i in np.unique(g.iteration) if i >= 0 or i == WHOLE_TRACE})
+    if iteration is not None:
+        its = [i for i in its if i == iteration]
+    frames = [_path_frame(g, it, _walk(g, it)) for it in its]
+    if not frames:
+        return pl.DataFrame(schema=PATH_COLUMNS)
+    return pl.concat(frames, how="vertical")
+
+
+def _whole_trace_as_null(df: pl.DataFrame) -> pl.DataFrame:
+    """The whole-trace window's iteration as NULL, as the ``iteration`` of a stepless rank."""
+    it = pl.col("iteration")
+    return df.with_columns(pl.when(it == WHOLE_TRACE).then(None).otherwise(it).alias("iteration"))
+
+
 def critical_path(store: Store, run: str, *, iteration: int | None = None) -> pl.DataFrame:
     """The critical path of each iteration across ranks, one row per node on it in time order.
+
+    A run without steps on any rank (a trace without ProfilerStep) has one window, the whole
+    trace, as HTA's critical path takes it without an annotation; its ``iteration`` is NULL.
 
     Args:
         store: an open store (read-only is fine).
@@ -453,29 +576,22 @@ def critical_path(store: Store, run: str, *, iteration: int | None = None) -> pl
         duration, the part of it on the path (``path_ts``, ``path_ns``), the time between the
         previous node's part and this one's (``gap_ns``: launch delay, CPU gap, slack), and
         ``reason``: how the previous row bound this node (an edge kind, ``sync``,
-        ``comm-last-arriver`` where the path changes rank, ``start`` for the first). For every
-        iteration, ``sum(path_ns) + sum(gap_ns)`` equals the last end minus the first
-        ``path_ts``.
+        ``comm-last-arriver`` where the path changes rank, ``carried-over`` where the node
+        waited for an earlier step's work and the path goes on through its own step's
+        predecessor, ``start`` for the first). For every iteration, ``sum(path_ns) +
+        sum(gap_ns)`` equals the last end minus the first ``path_ts``.
 
     Raises:
         RunNotFoundError: no such run.
         RunStateError: no execution graph for it.
     """
-    g = _load(store, run)
-    its = sorted({int(i) for i in np.unique(g.iteration) if i >= 0})
-    if iteration is not None:
-        its = [i for i in its if i == iteration]
-    frames = [_path_frame(g, it, _walk(g, it)) for it in its]
-    if not frames:
-        return pl.DataFrame(schema=PATH_COLUMNS)
-    return pl.concat(frames, how="vertical")
+    return _whole_trace_as_null(_paths(_load(store, run), iteration))
 
 
-def _span(store: Store, run: str) -> pl.DataFrame:
-    g = _load(store, run)
+def _span(g: _Graph) -> pl.DataFrame:
     return (
         pl.DataFrame({"iteration": g.iteration, "ts": g.start, "end": g.end})
-        .filter(pl.col("iteration") >= 0)
+        .filter((pl.col("iteration") >= 0) | (pl.col("iteration") == WHOLE_TRACE))
         .group_by("iteration")
         .agg((pl.col("end").max() - pl.col("ts").min()).alias("span_ns"))
         .with_columns(pl.col("iteration").cast(pl.Int32))
@@ -488,16 +604,20 @@ def critical_path_summary(store: Store, run: str, *, iteration: int | None = Non
     Returns:
         ``iteration, nodes, ranks, rank_switches, path_ns`` (last end minus first ``path_ts``),
         ``span_ns`` (first start to last end of all the iteration's graph nodes, all ranks),
-        ``path_pct`` (of the span), ``busy_ns`` (sum of ``path_ns``), ``compute_ns`` and
-        ``comm_ns`` (its part in non-communication and communication nodes), ``gap_ns``, and the
-        rank and op with the most path time (``top_rank``, ``top_op``).
+        ``path_pct`` (of the span), ``busy_ns`` (sum of ``path_ns``), split into ``host_ns``
+        (host ops: CPU operators, runtime calls), ``compute_ns`` (device ops and timeline
+        compute ops that are not communication) and ``comm_ns`` (communication nodes),
+        ``gap_ns``, and the rank and op with the most path time (``top_rank``, ``top_op``).
+        ``iteration`` is NULL for the whole-trace window of a run without steps.
 
     Raises:
         RunNotFoundError: no such run.
         RunStateError: no execution graph for it.
     """
-    path = critical_path(store, run, iteration=iteration)
+    g = _load(store, run)
+    path = _paths(g, iteration)
     comm = pl.col("kind").is_in(_COMM_KINDS)
+    host = pl.col("kind") == "host"
     summary = (
         path.sort("iteration", "step")
         .group_by("iteration", maintain_order=True)
@@ -509,7 +629,8 @@ def critical_path_summary(store: Store, run: str, *, iteration: int | None = Non
                 "path_ns"
             ),
             pl.col("path_ns").sum().alias("busy_ns"),
-            pl.col("path_ns").filter(~comm).sum().alias("compute_ns"),
+            pl.col("path_ns").filter(host).sum().alias("host_ns"),
+            pl.col("path_ns").filter(~comm & ~host).sum().alias("compute_ns"),
             pl.col("path_ns").filter(comm).sum().alias("comm_ns"),
             pl.col("gap_ns").sum().alias("gap_ns"),
         )
@@ -523,8 +644,8 @@ def critical_path_summary(store: Store, run: str, *, iteration: int | None = Non
         .select("iteration", pl.col(c).alias(f"top_{'rank' if c == 'rank' else 'op'}"))
         for c in ("rank", "name")
     }
-    return (
-        summary.join(_span(store, run), on="iteration", how="left")
+    out = (
+        summary.join(_span(g), on="iteration", how="left")
         .join(top["rank"], on="iteration", how="left")
         .join(top["name"], on="iteration", how="left")
         .with_columns((100.0 * pl.col("path_ns") / pl.col("span_ns")).alias("path_pct"))
@@ -537,6 +658,7 @@ def critical_path_summary(store: Store, run: str, *, iteration: int | None = Non
             "span_ns",
             "path_pct",
             "busy_ns",
+            "host_ns",
             "compute_ns",
             "comm_ns",
             "gap_ns",
@@ -545,6 +667,7 @@ def critical_path_summary(store: Store, run: str, *, iteration: int | None = Non
         )
         .sort("iteration")
     )
+    return _whole_trace_as_null(out)
 
 
 def critical_path_shares(
