@@ -142,6 +142,14 @@ def analyze_cmd(
         where = describe_selection(run_name, ranks=ranks, iteration=iteration)
         for name in empty:
             why = hint or _EMPTY_WHY.get(name if len(frames) > 1 else what, "")
+            if what == "diff" and name == "divergence" and not hint:
+                click.echo(
+                    f"divergence: none between run {run_name!r} and {compare!r}: no op starts"
+                    f" more than {threshold_pct:g} % of its iteration away from its place"
+                    " (--threshold-pct sets the bar)",
+                    err=True,
+                )
+                continue
             click.echo(f"{name}: nothing for {where}{why}", err=True)
     if unranked is not None:
         # All-zero rows in rank-id order would read as a ranking with rank 0 first.

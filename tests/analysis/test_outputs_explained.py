@@ -101,7 +101,7 @@ def test_partial_refusal_names_what_is_missing_and_the_option(
     """Emulating rank 0 of a 2-rank job: the refusal says the member was not recorded and
     names --partial (was: "never issued by rank(s) []", "allow partial instances")."""
     shutil.copy(real_store.path, tmp_path / "p.duckdb")
-    code, out, err = _cli("emulate", tmp_path / "p.duckdb", "--run", "hta", "--out-run", "e")
+    code, _, err = _cli("emulate", tmp_path / "p.duckdb", "--run", "hta", "--out-run", "e")
     assert code != 0
     assert err.count("\n") == 1
     assert "rank(s) []" not in err
@@ -111,3 +111,26 @@ def test_partial_refusal_names_what_is_missing_and_the_option(
         "emulate", tmp_path / "p.duckdb", "--run", "hta", "--out-run", "e", "--partial"
     )
     assert code == 0, err
+
+
+def test_diff_times_are_whole_ns_and_no_divergence_is_explained(
+    st_emulated_template: Path,
+) -> None:
+    """ST against its emulation: per-iteration means in whole ns (was `2.3817e9` floats), and
+    an empty divergence says there is none and what the bar is (was: "nothing for run")."""
+    from prism_trace.analysis import run_diff
+
+    with open_store(st_emulated_template, read_only=True) as s:
+        d = run_diff(s, "st", "st_emu")
+    assert d.divergence.is_empty()
+    for col in ("a_ns", "b_ns", "diff_ns"):
+        assert d.iterations.schema[col] == pl.Int64, col
+    assert d.contributors.schema["mean_shift_ns"] == pl.Int64
+    code, out, err = _cli(
+        "analyze", st_emulated_template, "--run", "st", "diff", "--compare", "st_emu"
+    )
+    assert code == 0, err
+    assert "divergence: none between run 'st' and 'st_emu'" in err
+    assert "--threshold-pct" in err
+    assert "nothing for" not in err
+    assert "e9" not in out
