@@ -45,7 +45,7 @@ from prism_trace.ingestion.derive import (
     assign_iteration,
     fill_sizes,
 )
-from prism_trace.ingestion.discover import FormatArg, Found, TraceFile, find
+from prism_trace.ingestion.discover import FormatArg, Found, TraceFile, find, no_trace_message
 from prism_trace.ingestion.parts import Engine
 from prism_trace.ingestion.plan import _Plan
 from prism_trace.ingestion.ranks import _check_bounds, _check_fingerprints, _RankBook
@@ -241,8 +241,7 @@ def ingesting(
     old_id = claim_run_name(store, run, replace=replace)
     files, skipped = (found or find(paths, format=format)).checked()
     if not files:
-        msg = f"{', '.join(map(str, paths))}: no trace files found"
-        raise TraceFormatError(msg)
+        raise TraceFormatError(no_trace_message(list(paths), skipped))
     if rank is not None and len(files) > 1:
         msg = f"{files[0].path}: --rank applies to a single file, but {len(files)} were given"
         raise UsageError(msg)

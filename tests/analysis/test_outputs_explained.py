@@ -134,3 +134,14 @@ def test_diff_times_are_whole_ns_and_no_divergence_is_explained(
     assert "--threshold-pct" in err
     assert "nothing for" not in err
     assert "e9" not in out
+
+
+def test_validate_without_a_layout_says_so(real_store: Store, tmp_path: Path) -> None:
+    """Validating rank 0 of 2 with --partial infers no layout: the summary says so and why
+    (was "layout None")."""
+    shutil.copy(real_store.path, tmp_path / "v.duckdb")
+    code, out, err = _cli("validate", tmp_path / "v.duckdb", "--run", "hta", "--partial")
+    assert code == 0, err
+    assert "None" not in out
+    assert "layout not inferred" in out.splitlines()[0]
+    assert "note: " in out
