@@ -15,9 +15,11 @@ if TYPE_CHECKING:
         FormatArg,
         Found,
         TraceFile,
+        describe_non_trace,
         detect_format,
         find,
         fingerprint,
+        no_trace_message,
     )
     from prism_trace.ingestion.link import HOST_CATEGORIES, LinkReport, link_et_to_kineto
     from prism_trace.ingestion.memory import (
@@ -56,6 +58,7 @@ _EXPORTS = {
     "Pending": "append",
     "TraceFile": "discover",
     "assign_iteration": "derive",
+    "describe_non_trace": "discover",
     "detect_format": "discover",
     "fill_sizes": "derive",
     "find": "discover",
@@ -65,6 +68,7 @@ _EXPORTS = {
     "ingesting": "pipeline",
     "link_et_to_kineto": "link",
     "memory_limit_for": "memory",
+    "no_trace_message": "discover",
     "parse_file": "parts",
     "preforked": "parts",
     "preforked_workers": "parts",
@@ -89,6 +93,7 @@ __all__ = [
     "Pending",
     "TraceFile",
     "assign_iteration",
+    "describe_non_trace",
     "detect_format",
     "fill_sizes",
     "find",
@@ -98,6 +103,7 @@ __all__ = [
     "ingesting",
     "link_et_to_kineto",
     "memory_limit_for",
+    "no_trace_message",
     "parse_file",
     "preforked",
     "preforked_workers",
