@@ -143,6 +143,9 @@ def timeline_figure(
         ev = ev.with_columns(pl.Series("lane", lanes)).filter(pl.col("lane") >= 0)
         for cat_key, part in ev.partition_by("category", as_dict=True).items():
             cat = str(cat_key[0])
+            # in time order, parents before the children that start with them: drawn the same,
+            # and the starts pack small (packed._delta_bases)
+            part = part.sort("ts", "depth")
             # Whole µs as short decimal text, and no per-bar duration text: the bars are most of
             # a report's bytes, and such text gzips to a fraction of binary floats (docs/report.md,
             # "Size")

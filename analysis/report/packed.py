@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import functools
 import gzip
+import itertools
 import json
 import re
 from pathlib import Path
@@ -44,6 +45,45 @@ def unpack(text: str, length: int) -> bytes:
     return gzip.decompress(raw[:length])
 
 
+def _delta_bases(figure: dict[str, Any]) -> dict[str, Any]:
+    """``figure`` with each long numeric ``base`` (the timeline's bar starts) written as whole
+    units of its decimals and the difference from the previous bar, ``{"prism_delta": [...],
+    "digits": d}``, which the page sums back before drawing (``page_figures`` too).
+
+    Starts in time order differ by a few digits where the values themselves have seven: the
+    32 000 bars of an 8-rank sample's timeline pack to a third of the bytes. Exact: the page
+    divides the same integers by the same power of ten as Python's ``round`` produced them.
+    """
+    out = dict(figure)
+    traces = []
+    for trace in figure.get("data", []):
+        base = trace.get("base")
+        if isinstance(base, list) and len(base) > 16:
+            for digits in (3, 6):
+                scale = 10**digits
+                ints = [round(v * scale) for v in base]
+                if all(i / scale == v for i, v in zip(ints, base, strict=True)):
+                    deltas = [ints[0], *(b - a for a, b in itertools.pairwise(ints))]
+                    trace = {**trace, "base": {"prism_delta": deltas, "digits": digits}}
+                    break
+        traces.append(trace)
+    out["data"] = traces
+    return out
+
+
+def _sum_bases(figure: dict[str, Any]) -> dict[str, Any]:
+    """``_delta_bases``' inverse, as the page does it."""
+    for trace in figure.get("data", []):
+        base = trace.get("base")
+        if isinstance(base, dict) and "prism_delta" in base:
+            scale, v, values = 10 ** base["digits"], 0, []
+            for d in base["prism_delta"]:
+                v += d
+                values.append(v / scale)
+            trace["base"] = values
+    return figure
+
+
 @functools.cache
 def plotly_js_packed() -> tuple[str, int]:
     """plotly.py's own plotly.min.js, packed once per process (0.3 s of gzip)."""
@@ -61,7 +101,8 @@ def unpack_script(figures: list[dict[str, Any]], config: dict[str, Any]) -> str:
     reason, also shown at the top of the page.
     """
     js, js_len = plotly_js_packed()
-    figs, figs_len = pack(json.dumps(figures, separators=(",", ":")).encode())
+    compact = [_delta_bases(f) for f in figures]
+    figs, figs_len = pack(json.dumps(compact, separators=(",", ":")).encode())
     return f"""<script type="text/plain" id="prism-plotly" data-length="{js_len}">
 {js}
 </script>
@@ -93,6 +134,13 @@ def unpack_script(figures: list[dict[str, Any]], config: dict[str, Any]) -> str:
     lib.textContent = await text('prism-plotly');
     document.head.appendChild(lib);
     const figs = JSON.parse(await text('prism-figures'));
+    for (const f of figs) for (const t of f.data || []) {{
+      if (t.base && t.base.prism_delta) {{  // see _delta_bases
+        const s = 10 ** t.base.digits;
+        let v = 0;
+        t.base = t.base.prism_delta.map(d => (v += d) / s);
+      }}
+    }}
     const config = {json.dumps(config)};
     await Promise.all(Array.from(document.querySelectorAll('div.prism-fig')).map(
         div => {{ const f = figs[+div.dataset.fig];
@@ -122,5 +170,5 @@ def page_figures(page: str) -> list[dict[str, Any]]:
     for name, length, text in _PACKED.findall(page):
         if name == "prism-figures":
             figures: list[dict[str, Any]] = json.loads(unpack(text, int(length)))
-            return figures
+            return [_sum_bases(f) for f in figures]
     return []

@@ -18,7 +18,13 @@ import pytest
 from prism_trace.analysis.report.data import lane_quotas, rank_ranges
 from prism_trace.analysis.report.figures import ms_text, time_unit
 from prism_trace.analysis.report.html import DRAWN_JS, ReportSummary, write_report
-from prism_trace.analysis.report.packed import pack, page_figures, plotly_js_packed, unpack
+from prism_trace.analysis.report.packed import (
+    pack,
+    page_figures,
+    plotly_js_packed,
+    unpack,
+    unpack_script,
+)
 from prism_trace.analysis.report.sections import ReportLimits
 from prism_trace.replay import emulate_run
 
@@ -96,6 +102,7 @@ def test_sample_report_contents(store: Store, tmp_path: Path) -> None:
     assert re.findall(r"<script[^>]*\bsrc=", page) == []
     assert page.count("class='prism-fig'") == 6  # one per section (the CPU sample has no kernels)
     assert len(page_figures(page)) == 6
+    assert rep.bytes <= 2 * 2**20  # 8 ranks, 30 000 bars drawn (was 7.2 MiB)
     text = _text(page)
     # Trace strings never reach the page as markup.
     assert "<script>alert(1)" not in text
@@ -116,6 +123,12 @@ def test_packing_round_trips_with_html_safe_text() -> None:
         text, length = pack(data)
         assert not set(text) & set("<>&\"'`\\/$ \n")
         assert unpack(text, length) == data
+    # the timeline's bar starts travel as differences of whole units; the page sums them back
+    starts = [round(0.001 * i * i, 3) for i in range(500)] + [1e6 + 0.123456]
+    fig = {"data": [{"type": "bar", "base": starts, "x": [1.0] * len(starts)}], "layout": {}}
+    page = unpack_script([fig], {})
+    assert '"prism_delta"' not in page  # packed, not plain
+    assert page_figures(page) == [fig]
     js, _ = plotly_js_packed()
     assert len(js) < 0.42 * 4_815_814  # plotly.min.js, 4.6 MiB as plotly.py ships it
 
