@@ -1,10 +1,9 @@
 """The HTML report of one run: timeline, breakdowns, collective waits, iteration times, memory.
 
-``write_report`` writes one self-contained file (plotly.js and the figures packed once, no
-network) that opens
-in any browser. It works on every run kind: a sliced or emulated run of thousands of ranks is
-drawn one lane group per equivalence class (``rank.class_id``), from its exemplar's events, with
-a drop-down to show one group alone. See docs/report.md.
+``write_report`` writes one self-contained file (plotly.js and the figures packed once, no network)
+that opens in any browser. It works on every run kind: a sliced or emulated run of thousands of
+ranks is drawn one lane group per equivalence class (``rank.class_id``), from its exemplar's events,
+with a drop-down to show one group alone. See docs/report.md.
 """
 
 from __future__ import annotations
