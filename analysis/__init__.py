@@ -22,6 +22,7 @@ from prism_trace.analysis.selection import check_selection, describe_selection
 from prism_trace.analysis.stragglers import (
     collective_skew,
     collective_waits,
+    nothing_to_rank,
     rank_step_waits,
     skew,
     straggler_ops,
@@ -53,6 +54,7 @@ __all__ = [
     "kernels",
     "load_views",
     "names_in",
+    "nothing_to_rank",
     "overlap",
     "rank_step_waits",
     "run_diff",

@@ -38,8 +38,8 @@ class RunDiff:
     alignment: str
     """``node`` (through the execution graph) or ``ordinal``."""
     iterations: pl.DataFrame
-    """Per iteration: ``ranks, a_ns, b_ns`` (mean over ranks), ``diff_ns, diff_pct``, and the
-    first divergent op (``first_rank, first_op, first_shift_ns``)."""
+    """Per iteration: ``ranks, a_ns, b_ns`` (mean over ranks, whole ns), ``diff_ns, diff_pct``,
+    and the first divergent op (``first_rank, first_op, first_shift_ns``)."""
     ranks: pl.DataFrame
     """Per rank and iteration: ``a_ns, b_ns, diff_ns, diff_pct``."""
     divergence: pl.DataFrame
@@ -273,7 +273,12 @@ def run_diff(
     )
     iterations = (
         ranks.group_by("iteration")
-        .agg(pl.len().alias("ranks"), pl.col("a_ns").mean(), pl.col("b_ns").mean())
+        .agg(
+            pl.len().alias("ranks"),
+            # means over ranks, in whole ns like every time of the schema (not 6.0651925e8)
+            pl.col("a_ns").mean().round().cast(pl.Int64),
+            pl.col("b_ns").mean().round().cast(pl.Int64),
+        )
         .with_columns((pl.col("b_ns") - pl.col("a_ns")).alias("diff_ns"))
         .with_columns((100.0 * pl.col("diff_ns") / pl.col("a_ns")).alias("diff_pct"))
         .join(
@@ -295,7 +300,7 @@ def run_diff(
             pl.col("dur").sum().alias("a_ns"),
             pl.col("dur_b").sum().alias("b_ns"),
             pl.col("dur_diff_ns").sum(),
-            pl.col("shift_ns").mean().alias("mean_shift_ns"),
+            pl.col("shift_ns").mean().round().cast(pl.Int64).alias("mean_shift_ns"),
             pl.col("shift_ns").abs().max().alias("max_abs_shift_ns"),
         )
         .with_columns(

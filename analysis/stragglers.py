@@ -7,11 +7,18 @@ in docs/analysis.md. An arrival is the device-side start of the call's kernel wh
 from __future__ import annotations
 
 import polars as pl
-from prism_trace.analysis.views import run_view
+from prism_trace.analysis.views import load_views, run_view
 
 from prism_trace.store.connection import Store
 
-__all__ = ["collective_skew", "collective_waits", "rank_step_waits", "skew", "straggler_ops"]
+__all__ = [
+    "collective_skew",
+    "collective_waits",
+    "nothing_to_rank",
+    "rank_step_waits",
+    "skew",
+    "straggler_ops",
+]
 
 
 def skew(
@@ -35,7 +42,7 @@ def skew(
         store,
         "comm_straggler_at(it := ?)",
         run,
-        order_by="straggler_rank",
+        order_by="straggler_place NULLS LAST, rank",
         params=[iteration],
         ranks=ranks,
     )
@@ -118,3 +125,42 @@ def rank_step_waits(
         " GROUP BY rank ORDER BY late_ns DESC, rank",
         params=values,
     ).pl()
+
+
+def nothing_to_rank(store: Store, run: str, *, iteration: int | None = None) -> str | None:
+    """Why ``skew`` ranks no rank of ``run``, or None when some rank was last somewhere.
+
+    A straggler is a rank the others waited for: that needs an instance recorded by two or more
+    ranks. A one-rank recording of a larger job, or calls no two ranks' records agree on (no
+    group or sequence in the trace), have none, and all-zero rows ordered by rank id would read
+    as a ranking.
+
+    Raises:
+        RunNotFoundError: no run of that name.
+    """
+    run_id = store.require_run(run)
+    load_views(store.con, names=["comm_collective_wait"])
+    rows = store.con.execute(
+        "SELECT count(*), count(*) FILTER (WHERE participants > 1),"
+        " count(*) FILTER (WHERE is_last), count(DISTINCT rank),"
+        " (SELECT count(DISTINCT rank) FROM event WHERE run_id = $1)"
+        " FROM comm_collective_wait WHERE run_id = $1 AND ($2 IS NULL OR iteration = $2)",
+        [run_id, iteration],
+    ).fetchall()
+    calls, shared, last, comm_ranks, ranks = (int(x or 0) for x in rows[0])
+    if last > 0:
+        return None
+    if calls == 0:
+        return "no communication calls"
+    if ranks == 1:
+        return (
+            f"the run has one rank, so no call of its {calls} has another participant to wait"
+            " for it; ingest the other ranks' traces into the run to rank stragglers"
+        )
+    if shared == 0:
+        return (
+            f"none of its {calls} communication calls on {comm_ranks} ranks is matched with"
+            " another rank's (the traces give no common group and sequence); see"
+            " `prism graph` for how the collectives matched"
+        )
+    return f"no rank arrived last at any of the {shared} calls recorded by two or more ranks"

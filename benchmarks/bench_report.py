@@ -116,9 +116,11 @@ def main() -> None:
         note = HERE / "results" / f"report_{machine.lower()}_{date.today().isoformat()}.md"
         note.write_text(
             f"# Report and Perfetto export, {machine}, {date.today().isoformat()}\n\n"
-            "`python benchmarks/bench_report.py --note`: `write_report` (HTML, plotly.js"
-            " embedded) and `export_perfetto` (`.json.gz`) per run; render = headless Chromium"
-            " from navigation until every graph is drawn.\n\n" + table + "\n"
+            "`python benchmarks/bench_report.py --note`: `write_report` (HTML, plotly.js and the"
+            " figures packed) and `export_perfetto` (`.json.gz`) per run; render = headless"
+            " Chromium from navigation until every graph is drawn (unpacking included).\n\n"
+            + table
+            + "\n"
         )
         print(f"wrote {note}")
 

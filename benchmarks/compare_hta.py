@@ -1,6 +1,7 @@
 """The analyses against HolisticTraceAnalysis on the same real traces, and their run times.
 
-For ``param-dlrm-8rank`` (8 ranks), ``hta-nccl-rank0`` (1 rank, 3 steps) and the bundled sample
+For ``param-dlrm-8rank`` (8 ranks), ``hta-nccl-rank0`` (1 rank, 3 steps), the same with CUDA
+sync events added (``tests/analysis/foreign_traces.with_cuda_sync``) and the bundled sample
 it prints, per rank, HTA's temporal breakdown, kernel totals, comm/comp overlap and idle totals
 next to prism's with HTA's window (``window="hta"``), then the wall time of
 each prism analysis (target: <= 2 s each on the 8-rank set) and of HTA's. Writes
@@ -19,6 +20,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -119,9 +121,19 @@ def main() -> None:
         sample_dir.mkdir()
         for f in SAMPLE.glob("*.kineto.json.gz"):
             shutil.copy(f, sample_dir)
+        # HTA-NCCL with Kineto's CUDA sync events (a Stream Sync after the last kernel)
+        sys.path.insert(0, str(REPO))
+        from tests.analysis.foreign_traces import with_cuda_sync
+
+        sync_dir = tmp / "hta-nccl-sync"
+        sync_dir.mkdir()
+        with_cuda_sync(
+            nccl_dir / "nccl_data.json.gz", sync_dir / "nccl_sync.json", stream=7, tail_us=75_800
+        )
         sets = {
             "dlrm": (shared / "param-dlrm-8rank", shared / "param-dlrm-8rank" / "kineto"),
             "hta": (shared / "hta-nccl-rank0", nccl_dir),
+            "hta_sync": (sync_dir, sync_dir),
             "sample": (SAMPLE, sample_dir),
         }
         with open_store(tmp / "a.duckdb") as s:

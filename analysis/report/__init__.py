@@ -40,6 +40,14 @@ if TYPE_CHECKING:
         wait_heatmap,
     )
     from prism_trace.analysis.report.html import DRAWN_JS, ReportSummary, write_report
+    from prism_trace.analysis.report.packed import (
+        ALPHABET,
+        pack,
+        page_figures,
+        plotly_js_packed,
+        unpack,
+        unpack_script,
+    )
     from prism_trace.analysis.report.sections import (
         ReportLimits,
         Section,
@@ -53,6 +61,7 @@ if TYPE_CHECKING:
     )
 
 _EXPORTS = {
+    "ALPHABET": "packed",
     "CATEGORY_COLORS": "figures",
     "DRAWN_JS": "html",
     "LaneGroup": "data",
@@ -78,6 +87,9 @@ _EXPORTS = {
     "memory_series": "data",
     "memory_source": "data",
     "ms_text": "figures",
+    "pack": "packed",
+    "page_figures": "packed",
+    "plotly_js_packed": "packed",
     "rank_ranges": "data",
     "run_facts": "data",
     "sample_groups": "data",
@@ -88,11 +100,14 @@ _EXPORTS = {
     "timeline_section": "sections",
     "timeline_tracks": "data",
     "top_ops_section": "sections",
+    "unpack": "packed",
+    "unpack_script": "packed",
     "wait_heatmap": "figures",
     "waits_section": "sections",
     "write_report": "html",
 }
 __all__ = [
+    "ALPHABET",
     "CATEGORY_COLORS",
     "DRAWN_JS",
     "LaneGroup",
@@ -118,6 +133,9 @@ __all__ = [
     "memory_series",
     "memory_source",
     "ms_text",
+    "pack",
+    "page_figures",
+    "plotly_js_packed",
     "rank_ranges",
     "run_facts",
     "sample_groups",
@@ -128,6 +146,8 @@ __all__ = [
     "timeline_section",
     "timeline_tracks",
     "top_ops_section",
+    "unpack",
+    "unpack_script",
     "wait_heatmap",
     "waits_section",
     "write_report",

@@ -143,8 +143,15 @@ def timeline_figure(
         ev = ev.with_columns(pl.Series("lane", lanes)).filter(pl.col("lane") >= 0)
         for cat_key, part in ev.partition_by("category", as_dict=True).items():
             cat = str(cat_key[0])
-            start = (part["ts"].to_numpy() - t0) / div
-            dur = part["dur"].to_numpy() / div
+            # in time order, parents before the children that start with them: drawn the same,
+            # and the starts pack small (packed._delta_bases)
+            part = part.sort("ts", "depth")
+            # Whole µs as short decimal text, and no per-bar duration text: the bars are most of
+            # a report's bytes, and such text gzips to a fraction of binary floats (docs/report.md,
+            # "Size")
+            digits = 3 if unit == "ms" else 6
+            start = np.round((part["ts"].to_numpy() - t0) / div, digits).tolist()
+            dur = np.round(part["dur"].to_numpy() / div, digits).tolist()
             depth = np.minimum(part["depth"].to_numpy(), 5)
             names = [esc(n, limit=_NAME_CHARS) for n in part["name"].to_list()]
             iters = ["-" if i is None else str(i) for i in part["iteration"].to_list()]
@@ -154,7 +161,7 @@ def timeline_figure(
                     y=part["lane"].to_numpy(),
                     base=start,
                     x=dur,
-                    width=0.84 - 0.13 * depth,
+                    width=np.round(0.84 - 0.13 * depth, 2).tolist(),
                     name=esc(cat),
                     legendgroup=cat,
                     showlegend=cat not in seen,
@@ -162,13 +169,11 @@ def timeline_figure(
                         "color": CATEGORY_COLORS.get(cat, "#7f7f7f"),
                         "line": {"width": 0.3, "color": "rgba(0,0,0,0.35)"},
                     },
-                    customdata=np.column_stack(
-                        [names, iters, [ms_text(d) for d in part["dur"].to_list()]]
-                    ),
+                    customdata=np.column_stack([names, iters]),
                     hovertemplate=(
                         "<b>%{customdata[0]}</b><br>"
                         f"{esc(cat)} · {esc(g.label, limit=60)}<br>"
-                        f"start %{{base:.4g}} {unit} · dur %{{customdata[2]}}<br>"
+                        f"start %{{base:.4g}} {unit} · dur %{{x:.3g}} {unit}<br>"
                         "iteration %{customdata[1]}<extra></extra>"
                     ),
                 )

@@ -1,9 +1,9 @@
 """The HTML report of one run: timeline, breakdowns, collective waits, iteration times, memory.
 
-``write_report`` writes one self-contained file (plotly.js embedded once, no network) that opens
-in any browser. It works on every run kind: a sliced or emulated run of thousands of ranks is
-drawn one lane group per equivalence class (``rank.class_id``), from its exemplar's events, with
-a drop-down to show one group alone. See docs/report.md.
+``write_report`` writes one self-contained file (plotly.js and the figures packed once, no network)
+that opens in any browser. It works on every run kind: a sliced or emulated run of thousands of
+ranks is drawn one lane group per equivalence class (``rank.class_id``), from its exemplar's events,
+with a drop-down to show one group alone. See docs/report.md.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prism_trace.analysis.report import data
+from prism_trace.analysis.report.packed import unpack_script
 from prism_trace.analysis.report.prediction_section import prediction_section
 from prism_trace.analysis.report.sections import (
     ReportLimits,
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["DRAWN_JS", "ReportSummary", "write_report"]
 
 DRAWN_JS = (
-    "() => Array.from(document.querySelectorAll('.js-plotly-plot'))"
+    "() => document.body.dataset.prismDrawn === '1'"
+    " && Array.from(document.querySelectorAll('.js-plotly-plot'))"
     ".every(gd => gd._fullLayout && gd.querySelector('svg.main-svg'))"
 )
 """A browser predicate, true once every figure of a written report has drawn: what the report's
@@ -203,24 +205,22 @@ def write_report(
 def _render(
     facts: data.RunFacts, compare: str | None, sections: list[Section], notes: list[str]
 ) -> str:
-    """The whole page: facts, configuration, notes, then each section; plotly.js is embedded
-    once, with the first figure, so the file opens without a network."""
-    plotly_js = True
+    """The whole page: facts, configuration, notes, then each section; plotly.js and the
+    figures are packed once, at the end (``packed``), so the file opens without a network."""
     config = {"displaylogo": False, "responsive": True, "scrollZoom": False}
     body: list[str] = []
+    figures: list[dict[str, Any]] = []
     for sec in sections:
         body.append(f"<section id='{sec.key}'><h2>{html.escape(sec.title)}</h2>")
         body.append(f"<p class='what'>{html.escape(sec.what)}</p>")
         for fig in sec.figs:
+            height = fig.layout.height or 450
             body.append(
-                fig.to_html(
-                    full_html=False,
-                    include_plotlyjs=plotly_js,
-                    config=config,
-                    default_width="100%",
-                )
+                f"<div class='prism-fig' data-fig='{len(figures)}'"
+                f" style='width:100%;height:{int(height)}px'></div>"
             )
-            plotly_js = False
+            # plotly's JSON: numeric arrays as base-64 typed arrays, which plotly.js decodes
+            figures.append(json.loads(fig.to_json()))
         if sec.html:
             body.append(sec.html)
         body.append("</section>")
@@ -242,5 +242,6 @@ def _render(
         f"<title>{title}</title><style>{_CSS}</style></head><body>"
         f"<h1>{title}</h1>{_facts_html(facts, compare)}{config_html}{notes_html}"
         + "".join(body)
+        + (unpack_script(figures, config) if figures else "")
         + "</body></html>\n"
     )

@@ -18,7 +18,7 @@ from prism_trace.analysis.breakdown import kernels, temporal
 from prism_trace.analysis.diff import run_diff
 from prism_trace.analysis.report import data
 from prism_trace.analysis.report import figures as figs
-from prism_trace.analysis.stragglers import collective_waits
+from prism_trace.analysis.stragglers import collective_waits, nothing_to_rank
 
 from prism_trace.errors import PrismError
 
@@ -242,6 +242,16 @@ def waits_section(
     df = collective_waits(store, run)
     if df.is_empty():
         sec.html = "<p class='what'>No collectives.</p>"
+        return sec
+    unranked = nothing_to_rank(store, run)
+    if unranked is not None:
+        # Every cell would be 0 (no instance has a second participant to wait for): a blank
+        # map that reads as "no waiting". Say why there is nothing to draw instead.
+        sec.html = f"<p class='what'>No waits to show: {html.escape(unranked)}.</p>"
+        notes.append(f"collective waits: none to show ({unranked})")
+        every = _rank_step_heatmap(store, run, limits, notes)
+        if every is not None:
+            sec.figs = [every]
         return sec
     keys = ["group_id", "seq", "link"]
     inst = (

@@ -1,6 +1,39 @@
 -- breakdown: where each rank's time goes (HTA's temporal, kernel, overlap and idle breakdowns).
 -- include: core
 
+-- CUDA synchronisation events that HTA counts as device time (`hta` windows only): the
+-- `cuda_sync` events on a stream (`args.stream` >= 0: `Stream Sync`, `Stream Wait Event`; HTA's
+-- `stream != -1`, so `Event Sync` and `Context Sync`, on stream -1, are left out), launched
+-- before the rank's last step starts when it has two or more (HTA keeps them with the kernels
+-- in `_filter_irrelevant_gpu_kernels`). HTA's temporal breakdown takes every event on a stream
+-- as device activity: a sync widens its window and counts as `other` (its name matches `Sync`),
+-- never as idle. The kernel, overlap and idle breakdowns leave them out, as HTA's do.
+--
+-- @column run_id   The run.
+-- @column rank     The rank.
+-- @column ts       Start, ns.
+-- @column end_ts   End, ns.
+CREATE VIEW _breakdown_hta_sync AS
+WITH launch AS (
+    SELECT run_id, rank, correlation, min(ts) AS launch_ts
+    FROM event
+    WHERE category IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+    GROUP BY run_id, rank, correlation
+),
+stepped AS (
+    SELECT run_id, rank, count(*) AS steps, max(ts) AS last_step_ts
+    FROM iteration
+    GROUP BY run_id, rank
+)
+SELECT e.run_id, e.rank, e.ts, e.ts + e.dur AS end_ts
+FROM event e
+JOIN core_rank_mode m USING (run_id, rank)
+LEFT JOIN launch l USING (run_id, rank, correlation)
+LEFT JOIN stepped s USING (run_id, rank)
+WHERE e.category = 'cuda_sync' AND m.mode = 'device' AND e.ts IS NOT NULL AND e.dur IS NOT NULL
+  AND TRY_CAST(json_extract_string(e.args, '$.stream') AS BIGINT) >= 0
+  AND (coalesce(s.steps, 0) < 2 OR l.launch_ts < s.last_step_ts);
+
 -- The windows each breakdown covers, in two flavours (`window_kind`).
 --
 -- `step` (prism's default): one window per iteration of the rank. On a device rank the device
@@ -10,9 +43,9 @@
 -- clipped at the ProfilerStep end. Other ranks, and ranks without steps, keep the `core_window`
 -- windows.
 -- `hta` (HTA's semantics): one window per device rank, from the first start to the last end of
--- the device ops HTA keeps (`core_device_op.in_hta`), on HTA's integer-µs clock (a start rounded
--- up, an end down to whole µs, as HTA's `round_down_time_stamps`); other ranks keep their `step`
--- windows.
+-- the device ops HTA keeps (`core_device_op.in_hta`) and the syncs it counts
+-- (`_breakdown_hta_sync`), on HTA's integer-µs clock (a start rounded up, an end down to whole
+-- µs, as HTA's `round_down_time_stamps`); other ranks keep their `step` windows.
 CREATE VIEW _breakdown_window AS
 WITH dev_end AS (
     SELECT run_id, rank, iteration, max(end_ts) AS dev_end
@@ -45,12 +78,14 @@ WHERE mode <> 'device'
 UNION ALL
 SELECT 'hta' AS window_kind, run_id, rank, NULL::INTEGER AS iteration, 'device' AS mode,
        min((ts + 999) // 1000 * 1000) AS ts, max(end_ts // 1000 * 1000) AS end_ts
-FROM core_device_op
-WHERE in_hta
+FROM (SELECT run_id, rank, ts, end_ts FROM core_device_op WHERE in_hta
+      UNION ALL
+      SELECT run_id, rank, ts, end_ts FROM _breakdown_hta_sync)
 GROUP BY run_id, rank;
 
 -- Activity intervals of each rank, with their class and precedence `level` (1 wins), by mode.
--- Device: device ops, compute 1 > comm 2 > memory 3 > other 4. Timeline: events of category
+-- Device: device ops, compute 1 > comm 2 > memory 3 > other 4 (and, in `hta` windows only, the
+-- syncs HTA counts, as other). Timeline: events of category
 -- `compute` (class compute, 1) and `comm` (class comm, 2). Host: comm host ops 1 > cpu_op
 -- events 2 (a thread inside a communication call is blocked in it, so the ops nested in it are
 -- communication). `overlappable`: may count as computation hiding communication (host cpu_ops
@@ -64,6 +99,11 @@ SELECT run_id, rank, kernel_type AS class,
        TRUE AS overlappable, ts, end_ts, iteration, in_steps, in_hta,
        (ts + 999) // 1000 * 1000 AS hta_ts, end_ts // 1000 * 1000 AS hta_end_ts
 FROM core_device_op
+UNION ALL
+SELECT run_id, rank, 'other' AS class, 4 AS level, TRUE AS overlappable, ts, end_ts,
+       NULL::INTEGER AS iteration, FALSE AS in_steps, TRUE AS in_hta,
+       (ts + 999) // 1000 * 1000 AS hta_ts, end_ts // 1000 * 1000 AS hta_end_ts
+FROM _breakdown_hta_sync
 UNION ALL
 SELECT e.run_id, e.rank, e.category AS class,
        CASE e.category WHEN 'compute' THEN 1 ELSE 2 END AS level, TRUE AS overlappable,

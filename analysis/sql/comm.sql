@@ -202,7 +202,7 @@ SELECT * FROM comm_straggler_op_at();
 --
 -- @column run_id          The run.
 -- @column rank            The rank.
--- @column straggler_rank  1 for the rank that made others wait longest, 2 next, ...
+-- @column straggler_place  Place in the straggler ranking (not a rank id): 1 for the rank that made others wait longest, 2 next, ...; NULL for a rank never last at an instance with two or more participants.
 -- @column calls           Communication calls of the rank (collectives and p2p).
 -- @column times_last      Instances it reached last.
 -- @column last_pct        times_last as a percentage of its calls with two or more participants.
@@ -245,20 +245,21 @@ op AS (
     GROUP BY run_id, rank
 )
 SELECT r.run_id, r.rank,
-       row_number() OVER (PARTITION BY r.run_id
-                          ORDER BY r.caused_wait_ns DESC, r.times_last DESC, r.rank)
-           AS straggler_rank,
+       CASE WHEN r.times_last > 0 THEN
+           row_number() OVER (PARTITION BY r.run_id, r.times_last > 0
+                              ORDER BY r.caused_wait_ns DESC, r.times_last DESC, r.rank)
+       END AS straggler_place,
        r.calls, r.times_last, 100.0 * r.times_last / nullif(r.multi_calls, 0) AS last_pct,
        r.caused_wait_ns, r.last_wait_ns, r.wait_ns, r.mean_wait_ns, op.top_preceding_op
 FROM r
 LEFT JOIN op USING (run_id, rank)
-ORDER BY r.run_id, straggler_rank;
+ORDER BY r.run_id, straggler_place NULLS LAST, r.rank;
 
 -- `comm_straggler_at` over every iteration: the `skew` analysis.
 --
 -- @column run_id          The run.
 -- @column rank            The rank.
--- @column straggler_rank  1 for the rank that made others wait longest, 2 next, ...
+-- @column straggler_place  Place in the straggler ranking (not a rank id): 1 for the rank that made others wait longest, 2 next, ...; NULL for a rank never last at an instance with two or more participants.
 -- @column calls           Communication calls of the rank (collectives and p2p).
 -- @column times_last      Instances it reached last.
 -- @column last_pct        times_last as a percentage of its calls with two or more participants.

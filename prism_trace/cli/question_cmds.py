@@ -114,12 +114,13 @@ def analyze_cmd(
     slowdown (emulated with and without typical op times, `--by` a group)."""
     import polars as pl
 
-    from prism_trace.analysis import analyze, describe_selection
+    from prism_trace.analysis import analyze, describe_selection, nothing_to_rank
     from prism_trace.analysis.selection import exemplar_hint
     from prism_trace.store.connection import open_store
 
     ranks = ranks_text
     empty: list[str] = []
+    unranked: str | None = None
     if compare is not None and what not in COMPARE_WORDS:  # it would be silently ignored
         msg = f"--compare goes with {', '.join(COMPARE_WORDS)}; `{what}` reads one run"
         raise UsageError(msg)
@@ -131,10 +132,13 @@ def analyze_cmd(
     rmap = parse_pairs(rank_map) if rank_map else None
     imap = parse_pairs(iteration_map, "iteration") if iteration_map else None
     if what == "slowdown":
-        from prism_trace.replay.emulate.slowdown import slowdown
+        from prism_trace.replay.emulate.slowdown import slowdown, slowdown_note
 
         with open_store(db) as store:  # writable: a recorded run gets its graph first
             frames = {what: slowdown(store, run_name, by=by)}
+        if not as_json:
+            for line in slowdown_note(frames[what]):
+                click.echo(line, err=True)
     else:
         with open_store(db, read_only=True) as store:
             frames = analyze(
@@ -152,11 +156,29 @@ def analyze_cmd(
             )
             empty = [k for k, v in frames.items() if v.is_empty()]
             hint = exemplar_hint(store, run_name, ranks) if empty else ""
+            unranked = (
+                nothing_to_rank(store, run_name, iteration=iteration)
+                if what == "skew" and not empty and not as_json
+                else None
+            )
     if empty and not as_json:
         where = describe_selection(run_name, ranks=ranks, iteration=iteration)
         for name in empty:
             why = hint or _EMPTY_WHY.get(name if len(frames) > 1 else what, "")
+            if what == "diff" and name == "divergence" and not hint:
+                click.echo(
+                    f"divergence: none between run {run_name!r} and {compare!r}: no op starts"
+                    f" more than {threshold_pct:g} % of its iteration away from its place"
+                    " (--threshold-pct sets the bar)",
+                    err=True,
+                )
+                continue
             click.echo(f"{name}: nothing for {where}{why}", err=True)
+    if unranked is not None:
+        # All-zero rows in rank-id order would read as a ranking with rank 0 first.
+        where = describe_selection(run_name, ranks=ranks, iteration=iteration)
+        click.echo(f"skew: nothing to rank for {where}: {unranked}", err=True)
+        frames = {k: v for k, v in frames.items() if k != "skew"}
     if "rank_step" in frames and not as_json:
         click.echo(
             f"{what}: from the collective rows (the class exemplars and --keep-events ranks);"

@@ -15,9 +15,11 @@ if TYPE_CHECKING:
         FormatArg,
         Found,
         TraceFile,
+        describe_non_trace,
         detect_format,
         find,
         fingerprint,
+        no_trace_message,
     )
     from prism_trace.ingestion.link import HOST_CATEGORIES, LinkReport, link_et_to_kineto
     from prism_trace.ingestion.memory import (
@@ -57,6 +59,7 @@ _EXPORTS = {
     "Pending": "append",
     "TraceFile": "discover",
     "assign_iteration": "derive",
+    "describe_non_trace": "discover",
     "detect_format": "discover",
     "file_ranks": "pairing",
     "fill_sizes": "derive",
@@ -67,6 +70,7 @@ _EXPORTS = {
     "ingesting": "pipeline",
     "link_et_to_kineto": "link",
     "memory_limit_for": "memory",
+    "no_trace_message": "discover",
     "parse_file": "parts",
     "preforked": "parts",
     "preforked_workers": "parts",
@@ -91,6 +95,7 @@ __all__ = [
     "Pending",
     "TraceFile",
     "assign_iteration",
+    "describe_non_trace",
     "detect_format",
     "file_ranks",
     "fill_sizes",
@@ -101,6 +106,7 @@ __all__ = [
     "ingesting",
     "link_et_to_kineto",
     "memory_limit_for",
+    "no_trace_message",
     "parse_file",
     "preforked",
     "preforked_workers",

@@ -21,7 +21,17 @@ from prism_trace.errors import PrismError, TraceFormatError, UnknownFormatError
 from prism_trace.formats.base import FormatName
 from prism_trace.limits import check_regular_file, gzip_errors
 
-__all__ = ["FormatArg", "Found", "TraceFile", "detect_format", "discover", "find", "fingerprint"]
+__all__ = [
+    "FormatArg",
+    "Found",
+    "TraceFile",
+    "describe_non_trace",
+    "detect_format",
+    "discover",
+    "find",
+    "fingerprint",
+    "no_trace_message",
+]
 
 FormatArg = Literal["auto", "kineto", "host_et", "chakra", "op_timeline"]
 """What ``--format`` may say: a format forced on every file, or ``auto`` (detected per file)."""
@@ -69,6 +79,62 @@ def detect_format(path: Path) -> FormatName | None:
     from prism_trace.formats.chakra.records import sniff_chakra
 
     return "chakra" if sniff_chakra(path) else None
+
+
+_EXPECTED = (
+    "expected a Kineto trace (JSON with `traceEvents`), a host execution trace (JSON with `nodes`"
+    " and `schema`), a Chakra ET protobuf or an op-timeline parquet"
+)
+
+
+def describe_non_trace(path: Path) -> str:
+    """What ``path`` looks like, for a message about a file that is not a trace.
+
+    Says enough to recognise the file (its JSON top-level keys, YAML, text, empty, binary), so a
+    user who named the wrong file of a set sees which one it was.
+    """
+    import json
+
+    if not _is_regular(path):
+        return "not a regular file"
+    if _OP_TIMELINE_SIDECARS.match(path.name) and _is_op_timeline_dir(path.parent):
+        tables = ", ".join(f.name for f in sorted(path.parent.glob("*.parquet"))[:3])
+        return f"a companion file of the op timeline in its folder; ingest {tables} (or the folder)"
+    try:
+        head = _head(path)
+    except (OSError, PrismError):
+        return "unreadable"
+    if not head.strip():
+        return "empty"
+    text = head.lstrip().removeprefix(b"\xef\xbb\xbf").lstrip()
+    if text[:1] in (b"{", b"["):
+        try:
+            doc = json.loads(text) if len(head) < _HEAD_BYTES else None
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict):
+            keys = ", ".join(f"`{k}`" for k in list(doc)[:5])
+            return f"a JSON object with keys {keys}" if keys else "an empty JSON object"
+        if isinstance(doc, list):
+            return f"a JSON array of {len(doc)} items"
+        return "JSON" + (" (an object)" if text[:1] == b"{" else " (an array)")
+    try:
+        decoded = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary data of no known kind"
+    if re.match(r"^\s*[\w.-]+\s*:", decoded):
+        return "YAML or other text of `key: value` lines"
+    return "text"
+
+
+def no_trace_message(paths: list[Path], skipped: list[Path]) -> str:
+    """The one line for paths that hold no trace: what was given and what was expected."""
+    if len(paths) == 1 and paths[0].is_file():
+        return f"{paths[0]}: not a trace: {describe_non_trace(paths[0])}; {_EXPECTED}"
+    shown = "; ".join(f"{f.name}: {describe_non_trace(f)}" for f in skipped[:3])
+    more = f"; and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+    found = f" ({shown}{more})" if skipped else " (no files)"
+    return f"{', '.join(map(str, paths))}: no trace files found{found}; {_EXPECTED}"
 
 
 def _is_regular(path: Path) -> bool:
@@ -129,8 +195,8 @@ def discover(
                 skipped.append(p)
                 continue
             msg = (
-                f"{p}: unknown trace format (not a Kineto trace, host execution trace, Chakra ET"
-                " or op-timeline parquet); pass --format to force one"
+                f"{p}: unknown trace format: {describe_non_trace(p)}; {_EXPECTED}"
+                " (--format forces one)"
             )
             raise UnknownFormatError(msg)
         found.append(TraceFile(p, fmt))

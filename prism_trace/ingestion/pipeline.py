@@ -45,7 +45,7 @@ from prism_trace.ingestion.derive import (
     assign_iteration,
     fill_sizes,
 )
-from prism_trace.ingestion.discover import FormatArg, Found, TraceFile, find
+from prism_trace.ingestion.discover import FormatArg, Found, TraceFile, find, no_trace_message
 from prism_trace.ingestion.pairing import file_ranks
 from prism_trace.ingestion.parts import Engine
 from prism_trace.ingestion.plan import _Plan
@@ -243,8 +243,7 @@ def ingesting(
     old_id = claim_run_name(store, run, replace=replace)
     files, skipped = (found or find(paths, format=format)).checked()
     if not files:
-        msg = f"{', '.join(map(str, paths))}: no trace files found"
-        raise TraceFormatError(msg)
+        raise TraceFormatError(no_trace_message(list(paths), skipped))
     read_with = file_ranks(files, rank)  # --rank for one rank's files; an ET's from its pair
     # Timelines first, so a host ET can be linked to its rank's Kineto events already written.
     files.sort(key=lambda f: f.format == "host_et")

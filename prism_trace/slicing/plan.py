@@ -100,6 +100,15 @@ class SliceClass:
         }
 
 
+def _kept_target(recorded: ParallelLayout, target: ParallelLayout) -> str:
+    """A slice a refused target can become: the recorded layout with the dp that makes the
+    target's world (the target's dp when the world does not divide), and that world."""
+    rest = recorded.world_size // recorded.size("dp")
+    dp = target.world_size // rest if target.world_size % rest == 0 else target.size("dp")
+    spec = ",".join(f"dp={dp}" if p.startswith("dp=") else p for p in recorded.spec.split(","))
+    return f"--layout {spec} --world {dp * rest}"
+
+
 def check_layouts(recorded: ParallelLayout, target: ParallelLayout, world: int) -> None:
     """Refuse a target that changes more than dp, or whose sizes do not make ``world``.
 
@@ -116,8 +125,9 @@ def check_layouts(recorded: ParallelLayout, target: ParallelLayout, world: int) 
         if recorded.size(a) != target.size(a):
             msg = (
                 f"axis `{a}` differs: recorded {a}={recorded.size(a)}, target {a}={target.size(a)};"
-                " slicing only changes dp (hence the world); changing"
-                f" {a} is a what-if of the emulator, not slicing (recorded layout {recorded.spec})"
+                f" slicing only changes dp (hence the world), and no what-if changes {a}: keep"
+                f" {a}={recorded.size(a)} ({_kept_target(recorded, target)}), or record"
+                f" the job at {a}={target.size(a)} (recorded layout {recorded.spec})"
             )
             raise SliceError(msg)
 

@@ -443,11 +443,20 @@ def collective_instances(
         ranks = [int(unit_rank[u]) if u >= 0 else -1 for u in missing_units]
         shown = [r for r in ranks if r >= 0]
         unrecorded = len(ranks) - len(shown)
+        absent = []
+        if shown:
+            absent.append(f"is never issued by recorded rank(s) {', '.join(map(str, shown))}")
+        if unrecorded:
+            absent.append(
+                f"waits for {unrecorded} member rank(s) of its group that the run does not hold"
+                " (not recorded)"
+            )
         msg = (
-            f"collective (group {g}, seq {s}) is never issued by rank(s) {shown}"
-            + (f" and {unrecorded} unrecorded member rank(s)" if unrecorded else "")
-            + f"; {short.size} incomplete instance(s) in all; emulating it would hang"
-            " [record every rank, or allow partial instances]"
+            f"collective (group {g}, seq {s}) {' and '.join(absent)}; {short.size} incomplete"
+            " instance(s) in all, which would wait forever"
+            " [ingest the missing ranks' traces into the run, or pass --partial"
+            " (`prism emulate`, `prism validate`) to complete each collective over the ranks"
+            " present]"
         )
         raise MissingParticipantError(msg, group=g, seq=s, ranks=shown)
     return inst, int(keys.size)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from prism_trace.replay.emulate.prepare import check_rank_targets
     from prism_trace.replay.emulate.rank_step import RankSteps, rank_step_rows, rank_steps
     from prism_trace.replay.emulate.run import run_emulation
-    from prism_trace.replay.emulate.slowdown import BY
+    from prism_trace.replay.emulate.slowdown import BY, slowdown_note
     from prism_trace.replay.emulate.values import (
         EmulationResult,
         LoadedRun,
@@ -63,6 +63,7 @@ _EXPORTS = {
     "rank_steps": "rank_step",
     "recorded_iterations": "frames",
     "run_emulation": "run",
+    "slowdown_note": "slowdown",
     "temporary_slice": "driver",
     "unit_iterations": "frames",
     "with_memory": "frames",
@@ -92,6 +93,7 @@ __all__ = [
     "rank_steps",
     "recorded_iterations",
     "run_emulation",
+    "slowdown_note",
     "temporary_slice",
     "unit_iterations",
     "with_memory",

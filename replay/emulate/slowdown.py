@@ -34,7 +34,7 @@ from prism_trace.replay.whatif.config import WhatIfConfig
 from prism_trace.errors import RunStateError, UsageError
 from prism_trace.store.connection import Store
 
-__all__ = ["BY", "slowdown"]
+__all__ = ["BY", "slowdown", "slowdown_note"]
 
 By = Literal["optype", "rank", "stage", "dp_rank"]
 BY: tuple[str, ...] = ("optype", "rank", "stage", "dp_rank")
@@ -52,7 +52,15 @@ def _mean_step(store: Store, inputs: PreparedRun, config: EmulationConfig) -> fl
     res = run_emulation(store, inputs, config)
     it = unit_iterations(res, recorded_iterations(store, inputs))
     per = it.group_by("iteration").agg(pl.col("dur").mean())
-    return float(per["dur"].mean())  # type: ignore[arg-type]
+    mean = per["dur"].mean()
+    if mean is None:
+        msg = (
+            f"{store.path}: run {inputs.run!r} has no steps (no ProfilerStep or iteration marks),"
+            " and the slowdown is a ratio of mean step times; record with a profiler schedule,"
+            " or use `prism analyze ... critical-path-summary` for the whole trace"
+        )
+        raise RunStateError(msg)
+    return float(mean)  # type: ignore[arg-type]
 
 
 def _labels(store: Store, inputs: PreparedRun, by: str) -> pl.Series:
@@ -114,9 +122,9 @@ def slowdown(store: Store, run: str, *, by: str | None = None) -> pl.DataFrame:
         by: ``optype``, ``rank``, ``stage`` or ``dp_rank``; None: overall only.
 
     Returns:
-        ``by, group, slowdown, step_ns``: first the overall rows (group ``all``: no-launch-delay
-        over no-stragglers; ``all+own delays``: the emulated recording over no-stragglers), then
-        one row per group, slowest first.
+        ``by, group, slowdown, step_ns`` (the emulated mean step, whole ns): first the overall
+        rows (group ``all``: no-launch-delay over no-stragglers; ``all+own delays``: the
+        emulated recording over no-stragglers), then one row per group, slowest first.
 
     Raises:
         UsageError: an unknown ``by``.
@@ -133,6 +141,36 @@ def slowdown(store: Store, run: str, *, by: str | None = None) -> pl.DataFrame:
             "by": [r[0] for r in rows],
             "group": [r[1] for r in rows],
             "slowdown": np.array([r[2] for r in rows], dtype=np.float64),
-            "step_ns": np.array([r[3] for r in rows], dtype=np.float64),
+            "step_ns": np.array([round(r[3]) for r in rows], dtype=np.int64),
         }
     )
+
+
+def slowdown_note(frame: pl.DataFrame) -> list[str]:
+    """Lines that say how to read ``slowdown``'s frame (printed beside the table).
+
+    The bare ratio says nothing about its terms, and a ratio below 1 reads as "stragglers make
+    the job faster": it means the emulation with every op at its typical time came out slower
+    than the recording without its own delays, so this run's stragglers cannot be measured that
+    way (typical times above the recorded ones on the path: a collective's recorded time
+    includes its wait for peers, a mean over a skewed op type).
+    """
+    overall = frame.filter(pl.col("group") == "all")
+    if overall.is_empty():
+        return []
+    s = float(overall["slowdown"][0])
+    nodelay = int(overall["step_ns"][0])
+    ideal = nodelay / s if s else float("nan")
+    lines = [
+        "slowdown = mean step without own delays (no-launch-delay, step_ns of `all`)"
+        f" / mean step with every op at its typical time (no-stragglers, {ideal / 1e6:.3f} ms);"
+        " 1.0: stragglers cost nothing, 1.25: they make the step 25 % slower"
+    ]
+    if s < 1.0:
+        lines.append(
+            f"slowdown {s:.3f} < 1: with every op at its typical time the step is slower"
+            f" ({ideal / 1e6:.3f} ms) than recorded without own delays ({nodelay / 1e6:.3f} ms);"
+            " the typical times exceed the recorded ones of the ops that bound the step, so no"
+            " straggler cost is measured here (not a speed-up from stragglers)"
+        )
+    return lines

@@ -143,7 +143,12 @@ class ValidationReport:
             return "n/a" if x is None else f"{x:.4f} %"
 
         lines = [
-            f"validation of {self.run!r} ({self.world_size} ranks, layout {self.layout}):",
+            f"validation of {self.run!r} ({self.world_size} ranks, "
+            + (
+                f"layout {self.layout}):"
+                if self.layout is not None
+                else "layout not inferred, so no slice check: see the note):"
+            ),
             "  replay from all recorded ranks: mean |error|"
             f" {pct(self.replay_iteration_time_error_pct)}"
             f" over {len(self.replay)} iterations (worst rank {pct(_max_rank(self.replay))})",

@@ -147,3 +147,33 @@ def test_idle_matches_raw(real_store: Store, raw: dict, run: str, threshold: int
         assert got == expected
     sums = df.group_by("rank", "stream").agg(pl.col("idle_ratio").sum())
     assert sums["idle_ratio"].to_list() == pytest.approx([1.0] * len(sums))
+
+
+@pytest.mark.shared_data
+def test_hta_window_counts_syncs_on_a_stream(shared_datasets: Path, tmp_path: Path) -> None:
+    """HTA-NCCL with Kineto's CUDA sync events, without HTA installed: the `hta` window runs to
+    the end of the Stream Sync after the last kernel (HTA 0.5.0 gives 511386 µs, non-compute
+    97435, idle 338782: test_hta_parity.py checks against HTA itself); the Event Sync and Context
+    Sync events (stream -1) change nothing, and prism's own window ignores syncs."""
+    from prism_trace.ingestion.pipeline import ingest
+    from prism_trace.store.connection import open_store
+    from tests.analysis.foreign_traces import with_cuda_sync
+
+    src = shared_datasets / "hta-nccl-rank0" / "nccl_data.json.gz"
+    trace = with_cuda_sync(src, tmp_path / "nccl_sync.json", stream=7, tail_us=75_800)
+    with open_store(tmp_path / "s.duckdb") as s:
+        ingest(s, [trace], run="sync", progress=False)
+        ingest(s, [src], run="plain", progress=False)
+        _check_parts(temporal(s, "sync", window="hta"))
+        got = temporal(s, "sync", window="hta").row(0, named=True)
+        plain = temporal(s, "plain", window="hta").row(0, named=True)
+        syncs = s.con.execute("SELECT count(*) FROM event WHERE category = 'cuda_sync'")
+        assert syncs.fetchall()[0][0] == 26  # 24 Event Sync, 1 Context Sync, the tail
+        assert (
+            temporal(s, "sync")["window_ns"].to_list()
+            == temporal(s, "plain")["window_ns"].to_list()
+        )
+    assert (got["window_ns"], got["idle_ns"]) == (511_386_000, 338_782_000)
+    assert got["comm_ns"] + got["memory_ns"] + got["other_ns"] == 97_435_000
+    assert got["window_ns"] - plain["window_ns"] == 75_800_000  # was: the same as without syncs
+    assert got["compute_ns"] == plain["compute_ns"]

@@ -34,7 +34,7 @@ CASES: dict[str, tuple[str, str, str]] = {
     "sample_straggler": (
         "sample_store",
         "sample",
-        "SELECT rank, straggler_rank, calls, times_last, caused_wait_ns, wait_ns, top_preceding_op"
+        "SELECT rank, straggler_place, calls, times_last, caused_wait_ns, wait_ns, top_preceding_op"
         " FROM comm_straggler WHERE run_id = {run} ORDER BY rank",
     ),
     "dlrm_temporal": (

@@ -205,3 +205,78 @@ def test_sample_emulated_path_and_missing_graph(derived: Store, sample_store: St
     with pytest.raises(RunStateError, match="prism graph"):
         critical_path(sample_store, "sample")  # recorded, read-only, never graphed
     json.dumps(summary.to_dicts())  # plain values only
+
+
+@pytest.fixture(scope="module")
+def resnet_store(shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """PARAM's single-GPU ResNet, first 5 steps, with ProfilerStep (`steps`) and without
+    (`plain`), both with their graphs."""
+    from prism_trace.graph.build import build_graph
+    from prism_trace.ingestion.pipeline import ingest
+    from tests.analysis.foreign_traces import resnet_steps
+
+    d = tmp_path_factory.mktemp("resnet_cp")
+    store = open_store(d / "r.duckdb")
+    for run, marked in (("steps", True), ("plain", False)):
+        trace = resnet_steps(shared_datasets, d / f"{run}.json", profiler_steps=marked)
+        ingest(store, [trace], run=run, rank=0, progress=False)
+        build_graph(store, run)
+    return store
+
+
+def test_single_gpu_path_covers_the_step_through_the_host(resnet_store: Store) -> None:
+    """The first step waits 1.9 s on the data loader (host-bound); the later ones start with a
+    copy queued behind the previous step's kernels. The path covers each step and its host time
+    is host time, not kernels (was: 10 % and 36-65 % of the step, all of it `compute_ns`)."""
+    summary = critical_path_summary(resnet_store, "steps")
+    assert summary.height == 5
+    assert (summary["path_pct"] > 99.9).all()
+    first = summary.row(0, named=True)
+    assert first["host_ns"] > 0.8 * first["path_ns"]  # the data loader, on the host
+    assert first["compute_ns"] < 0.1 * first["path_ns"]
+    assert (
+        summary["busy_ns"] == summary["host_ns"] + summary["compute_ns"] + summary["comm_ns"]
+    ).all()
+    path = critical_path(resnet_store, "steps")
+    _check_accounting(path)
+    # later steps: the wait for the previous step's kernels is named, and the path goes on
+    # through the host op that launched the copy
+    carried = path.filter(pl.col("reason") == "carried-over")
+    assert carried.height >= 3
+    assert (carried["kind"] != "host").all()
+
+
+def test_trace_without_profiler_step_has_one_whole_trace_path(resnet_store: Store) -> None:
+    """No ProfilerStep: HTA's rule is the whole trace as the window; the path covers it (was:
+    "nothing for run")."""
+    summary = critical_path_summary(resnet_store, "plain")
+    assert summary.height == 1
+    row = summary.row(0, named=True)
+    assert row["iteration"] is None
+    assert row["path_pct"] > 99.9
+    span = resnet_store.con.execute(
+        "SELECT max(ts + dur) - min(ts) FROM graph_node JOIN run USING (run_id)"
+        " WHERE run.name = 'plain'"
+    ).fetchall()[0][0]
+    assert row["span_ns"] == span
+    path = critical_path(resnet_store, "plain")
+    assert path["iteration"].null_count() == path.height
+    _check_accounting(path.with_columns(pl.lit(-1).alias("iteration")))
+    assert critical_path_shares(resnet_store, "plain", by="kind")["path_ns"].sum() == row["busy_ns"]
+
+
+def test_host_time_on_the_path_is_not_compute(real_store: Store, tmp_path: Path) -> None:
+    """HTA-NCCL's path runs on the host (the GPU trails far behind it): host ops are
+    `host_ns`, not `compute_ns` (was: all 102.7 ms of host ops counted as compute)."""
+    from prism_trace.graph.build import build_graph
+
+    shutil.copy(real_store.path, tmp_path / "h.duckdb")
+    with open_store(tmp_path / "h.duckdb") as s:
+        build_graph(s, "hta")
+        summary = critical_path_summary(s, "hta")
+        path = critical_path(s, "hta")
+    host = path.filter(pl.col("kind") == "host").group_by("iteration").agg(pl.col("path_ns").sum())
+    got = summary.join(host, on="iteration", suffix="_host")
+    assert (got["host_ns"] == got["path_ns_host"]).all()
+    assert (got["host_ns"] > 0).all()
+    assert (got["compute_ns"] + got["host_ns"] + got["comm_ns"] == got["busy_ns"]).all()

@@ -174,3 +174,32 @@ def test_hta_nccl_equals_hta(real_store: Store, hta_nccl) -> None:  # type: igno
         " JOIN run USING (run_id) WHERE run.name = 'hta' AND d.in_steps"
     ).fetchall()[0][0]
     assert step["compute_ns"][0] == launched  # one stream: the union is the sum
+
+
+def test_cuda_sync_trace_equals_hta(
+    shared_datasets: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """HTA-NCCL with CUDA sync events (Kineto >= 2.1): HTA's temporal window takes the syncs on a
+    stream as device time, so a sync after the last kernel widens it (75.8 ms here, the window
+    prism used to miss) and counts as non-compute; Event/Context Sync (stream -1) do not."""
+    from prism_trace.ingestion.pipeline import ingest
+    from prism_trace.store.connection import open_store
+    from tests.analysis.foreign_traces import with_cuda_sync
+
+    d = tmp_path_factory.mktemp("hta_sync")
+    src = shared_datasets / "hta-nccl-rank0" / "nccl_data.json.gz"
+    trace = with_cuda_sync(src, d / "nccl_sync.json", stream=7, tail_us=75_800)
+    ta = _hta(d)
+    with open_store(tmp_path_factory.mktemp("hta_sync_db") / "s.duckdb") as store:
+        ingest(store, [trace], run="sync", progress=False)
+        _temporal_vs_hta(store, "sync", ta)
+        _overlap_vs_hta(store, "sync", ta)
+        _kernels_vs_hta(store, "sync", ta)
+        _idle_vs_hta(store, "sync", ta, [0])
+        ours = temporal(store, "sync", window="hta").row(0, named=True)
+        theirs = ta.get_temporal_breakdown(visualize=False).iloc[0]
+        assert ours["window_ns"] == theirs["kernel_time(us)"] * 1000  # exact, not within 1 %
+        assert ours["other_ns"] == 75_799_000  # the tail sync on HTA's integer-µs clock
+        # prism's own window is unchanged by syncs: device work, not waiting for it
+        step = temporal(store, "sync")
+        assert step["other_ns"].sum() == 0

@@ -6,6 +6,7 @@ The browser tests (``slow``) drive Debian's ``/usr/bin/chromium`` with playwrigh
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,6 +18,13 @@ import pytest
 from prism_trace.analysis.report.data import lane_quotas, rank_ranges
 from prism_trace.analysis.report.figures import ms_text, time_unit
 from prism_trace.analysis.report.html import DRAWN_JS, ReportSummary, write_report
+from prism_trace.analysis.report.packed import (
+    pack,
+    page_figures,
+    plotly_js_packed,
+    unpack,
+    unpack_script,
+)
 from prism_trace.analysis.report.sections import ReportLimits
 from prism_trace.replay import emulate_run
 
@@ -87,17 +95,57 @@ def test_sample_report_contents(store: Store, tmp_path: Path) -> None:
     assert rep.events == 44880
     assert rep.events_drawn == ReportLimits().timeline_events
     assert rep.compare is None
-    text = out.read_text()
+    page = out.read_text()
     assert rep.bytes == out.stat().st_size
-    # plotly.js embedded exactly once, nothing fetched from a CDN.
-    assert text.count("plotly.js v") <= 2
-    assert re.findall(r"<script[^>]*\bsrc=", text) == []
-    assert text.count("Plotly.newPlot(") == 6  # one per section (the CPU sample has no kernels)
+    # plotly.js packed exactly once, nothing fetched from a CDN.
+    assert page.count('id="prism-plotly"') == 1
+    assert re.findall(r"<script[^>]*\bsrc=", page) == []
+    assert page.count("class='prism-fig'") == 6  # one per section (the CPU sample has no kernels)
+    assert len(page_figures(page)) == 6
+    assert rep.bytes <= 2 * 2**20  # 8 ranks, 30 000 bars drawn (was 7.2 MiB)
+    text = _text(page)
     # Trace strings never reach the page as markup.
     assert "<script>alert(1)" not in text
     assert "&lt;script&gt;alert(1)&lt;" in text
     assert "timeline: 30000 of 44880 events drawn" in text
     assert "peak" in text
+
+
+def _text(page: str) -> str:
+    """The page's HTML and the JSON of the figures it packs: what a reader of it sees."""
+    return page + json.dumps(page_figures(page), separators=(",", ":"))
+
+
+def test_packing_round_trips_with_html_safe_text() -> None:
+    """Packed text never holds a character that means something in HTML or a JS string, and
+    unpacks to the bytes it packed, whatever their length (the page cuts the padding)."""
+    for data in (b"", b"x", b"\0" * 7, bytes(range(256)) * 41, b"plotly" * 10_001):
+        text, length = pack(data)
+        assert not set(text) & set("<>&\"'`\\/$ \n")
+        assert unpack(text, length) == data
+    # the timeline's bar starts travel as differences of whole units; the page sums them back
+    starts = [round(0.001 * i * i, 3) for i in range(500)] + [1e6 + 0.123456]
+    fig = {"data": [{"type": "bar", "base": starts, "x": [1.0] * len(starts)}], "layout": {}}
+    page = unpack_script([fig], {})
+    assert '"prism_delta"' not in page  # packed, not plain
+    assert page_figures(page) == [fig]
+    js, _ = plotly_js_packed()
+    assert len(js) < 0.42 * 4_815_814  # plotly.min.js, 4.6 MiB as plotly.py ships it
+
+
+@pytest.mark.shared_data
+def test_dlrm_report_is_at_most_2_mib(tmp_path: Path, dlrm_hta_template: Path) -> None:
+    """The 8-rank DLRM report, every event drawn, fits in 2 MiB (was 6.2 MiB: plotly.js alone
+    was 4.6 MiB); a one-rank run's waits say why there are none instead of a blank map."""
+    with open_store(dlrm_hta_template, read_only=True) as s:
+        rep = write_report(s, run="dlrm", out=tmp_path / "dlrm.html")
+        assert rep.events_drawn == rep.events == 19781
+        assert rep.bytes <= 2 * 2**20, rep.bytes
+        one = write_report(s, run="hta", out=tmp_path / "hta.html")
+    assert "waits" not in one.figures
+    page = (tmp_path / "hta.html").read_text()
+    assert "No waits to show: the run has one rank" in page
+    assert any("collective waits: none to show" in n for n in one.notes)
 
 
 def test_lane_quotas_keep_every_lane() -> None:
@@ -150,7 +198,7 @@ def test_emulated_report_classes_and_compare(store: Store, tmp_path: Path) -> No
     assert rep.lane_groups == 4
     assert rep.events == rep.events_drawn
     assert "iterations" in rep.figures
-    text = out.read_text()
+    text = _text(out.read_text())
     assert "class 0: ranks 0..4094 step 2 (2048)" in text
     assert "4 equivalence classes stand for 8192 ranks" in text
     assert rep.bytes < 20 * 2**20
@@ -470,7 +518,7 @@ def test_browser_op_timeline(browser: Any, shared_datasets: Path, tmp_path: Path
         ingest(s, [shared_datasets / "megatron-straggler-st-8rank"], run="st", progress=False)
         out = tmp_path / "st.html"
         rep = write_report(s, run="st", out=out)
-    text = out.read_text()
+    text = _text(out.read_text())
     assert "No kernels or host ops" not in text
     assert "Timeline (s from the first event)" in text
     assert "timeline mode" in text

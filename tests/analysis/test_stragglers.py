@@ -34,7 +34,12 @@ def _check_invariants(store: Store, run: str) -> None:
     assert (inst["blamed_wait_ns"] <= inst["total_wait_ns"]).all()
     assert (waits["free_ns"] >= 0).all()
     assert rank["wait_ns"].sum() == waits["wait_ns"].sum()
-    assert sorted(rank["straggler_rank"]) == list(range(1, rank.height + 1))
+    # places 1..n go to the ranks that were last somewhere; the others have none
+    placed = rank.filter(pl.col("times_last") > 0)
+    assert sorted(placed["straggler_place"]) == list(range(1, placed.height + 1))
+    assert rank.filter(pl.col("times_last") == 0)["straggler_place"].null_count() == (
+        rank.height - placed.height
+    )
     ops = straggler_ops(store, run)
     assert ops["times_last"].sum() == lasts.height
     assert ops["caused_wait_ns"].sum() == rank["caused_wait_ns"].sum()

@@ -285,3 +285,46 @@ def test_wrong_schema_version(seeded_db: Path, tmp_path: Path) -> None:
     assert code != 0
     assert f"store has schema version 1, this prism-trace reads {SCHEMA_VERSION}" in out
     assert len(out.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_malformed_kineto_json_names_the_users_file(
+    seeded_db: Path, tmp_path: Path, gz: bool
+) -> None:
+    """A malformed event: the line names the user's file and where in it, not the reader's
+    temporary copy of the events (was: `Malformed JSON in file "/tmp/prism-ingest-...`)."""
+    import gzip
+    import json
+
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+        for i in range(30)
+    ]
+    text = json.dumps({"traceEvents": events}).replace('"ts": 20', '"ts": 2x0', 1)
+    bad = tmp_path / ("rank0_trace.json" + (".gz" if gz else ""))
+    bad.write_bytes(gzip.compress(text.encode()) if gz else text.encode())
+    err = assert_fails_cleanly(seeded_db, [bad, "--run", "x"], bad.name)
+    assert "prism-" not in err
+    assert "malformed JSON at line 1, column" in err
+
+
+def test_a_named_file_that_is_not_a_trace_says_what_it_is(seeded_db: Path, tmp_path: Path) -> None:
+    """A JSON result file, a folder of them, the op timeline's companion: each line says what the
+    file is and what was expected (was: "no trace files found" for a file that exists)."""
+    result = tmp_path / "d" / "result.json"
+    result.parent.mkdir()
+    result.write_text('{"step_t_base": [1.0], "job_meta": {}}')
+    err = assert_fails_cleanly(seeded_db, [result, "--run", "x"], "`step_t_base`")
+    assert "expected a Kineto trace" in err
+    err = assert_fails_cleanly(seeded_db, [result.parent, "--run", "x"], "no trace files found")
+    assert "result.json: a JSON object with keys `step_t_base`, `job_meta`" in err
+    tl = tmp_path / "tl"
+    tl.mkdir()
+    (tl / "trace-X.parquet").write_bytes(b"PAR1")
+    (tl / "meta-X.yaml").write_text("dp: 1\n")
+    (tl / "timeline-X.json").write_text("{}")
+    err = assert_fails_cleanly(seeded_db, [tl / "timeline-X.json", "--run", "x"], "timeline-X.json")
+    assert (
+        "not a trace: a companion file of the op timeline in its folder; ingest trace-X.parquet"
+        in err
+    )

@@ -237,7 +237,14 @@ def test_replace(sample_store: Store) -> None:
     ("spec", "world", "from_ranks", "error", "fragment"),
     [
         ("tp=4,dp=1,pp=2", 8, None, SliceError, "axis `tp` differs: recorded tp=2, target tp=4"),
-        ("tp=2,dp=2,pp=4", 16, None, SliceError, "axis `pp` differs"),
+        # no what-if changes pp: the refusal offers the slice that keeps it, at the same world
+        (
+            "tp=2,dp=2,pp=4",
+            16,
+            None,
+            SliceError,
+            "no what-if changes pp: keep pp=2 (--layout tp=2,cp=1,ep=1,dp=4,pp=2 --world 16)",
+        ),
         ("tp=2,cp=2,dp=2,pp=2", 16, None, SliceError, "axis `cp` differs"),
         ("tp=2,dp=4,pp=2", 8, None, SliceError, "--world 8 does not match"),
         (

@@ -8,6 +8,7 @@ adds the statements of one stage, and ``reader._Reader`` (and the batch reader,
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,41 @@ import duckdb
 import polars as pl
 
 from prism_trace.errors import OutOfMemoryError, PrismError, TraceFormatError
-from prism_trace.formats.kineto.json_array import TraceEventsFile
+from prism_trace.formats.kineto.json_array import TraceEventsFile, json_size_guess
 
 __all__: list[str] = []
 
 _BATCH_ROWS = 1 << 18
+
+
+_TEMP_FILE = re.compile(r' in file "[^"]*"')
+_DUCKDB_PLACE = re.compile(r",? at byte \d+ in record/value \d+")
+_LOCATE_BYTES = 256 << 20
+
+
+def _parse_failure(path: Path, message: str) -> str:
+    """The trace's own JSON error for a failed parse, named by the user's file.
+
+    DuckDB parses the events from a temporary copy of the array (``TraceEventsFile``), and its
+    message names that copy and counts records within one part of it: neither means anything
+    to the user. The copy's name is dropped; when Python's parser finds the fault in the file
+    itself (up to 256 MB: only on this failure path), its line and column are given instead.
+    """
+    import gzip
+    import json
+
+    what = _DUCKDB_PLACE.sub("", _TEMP_FILE.sub("", message)).strip().rstrip(".")
+    try:
+        if json_size_guess(path) <= _LOCATE_BYTES:
+            raw = path.read_bytes()
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.decompress(raw)
+            json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+    except (OSError, EOFError, ValueError):
+        pass
+    return f"cannot parse the trace events: {what}"
 
 
 def _short(value: str) -> str:
@@ -65,7 +96,7 @@ class _Work:
         ours = first.removeprefix("Invalid Input Error: ")
         if ours.startswith("traceEvents["):  # a check of ours, raised by SQL's error()
             return TraceFormatError(f"{self.path}: {ours}")
-        return TraceFormatError(f"{self.path}: cannot parse the trace events: {first}")
+        return TraceFormatError(f"{self.path}: {_parse_failure(self.path, ours)}")
 
     def sql(self, query: str, params: list[Any] | None = None) -> None:
         """Run a statement that returns no rows (DDL)."""
