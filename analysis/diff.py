@@ -24,6 +24,7 @@ import polars as pl
 from prism_trace.analysis.diff_map import resolve_map
 
 from prism_trace.errors import RunStateError
+from prism_trace.query.steps import step_windows
 from prism_trace.store.connection import Store
 
 __all__ = ["RunDiff", "run_diff"]
@@ -87,10 +88,10 @@ def _units(store: Store, run_id: int) -> pl.DataFrame:
 
 
 def _iterations(store: Store, run_id: int) -> pl.DataFrame:
-    return store.con.sql(
-        "SELECT rank, iteration, ts AS it_ts, dur AS it_dur FROM iteration WHERE run_id = $1",
-        params=[run_id],
-    ).pl()
+    """The run's steps, or its whole trace as one window per rank when it has none."""
+    return step_windows(store.con, run_id).select(
+        "rank", "iteration", pl.col("ts").alias("it_ts"), pl.col("dur").alias("it_dur")
+    )
 
 
 def _ops(store: Store, run_id: int, node_of: int | None) -> pl.DataFrame:

@@ -19,8 +19,16 @@ if TYPE_CHECKING:
     )
     from prism_trace.query.jsonout import dumps
     from prism_trace.query.sql import check_one_reading_statement, run_query
+    from prism_trace.query.steps import (
+        WHOLE_TRACE,
+        WHOLE_TRACE_NAME,
+        step_windows,
+        whole_trace_windows,
+    )
 
 _EXPORTS = {
+    "WHOLE_TRACE": "steps",
+    "WHOLE_TRACE_NAME": "steps",
     "check_one_reading_statement": "sql",
     "compact_ranks": "info",
     "describe_run": "info",
@@ -29,9 +37,13 @@ _EXPORTS = {
     "render_run": "info",
     "require_ranks": "info",
     "run_query": "sql",
+    "step_windows": "steps",
     "stored_config": "info",
+    "whole_trace_windows": "steps",
 }
 __all__ = [
+    "WHOLE_TRACE",
+    "WHOLE_TRACE_NAME",
     "check_one_reading_statement",
     "compact_ranks",
     "describe_run",
@@ -40,6 +52,8 @@ __all__ = [
     "render_run",
     "require_ranks",
     "run_query",
+    "step_windows",
     "stored_config",
+    "whole_trace_windows",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -242,7 +242,13 @@ TABLES: tuple[Table, ...] = (
         (
             RUN_ID,
             RANK,
-            col("iteration", "INTEGER", "Step number as the trace gives it.", null=False),
+            col(
+                "iteration",
+                "INTEGER",
+                "Step number as the trace gives it; -2: the whole trace of a recording without"
+                " steps (an emulated run's one window per rank).",
+                null=False,
+            ),
             col("ts", "BIGINT", "Start, ns.", null=False),
             col("dur", "BIGINT", "Duration, ns.", null=False),
             col("name", "VARCHAR", "The marking annotation, e.g. `ProfilerStep#10`."),

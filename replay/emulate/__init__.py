@@ -21,15 +21,14 @@ if TYPE_CHECKING:
     from prism_trace.replay.emulate.driver import emulate_in_memory, emulate_run, temporary_slice
     from prism_trace.replay.emulate.frames import (
         all_iterations,
-        rank_peaks,
         recorded_iterations,
         unit_iterations,
-        with_memory,
     )
     from prism_trace.replay.emulate.load import load_run
     from prism_trace.replay.emulate.prepare import check_rank_targets
     from prism_trace.replay.emulate.rank_step import RankSteps, rank_step_rows, rank_steps
     from prism_trace.replay.emulate.run import run_emulation
+    from prism_trace.replay.emulate.run_memory import rank_peaks, with_memory
     from prism_trace.replay.emulate.slowdown import BY, slowdown_note
     from prism_trace.replay.emulate.values import (
         EmulationResult,
@@ -58,7 +57,7 @@ _EXPORTS = {
     "emulate_in_memory": "driver",
     "emulate_run": "driver",
     "load_run": "load",
-    "rank_peaks": "frames",
+    "rank_peaks": "run_memory",
     "rank_step_rows": "rank_step",
     "rank_steps": "rank_step",
     "recorded_iterations": "frames",
@@ -66,7 +65,7 @@ _EXPORTS = {
     "slowdown_note": "slowdown",
     "temporary_slice": "driver",
     "unit_iterations": "frames",
-    "with_memory": "frames",
+    "with_memory": "run_memory",
     "write_run": "write",
 }
 __all__ = [

@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import polars as pl
 from prism_trace.replay.emulate.config import EmulationConfig, EmulationReport
-from prism_trace.replay.emulate.frames import all_iterations, recorded_iterations, with_memory
+from prism_trace.replay.emulate.frames import all_iterations, recorded_iterations
 from prism_trace.replay.emulate.load import _run_layout, load_run
 from prism_trace.replay.emulate.prepare import check_rank_targets, prepare
 from prism_trace.replay.emulate.run import run_emulation
+from prism_trace.replay.emulate.run_memory import with_memory
 from prism_trace.replay.emulate.values import EmulationResult, PreparedRun, WrittenRun
 from prism_trace.replay.emulate.write import write_run
 from prism_trace.replay.memory.retime import memory_peaks

@@ -76,7 +76,7 @@ class PreparedRun(LoadedRun):
 class EmulationResult:
     """What the run stage returns: the emulated timeline of a prepared run.
 
-    Immutable; ``frames.with_memory`` returns a copy with the re-timed memory, and the frames,
+    Immutable; ``run_memory.with_memory`` returns a copy with the re-timed memory, and the frames,
     the write stage and the validation (``replay.validate.inside_step``) read it.
 
     Attributes:
@@ -89,7 +89,7 @@ class EmulationResult:
         n_p2p: send/recv instances.
         seconds: the core's time.
         memory: each unit's re-timed memory (``unit`` + ``replay.memory.MEMORY_COLUMNS`` less
-            ``rank``); None until ``frames.with_memory``.
+            ``rank``); None until ``run_memory.with_memory``.
         replicas: every replica's times (``inputs.grid`` set).
         shared: per instance, whether it spans the replicas (``inputs.grid`` set).
     """
@@ -110,7 +110,7 @@ class WrittenRun:
     """What the write stage returns: the run written, and the result with its memory.
 
     Attributes:
-        result: the run stage's result with its re-timed memory (``frames.with_memory``).
+        result: the run stage's result with its re-timed memory (``run_memory.with_memory``).
         iterations: every rank's emulated iterations, as written.
         run_id: the new run's id.
         n_events: ``event`` rows written.

@@ -17,13 +17,12 @@ from prism_trace.replay.emulate.frames import (
     _comm_frames,
     _event_frame,
     _kept,
-    _memory_rows,
     _rank_step_rows,
     all_iterations,
     recorded_iterations,
-    with_memory,
 )
 from prism_trace.replay.emulate.load import _fetch
+from prism_trace.replay.emulate.run_memory import _memory_rows, with_memory
 from prism_trace.replay.emulate.values import EmulationResult, WrittenRun
 
 from prism_trace.store.connection import Store

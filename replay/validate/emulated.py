@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 from prism_trace.replay.emulate.config import EmulationConfig
 from prism_trace.replay.emulate.driver import emulate_in_memory, temporary_slice
-from prism_trace.replay.emulate.frames import rank_peaks
+from prism_trace.replay.emulate.run_memory import rank_peaks
 from prism_trace.replay.validate.compare import (
     IterationError,
     RankPeak,
@@ -34,6 +34,7 @@ from prism_trace.replay.whatif.config import VarianceMode, WhatIfConfig
 from prism_trace.errors import PrismError, RunStateError
 from prism_trace.layout.choice import infer_layout
 from prism_trace.layout.mesh import ParallelAxis
+from prism_trace.query.steps import WHOLE_TRACE, step_windows
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
@@ -285,12 +286,6 @@ def validate_run(
         config = dataclasses.replace(
             config, completion=dataclasses.replace(config.completion, allow_partial=True)
         )
-    recorded = store.con.sql(
-        "SELECT rank, iteration, ts, dur FROM iteration WHERE run_id = $1", params=[run_id]
-    ).pl()
-    if recorded.is_empty():
-        msg = f"{store.path}: run {run!r} has no `iteration` rows to compare with"
-        raise RunStateError(msg)
     rec_peaks = store.con.sql(
         "SELECT rank, max(total_allocated)::BIGINT AS peak FROM memory WHERE run_id = $1"
         " GROUP BY rank",
@@ -298,6 +293,17 @@ def validate_run(
     ).pl()
 
     res, emulated = emulate_in_memory(store, run=run, config=config)
+    # After the emulation, which built the graph if the run had none: a trace without steps is
+    # compared over the ops the emulation replays.
+    recorded = step_windows(store.con, run_id)
+    if recorded.is_empty():
+        msg = f"{store.path}: run {run!r} has no timed ops to compare with"
+        raise RunStateError(msg)
+    if (recorded["iteration"] == WHOLE_TRACE).all():
+        notes.append(
+            "no steps recorded (no ProfilerStep): compared on the whole trace, one window per"
+            " rank from its first op to its last"
+        )
     replay = _compare(emulated, recorded)
     replay_memory = _compare_memory(rank_peaks(res), rec_peaks)
     replay_inside = inside_step(res, recorded, emulated)

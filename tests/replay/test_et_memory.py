@@ -282,7 +282,7 @@ def test_sample_peaks_against_recorded(sample: Any) -> None:
 @pytest.mark.slow
 def test_emulation_falls_back_to_the_et(sample: Any) -> None:
     from prism_trace.replay.emulate.driver import emulate_in_memory
-    from prism_trace.replay.emulate.frames import rank_peaks
+    from prism_trace.replay.emulate.run_memory import rank_peaks
 
     store, run_id = sample
     con = store.con
@@ -319,7 +319,7 @@ def test_emulation_falls_back_to_the_et(sample: Any) -> None:
 @pytest.mark.shared_data
 def test_dlrm_peaks_hold_the_embedding_tables(tmp_path: Path, shared_datasets: Path) -> None:
     from prism_trace.replay.emulate.driver import emulate_in_memory
-    from prism_trace.replay.emulate.frames import rank_peaks
+    from prism_trace.replay.emulate.run_memory import rank_peaks
 
     from tests.conftest import ingest_runs
 
