@@ -17,6 +17,7 @@ from prism_trace.cli._options import (
     db_argument,
     declared_layout,
     echo_report,
+    follow_symlinks_option,
     json_option,
     layout_options,
     max_rows_option,
@@ -243,10 +244,16 @@ def _show_config(db: Path, run_name: str, *, as_json: bool) -> None:
     show_default=True,
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
+@follow_symlinks_option()
 @max_rows_option()
 @_one_line_errors
 def query_cmd(
-    args: tuple[str, ...], parquet: str | None, fmt: str, output: Path | None, max_rows: int
+    args: tuple[str, ...],
+    parquet: str | None,
+    fmt: str,
+    output: Path | None,
+    follow_symlinks: bool,
+    max_rows: int,
 ) -> None:
     """Run SQL against DB (read-only), or against a Parquet export, and print or write it."""
     from prism_trace.analysis import load_views, names_in
@@ -269,6 +276,8 @@ def query_cmd(
             fmt=fmt,  # type: ignore[arg-type]
             output=output,
             max_rows=max_rows,
+            follow_symlinks=follow_symlinks,
+            echo=functools.partial(click.echo, nl=False),
             # Only the views the SQL names: creating all of them binds every one.
             prepare=functools.partial(load_views, names=names_in(args[-1])),
         )
