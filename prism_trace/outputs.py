@@ -131,6 +131,7 @@ def output_file(path: Path, *, create: bool = True, follow_symlinks: bool = Fals
         OutputError: ``path`` is a folder, a device, FIFO or socket, a link out of its folder,
             a parent is a file, or a parent cannot be created.
     """
+    _check_parents(Path(path))
     path = _unlinked(Path(path), follow_symlinks=follow_symlinks)
     st = _lstat(path)
     if st is not None:
@@ -162,6 +163,7 @@ def output_dir(path: Path, *, create: bool = True, follow_symlinks: bool = False
         OutputError: ``path`` is a file, a device, a folder that is not empty, a link out of
             its folder, or its parent cannot be created.
     """
+    _check_parents(Path(path))
     path = _unlinked(Path(path), follow_symlinks=follow_symlinks)
     st = _lstat(path)
     if st is not None:

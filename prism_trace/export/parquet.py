@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from prism_trace.errors import NotAStoreError, SchemaVersionError
+from prism_trace.errors import MissingExtensionError, NotAStoreError, SchemaVersionError
 from prism_trace.outputs import atomic_dir, output_dir
 from prism_trace.store.connection import Store
 from prism_trace.store.declaration import Table
@@ -138,7 +138,10 @@ def open_parquet(root: str | Path) -> Store:
         SchemaVersionError: an export of another schema version.
     """
     text = str(root)
-    con = duckdb.connect()
+    # Extensions load when installed (httpfs for s3:// and https://), never download.
+    con = duckdb.connect(
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": True}
+    )
     if not _is_remote(text):
         marker = Path(text) / _MARKER
         if not marker.is_file():
@@ -165,6 +168,16 @@ def open_parquet(root: str | Path) -> Store:
             except duckdb.IOException:
                 if not remote:
                     raise
+            except duckdb.Error as exc:
+                con.close()
+                if remote and "extension" in str(exc).lower():
+                    msg = (
+                        f"{text}: reading a remote Parquet export needs DuckDB's httpfs"
+                        " extension, which is not installed and is never downloaded implicitly:"
+                        " install it once with duckdb's `INSTALL httpfs`"
+                    )
+                    raise MissingExtensionError(msg) from exc
+                raise
         con.execute(f"CREATE VIEW {t.name} AS {_empty_select(t)}")  # no rows of this table
     for v in VIEWS:
         con.execute(f"CREATE VIEW {v.name} AS {v.sql}")

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Literal
 import duckdb
 import polars as pl
 
-from prism_trace.errors import QueryError, UsageError
+from prism_trace.errors import PrismError, QueryError, UsageError
 from prism_trace.outputs import atomic_file, output_file
 from prism_trace.query.jsonout import dumps
 from prism_trace.store.connection import Store
+from prism_trace.store.integrity import corrupt_store_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -127,8 +128,16 @@ def _failures(store: Store) -> Iterator[None]:
     try:
         yield
     except duckdb.Error as exc:
-        msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
-        raise QueryError(msg) from exc
+        raise _query_error(store, exc) from exc
+
+
+def _query_error(store: Store, exc: BaseException) -> PrismError:
+    """DuckDB's error while a query runs: a damaged store (``CorruptStoreError``) or the SQL's
+    own failure (``QueryError``), each one line naming the store."""
+    damaged = corrupt_store_error(store.path, exc)
+    if damaged is not None:
+        return damaged
+    return QueryError(f"{store.path}: query failed: {str(exc).splitlines()[0]}")
 
 
 def _table(rel: duckdb.DuckDBPyRelation | None, max_rows: int) -> str:
@@ -161,8 +170,7 @@ def _batches(store: Store, rel: duckdb.DuckDBPyRelation | None) -> Iterator[pl.D
         except StopIteration:
             break
         except OSError as exc:  # DuckDB's error, raised through Arrow's stream
-            msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
-            raise QueryError(msg) from exc
+            raise _query_error(store, exc) from exc
         first = False
         yield _frame(_batch_table(batch))
     if first:

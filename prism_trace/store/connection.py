@@ -16,9 +16,15 @@ from prism_trace.errors import (
     StoreLockedError,
 )
 from prism_trace.store import schema
+from prism_trace.store.integrity import (
+    check_store_file,
+    corrupt_store_error,
+    schema_checksum,
+    stored_schema_checksum,
+)
 from prism_trace.version import __version__
 
-__all__ = ["RunLink", "Store", "open_store", "removed_if_new_and_failed"]
+__all__ = ["RunLink", "Store", "open_store", "opened_stores", "removed_if_new_and_failed"]
 
 
 @dataclass(frozen=True)
@@ -140,23 +146,41 @@ def removed_if_new_and_failed(path: Path) -> Iterator[None]:
         raise
 
 
+_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+"""No extension is downloaded or loaded behind the user's back: a store needs none, and an
+SQLite file given as a store made DuckDB download its sqlite extension."""
+
+_OPENED: list[Path] = []
+
+
+def opened_stores() -> list[Path]:
+    """The store files opened in this process, latest last: the CLI names the file when
+    DuckDB reports a damaged block later, in a query that has no path of its own."""
+    return list(_OPENED)
+
+
 def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
+    check_store_file(path)
     try:
-        return duckdb.connect(str(path), read_only=read_only)
-    except duckdb.IOException as exc:
+        return duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
+    except duckdb.Error as exc:
         text = str(exc)
-        if "lock" in text.lower():
+        if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
             msg = f"{path}: the database is locked by another process; close it and retry"
             raise StoreLockedError(msg) from exc
-        msg = f"{path}: cannot open the database: {text.splitlines()[0]}"
-        raise NotAStoreError(msg) from exc
-    except duckdb.Error as exc:
-        msg = f"{path}: not a prism-trace DuckDB store: {str(exc).splitlines()[0]}"
+        damaged = corrupt_store_error(path, exc)
+        if damaged is not None:
+            raise damaged from exc
+        msg = f"{path}: cannot open the store: {text.splitlines()[0] if text else exc!r}"
         raise NotAStoreError(msg) from exc
 
 
 def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     """Open (and, when writable and new, create) a store.
+
+    A store is recognised by its DuckDB header (a whole file, ``check_store_file``), its
+    ``meta`` table, and its tables' checksum (``stored_schema_checksum``); only a new or empty
+    database becomes a store, never a DuckDB file that holds other tables.
 
     Args:
         path: the DuckDB file.
@@ -168,6 +192,7 @@ def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     Raises:
         StoreLockedError: another process holds the file.
         SchemaVersionError: the file was written with another schema version.
+        CorruptStoreError: the file is cut short or a block's checksum is wrong.
         NotAStoreError: the path is not a DuckDB database or a prism store, or (read-only) does
             not exist.
     """
@@ -176,29 +201,64 @@ def open_store(path: str | Path, *, read_only: bool = False) -> Store:
         msg = f"{path}: no such database"
         raise NotAStoreError(msg)
     con = _connect(path, read_only=read_only)
+    try:
+        store = _recognised(con, path, read_only=read_only)
+    except duckdb.Error as exc:
+        con.close()
+        damaged = corrupt_store_error(path, exc)
+        if damaged is not None:
+            raise damaged from exc
+        msg = f"{path}: not a prism-trace store: {str(exc).splitlines()[0]}"
+        raise NotAStoreError(msg) from exc
+    except BaseException:
+        con.close()
+        raise
+    _OPENED.append(path)
+    return store
+
+
+def _recognised(con: duckdb.DuckDBPyConnection, path: Path, *, read_only: bool) -> Store:
+    """``con`` as a store: its schema version and checksum checked, or (new) created.
+
+    Raises:
+        SchemaVersionError: another schema version.
+        NotAStoreError: a database with other tables, without ``meta``, or whose tables differ
+            from the declared ones.
+    """
     store = Store(con, path, read_only)
-    has_meta = con.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'meta' AND schema_name = 'main'"
-    ).fetchall()
-    if has_meta[0][0]:
+    tables = [
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+            " ORDER BY table_name"
+        ).fetchall()
+    ]
+    if "meta" in tables:
         rows = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchall()
         found = rows[0][0] if rows else None
         if found != str(schema.SCHEMA_VERSION):
-            con.close()
             msg = (
                 f"{path}: store has schema version {found}, this prism-trace reads"
                 f" {schema.SCHEMA_VERSION}; re-ingest into a new file (see docs/schema-changes.md)"
             )
             raise SchemaVersionError(msg)
+        checksum, diff = stored_schema_checksum(con)
+        if diff is not None or checksum != schema_checksum():
+            msg = (
+                f"{path}: not a prism-trace store of schema version {schema.SCHEMA_VERSION}:"
+                f" its tables differ from the declared ones ({diff})"
+            )
+            raise NotAStoreError(msg)
         return store
-    if read_only:
-        con.close()
-        msg = f"{path}: not a prism-trace store (no `meta` table)"
+    if tables or read_only:
+        held = f"; it holds {', '.join(tables[:3])}" if tables else ""
+        msg = f"{path}: a DuckDB database but not a prism-trace store (no `meta` table{held})"
         raise NotAStoreError(msg)
     with store.transaction():
         schema.create_all(con)
         con.execute(
-            "INSERT INTO meta VALUES ('schema_version', ?), ('created_by', ?)",
-            [str(schema.SCHEMA_VERSION), f"prism-trace {__version__}"],
+            "INSERT INTO meta VALUES ('schema_version', ?), ('created_by', ?),"
+            " ('schema_checksum', ?)",
+            [str(schema.SCHEMA_VERSION), f"prism-trace {__version__}", schema_checksum()],
         )
     return store
