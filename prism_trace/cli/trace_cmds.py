@@ -122,9 +122,9 @@ def ingest_cmd(
     # The layout is declared inside the ingest's transaction: a refused layout leaves the store
     # as it was, a replaced run included.
     with (
-        removed_if_new_and_failed(db),
+        removed_if_new_and_failed(db) as db_file,
         preforked(n if engine == "local" else 0),
-        open_store(db) as store,
+        open_store(db_file, shown_as=db) as store,
         ingesting(
             store,
             list(paths),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,22 +130,31 @@ class Store:
 
 
 @contextlib.contextmanager
-def removed_if_new_and_failed(path: Path) -> Iterator[None]:
-    """Delete the store at ``path`` (and its WAL) when the block fails and the file did not
-    exist before it: a refused ingest into a new path leaves nothing behind. A store that
-    existed is never touched; its transactions already undo a failed write.
+def removed_if_new_and_failed(path: Path) -> Iterator[Path]:
+    """The file to open as the store at ``path``, for a command that may create it (ingest).
 
-    Close the store inside the block, so the file is closed before it is removed.
+    A new store is built in a temporary file beside ``path`` (``.<name>.*.part``) and renamed
+    onto ``path`` only when the block succeeds, so a refused, failed or killed ingest into a new
+    path leaves no store there (a SIGKILL may leave the hidden temporary file). An existing
+    store is opened in place and never removed; its transactions already undo a failed write.
+
+    Close the store inside the block (its WAL is then checkpointed), so the whole file is
+    renamed. Pass ``path`` as ``open_store``'s ``shown_as``, so messages name it.
     """
-    existed = path.exists() or path.is_symlink()
+    if path.exists() or path.is_symlink() or not path.parent.is_dir():
+        yield path
+        return
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    tmp = Path(name)
+    tmp.unlink()  # DuckDB creates the file itself
     try:
-        yield
-    except BaseException:
-        if not existed:
-            for leftover in (path, path.with_name(path.name + ".wal")):
-                with contextlib.suppress(OSError):
-                    leftover.unlink(missing_ok=True)
-        raise
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
 
 
 _CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
@@ -175,7 +186,7 @@ def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
         raise NotAStoreError(msg) from exc
 
 
-def open_store(path: str | Path, *, read_only: bool = False) -> Store:
+def open_store(path: str | Path, *, read_only: bool = False, shown_as: Path | None = None) -> Store:
     """Open (and, when writable and new, create) a store.
 
     A store is recognised by its DuckDB header (a whole file, ``check_store_file``), its
@@ -185,6 +196,8 @@ def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     Args:
         path: the DuckDB file.
         read_only: open without a write lock, so readers never block each other.
+        shown_as: the path messages name, when ``path`` is a temporary file that becomes it
+            (``removed_if_new_and_failed``).
 
     Returns:
         The open store.
@@ -213,7 +226,9 @@ def open_store(path: str | Path, *, read_only: bool = False) -> Store:
     except BaseException:
         con.close()
         raise
-    _OPENED.append(path)
+    if shown_as is not None:
+        store.path = shown_as
+    _OPENED.append(store.path)
     return store
 
 
