@@ -12,6 +12,7 @@ from pathlib import Path
 import duckdb
 
 from prism_trace.errors import (
+    CorruptStoreError,
     NotAStoreError,
     RunNotFoundError,
     SchemaVersionError,
@@ -19,6 +20,7 @@ from prism_trace.errors import (
 )
 from prism_trace.store import schema
 from prism_trace.store.integrity import (
+    check_blocks,
     check_store_file,
     corrupt_store_error,
     schema_checksum,
@@ -157,7 +159,10 @@ def removed_if_new_and_failed(path: Path) -> Iterator[Path]:
                 leftover.unlink(missing_ok=True)
 
 
-_CONFIG = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+_CONFIG: dict[str, str | bool | int | float | list[str]] = {
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+}
 """No extension is downloaded or loaded behind the user's back: a store needs none, and an
 SQLite file given as a store made DuckDB download its sqlite extension."""
 
@@ -171,9 +176,9 @@ def opened_stores() -> list[Path]:
 
 
 def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
-    check_store_file(path)
+    short = check_store_file(path)
     try:
-        return duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
+        con = duckdb.connect(str(path), read_only=read_only, config=_CONFIG)
     except duckdb.Error as exc:
         text = str(exc)
         if isinstance(exc, duckdb.IOException) and "lock" in text.lower():
@@ -184,6 +189,20 @@ def _connect(path: Path, *, read_only: bool) -> duckdb.DuckDBPyConnection:
             raise damaged from exc
         msg = f"{path}: cannot open the store: {text.splitlines()[0] if text else exc!r}"
         raise NotAStoreError(msg) from exc
+    if short:  # shorter than its header says: damaged, or only its free tail trimmed
+        try:
+            check_blocks(con, path)
+        except duckdb.Error as exc:
+            con.close()
+            damaged = corrupt_store_error(path, exc)
+            if damaged is None:
+                msg = f"{path}: the store is shorter than its header says and cannot be read"
+                damaged = CorruptStoreError(msg)
+            raise damaged from exc
+        except BaseException:
+            con.close()
+            raise
+    return con
 
 
 def open_store(path: str | Path, *, read_only: bool = False, shown_as: Path | None = None) -> Store:

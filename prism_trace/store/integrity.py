@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import duckdb
 
 __all__ = [
+    "check_blocks",
     "check_store_file",
     "corrupt_store_error",
     "schema_checksum",
@@ -43,24 +44,30 @@ _CORRUPT = re.compile(
 )
 
 
-def check_store_file(path: Path) -> None:
-    """Refuse ``path`` before DuckDB opens it when it is not a whole DuckDB file.
+def check_store_file(path: Path) -> bool:
+    """Refuse ``path`` before DuckDB opens it when it is no DuckDB file; say whether it is
+    shorter than its header says.
 
     A missing or empty file passes (a new store); so does a header this check cannot read (a
-    DuckDB storage format it does not know), which DuckDB then judges.
+    DuckDB storage format it does not know), which DuckDB then judges. A file shorter than its
+    header's block count is not always damaged: DuckDB truncates free blocks at the end after
+    the header is written; ``check_blocks`` tells, once the file is open.
+
+    Returns:
+        True when the file is shorter than its header says (``check_blocks`` must look).
 
     Raises:
         NotAStoreError: an SQLite database, or a file without DuckDB's magic bytes.
-        CorruptStoreError: a DuckDB file shorter than its header says.
+        CorruptStoreError: a DuckDB file shorter than its three headers.
     """
     try:
         size = path.stat().st_size
         if size == 0:
-            return
+            return False
         with path.open("rb") as fh:
             head = fh.read(3 * _HEADER)
     except FileNotFoundError:
-        return
+        return False
     except OSError as exc:
         msg = f"{path}: cannot read the store: {exc.strerror or type(exc).__name__}"
         raise NotAStoreError(msg) from exc
@@ -74,10 +81,37 @@ def check_store_file(path: Path) -> None:
         msg = f"{path}: the store is cut short: {size} bytes, less than DuckDB's headers"
         raise CorruptStoreError(msg)
     expected = _expected_size(head)
-    if expected is not None and size < expected:
+    return expected is not None and size < expected
+
+
+def check_blocks(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """Refuse a store one of whose blocks in use (a table's segment, a metadata block) lies past
+    the end of its file: cut short after its metadata, DuckDB opened it and read the missing
+    blocks' tables as empty.
+
+    Raises:
+        CorruptStoreError: naming the file, its size and the block past its end.
+    """
+    ((block_size,),) = con.execute("SELECT block_size FROM pragma_database_size()").fetchall()
+    size = path.stat().st_size
+    on_disk = (size - 3 * _HEADER) // int(block_size)
+    tables = [
+        r[0]
+        for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = current_database()"
+        ).fetchall()
+    ]
+    parts = [
+        "SELECT max(greatest(block_id, coalesce(list_max(additional_block_ids), -1))) AS b"
+        f" FROM pragma_storage_info('{t.replace(chr(39), chr(39) * 2)}')"
+        for t in tables
+    ]
+    parts.append("SELECT max(block_id) AS b FROM pragma_metadata_info()")
+    ((last,),) = con.execute(f"SELECT max(b) FROM ({' UNION ALL '.join(parts)})").fetchall()
+    if last is not None and int(last) >= on_disk:
         msg = (
-            f"{path}: the store is cut short: {size} bytes, its header says {expected};"
-            " restore a copy or ingest again"
+            f"{path}: the store is cut short: {size} bytes hold {on_disk} blocks, but block"
+            f" {last} is in use; restore a copy or ingest again"
         )
         raise CorruptStoreError(msg)
 
