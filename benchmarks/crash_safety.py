@@ -241,12 +241,33 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=6, help="Kills per case.")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cases", default=None, help="Comma-separated case names (default: all).")
+    ap.add_argument("--host", default=None, help="Host kind for the note's name.")
+    ap.add_argument("--no-note", action="store_true", help="Do not write benchmarks/results/.")
     a = ap.parse_args()
     chosen = [c for c in CASES if a.cases is None or c.name in a.cases.split(",")]
-    results = run(chosen, kills=a.kills, seed=a.seed)
+    lines: list[str] = []
+
+    def echo(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    results = run(chosen, kills=a.kills, seed=a.seed, echo=echo)
     kills = sum(r.kills for r in results)
     torn = sum(r.torn + r.torn_outputs for r in results)
-    print(f"total: {len(results)} commands, {kills} kills, {torn} torn stores or outputs")
+    echo(f"total: {len(results)} commands, {kills} kills, {torn} torn stores or outputs")
+    if not a.no_note:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from _common import host_kind, write_note
+
+        note = write_note(
+            "crash_safety",
+            host_kind(a.host),
+            title="Crash safety: write commands killed with SIGKILL",
+            command=f"python benchmarks/crash_safety.py --kills {a.kills} --seed {a.seed}"
+            + (f" --cases {a.cases}" if a.cases else ""),
+            body="```\n" + "\n".join(lines) + "\n```",
+        )
+        print(f"wrote {note}")
     sys.exit(1 if torn else 0)
 
 

@@ -283,6 +283,8 @@ def query_cmd(
         )
     if text:
         click.echo(text, nl=not text.endswith("\n"))
+    elif fmt == "json" and output is None:
+        click.echo("")  # the streamed JSON ends without a newline
 
 
 @main.command("graph")

@@ -248,6 +248,7 @@ def open_store(path: str | Path, *, read_only: bool = False, shown_as: Path | No
     if shown_as is not None:
         store.path = shown_as
     _OPENED.append(store.path)
+    del _OPENED[:-8]  # the latest few are enough to name a damaged one
     return store
 
 
