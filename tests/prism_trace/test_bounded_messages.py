@@ -18,7 +18,7 @@ from tests.prism_trace.test_op_timeline import _tiny
 
 
 def _laughs(levels: int = 9, width: int = 9) -> str:
-    """About 1.2 KB of YAML standing for ``width ** levels`` (387 million) strings."""
+    """About 0.5 KB of YAML standing for ``width ** levels`` (387 million) strings."""
     lines = ['l0: &l0 "lol"']
     for i in range(1, levels + 1):
         lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
