@@ -152,11 +152,29 @@ def removed_if_new_and_failed(path: Path) -> Iterator[Path]:
     tmp.unlink()  # DuckDB creates the file itself
     try:
         yield tmp
-        os.replace(tmp, path)
+        _rename_no_clobber(tmp, path)
     finally:
         for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
             with contextlib.suppress(OSError):
                 leftover.unlink(missing_ok=True)
+
+
+def _rename_no_clobber(tmp: Path, path: Path) -> None:
+    """Move the new store ``tmp`` to ``path`` unless a store appeared there meanwhile (another
+    ingest into the same new path): that one is kept, and this ingest is refused.
+
+    Raises:
+        StoreLockedError: ``path`` was created by another process during the ingest.
+    """
+    try:
+        os.link(tmp, path)  # fails when `path` exists, unlike a rename
+    except FileExistsError as exc:
+        msg = f"{path}: another process created this store during the ingest; ingest again"
+        raise StoreLockedError(msg) from exc
+    except OSError:  # a file system without hard links
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 _CONFIG: dict[str, str | bool | int | float | list[str]] = {

@@ -4,6 +4,7 @@ extension downloaded)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import sqlite3
@@ -189,3 +190,31 @@ def test_remote_parquet_without_httpfs_is_one_line() -> None:
     assert r.exit_code == 1, r.output
     assert r.output.startswith("error: s3://no-bucket/x: reading a remote Parquet export needs")
     assert "never downloaded" in r.output
+
+
+def _race(building: contextlib.AbstractContextManager[Path], other: Path) -> None:
+    """Build a store in ``building`` while "another process" creates ``other``."""
+    with building as tmp:
+        open_store(tmp).close()
+        other.write_text("the other process's store")
+
+
+def test_a_new_store_is_built_beside_and_never_clobbers(tmp_path: Path) -> None:
+    """Ingest builds a new store beside its path and links it into place at the end; a store
+    another process created there meanwhile is kept, and this one is refused."""
+    from prism_trace.errors import StoreLockedError
+    from prism_trace.store.connection import removed_if_new_and_failed
+
+    db = tmp_path / "new.db"
+    with removed_if_new_and_failed(db) as building:
+        assert building != db
+        assert building.parent == db.parent
+        open_store(building, shown_as=db).close()
+        assert not db.exists()
+    with open_store(db, read_only=True) as store:
+        assert store.path == db
+    other = tmp_path / "raced.db"
+    with pytest.raises(StoreLockedError, match="another process created this store"):
+        _race(removed_if_new_and_failed(other), other)
+    assert other.read_text() == "the other process's store"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.db", "raced.db"]
