@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     )
     from prism_trace.store.declaration import Column, Table, View, col
     from prism_trace.store.integrity import (
+        check_blocks,
         check_store_file,
         corrupt_store_error,
         schema_checksum,
@@ -53,6 +54,7 @@ _EXPORTS = {
     "VIEWS": "views",
     "View": "declaration",
     "append": "write",
+    "check_blocks": "integrity",
     "check_run_name": "write",
     "check_store_file": "integrity",
     "claim_run_name": "write",
@@ -87,6 +89,7 @@ __all__ = [
     "Table",
     "View",
     "append",
+    "check_blocks",
     "check_run_name",
     "check_store_file",
     "claim_run_name",
