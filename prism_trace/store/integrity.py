@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import stat
 import struct
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,11 +58,19 @@ def check_store_file(path: Path) -> bool:
         True when the file is shorter than its header says (``check_blocks`` must look).
 
     Raises:
-        NotAStoreError: an SQLite database, or a file without DuckDB's magic bytes.
+        NotAStoreError: a folder, a device, FIFO or socket, an SQLite database, or a file
+            without DuckDB's magic bytes.
         CorruptStoreError: a DuckDB file shorter than its three headers.
     """
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            msg = f"{path}: is a folder, not a prism-trace store (a DuckDB file)"
+            raise NotAStoreError(msg)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block DuckDB's open forever
+            msg = f"{path}: is not a regular file (a device, FIFO or socket); not a store"
+            raise NotAStoreError(msg)
+        size = st.st_size
         if size == 0:
             return False
         with path.open("rb") as fh:

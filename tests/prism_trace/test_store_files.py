@@ -218,3 +218,21 @@ def test_a_new_store_is_built_beside_and_never_clobbers(tmp_path: Path) -> None:
         _race(removed_if_new_and_failed(other), other)
     assert other.read_text() == "the other process's store"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.db", "raced.db"]
+
+
+@pytest.mark.parametrize("command", ["info", "query", "emulate", "ingest"])
+def test_a_fifo_a_folder_or_a_device_is_no_store(command: str, tmp_path: Path) -> None:
+    """DuckDB's open of a FIFO blocked forever; a folder and a device are refused too."""
+    import os
+    import stat
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for path, words in ((fifo, "is not a regular file"), (folder, "is a folder")):
+        r = CliRunner().invoke(main, _commands(path, tmp_path)[command])
+        assert r.exit_code == 1, r.output
+        assert r.output.startswith(f"error: {path}: {words}"), r.output
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    assert not any(folder.iterdir())
