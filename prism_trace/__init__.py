@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 from prism_trace.errors import (
     CollectiveMismatchError,
     ConfigError,
+    CorruptStoreError,
     DuplicateRankError,
     DuplicateRunError,
+    MissingExtensionError,
     MissingFieldError,
     NotAStoreError,
     OutOfMemoryError,
@@ -82,9 +84,11 @@ _API = {
 __all__ = [
     "CollectiveMismatchError",
     "ConfigError",
+    "CorruptStoreError",
     "DuplicateRankError",
     "DuplicateRunError",
     "EmulationConfig",
+    "MissingExtensionError",
     "MissingFieldError",
     "NotAStoreError",
     "OutOfMemoryError",

@@ -16,8 +16,10 @@ from __future__ import annotations
 __all__ = [
     "CollectiveMismatchError",
     "ConfigError",
+    "CorruptStoreError",
     "DuplicateRankError",
     "DuplicateRunError",
+    "MissingExtensionError",
     "MissingFieldError",
     "NotAStoreError",
     "OutOfMemoryError",
@@ -106,6 +108,16 @@ class NotAStoreError(StoreError):
 
 class SchemaVersionError(StoreError):
     """The store was written by an incompatible version of the schema."""
+
+
+class CorruptStoreError(StoreError):
+    """A DuckDB store file that is damaged: shorter than its header says (cut short), or a block
+    whose checksum DuckDB finds wrong (flipped bytes); the message names the file."""
+
+
+class MissingExtensionError(StoreError):
+    """A DuckDB extension the command needs (httpfs, for ``--parquet s3://...``) is not
+    installed; prism never downloads one implicitly."""
 
 
 class StoreLockedError(StoreError):

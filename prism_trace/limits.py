@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import reprlib
 import stat
 import zlib
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ __all__ = [
     "INT64_MIN",
     "MAX_COMM_BYTES",
     "MAX_RANKS",
+    "MAX_YAML_NODES",
     "BoundedGzip",
     "check_count",
     "check_int",
@@ -35,6 +37,7 @@ __all__ = [
     "check_world_size",
     "expansion_limit",
     "gzip_errors",
+    "load_yaml",
     "open_bounded",
     "short_repr",
     "type_name",
@@ -76,10 +79,86 @@ def type_name(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
+def _short_reprs() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel = 3
+    r.maxlist = r.maxtuple = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 6
+    r.maxdict = 4
+    r.maxstring = r.maxlong = r.maxother = 60
+    return r
+
+
+_SHORT = _short_reprs()
+"""A repr that looks at most 3 levels deep and 6 items wide: a value in a message may be a
+megabyte string or a YAML "billion laughs" of nested aliases, whose full repr is gigabytes."""
+
+
 def short_repr(value: Any) -> str:
-    """``repr(value)`` cut to 60 characters: a value in a message may be megabytes long."""
-    text = repr(value)
+    """``repr(value)`` cut to 60 characters, built from at most a few hundred items: a value in
+    a message may be megabytes long, or nested aliases whose whole repr would be gigabytes."""
+    try:
+        text = _SHORT.repr(value)
+    except (ValueError, RecursionError, MemoryError):  # an int of more than 4300 digits
+        text = f"<{type_name(value)}>"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+MAX_YAML_NODES = 1_000_000
+"""The most nodes a YAML document may stand for once its aliases are expanded."""
+
+
+def load_yaml(text: str, path: Path | str) -> Any:
+    """``yaml.safe_load(text)``, refused when its aliases expand past ``MAX_YAML_NODES`` nodes
+    or refer to themselves.
+
+    PyYAML shares an aliased node rather than copying it, so loading a "billion laughs" is
+    small, but any later walk of the result (a repr, a JSON dump) expands it: the document's
+    expanded size is counted on the composed nodes, each distinct node once.
+
+    Raises:
+        TraceFormatError: too many nodes, a recursive alias, or invalid YAML (one line).
+    """
+    import yaml
+
+    def expanded(node: yaml.Node, seen: dict[int, int], open_: set[int]) -> int:
+        key = id(node)
+        if key in seen:
+            return seen[key]
+        if key in open_:
+            msg = f"{path}: YAML alias refers to itself at line {node.start_mark.line + 1}"
+            raise TraceFormatError(msg)
+        open_.add(key)
+        n = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                n += expanded(k, seen, open_) + expanded(v, seen, open_)
+        elif isinstance(node, yaml.SequenceNode):
+            n += sum(expanded(v, seen, open_) for v in node.value)
+        open_.discard(key)
+        if n > MAX_YAML_NODES:
+            msg = (
+                f"{path}: YAML expands to more than {MAX_YAML_NODES} nodes through its aliases"
+                f" (at line {node.start_mark.line + 1}); refused"
+            )
+            raise TraceFormatError(msg)
+        seen[key] = n
+        return n
+
+    try:
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            expanded(node, {}, set())
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except TraceFormatError:
+        raise
+    except (ValueError, RecursionError, yaml.YAMLError) as exc:
+        msg = f"{path}: cannot read YAML: {exc}".splitlines()[0]
+        raise TraceFormatError(msg) from exc
 
 
 def wrong_type(path: Path | str, where: str, value: Any, expected: str) -> TraceFormatError:

@@ -30,8 +30,7 @@ from prism_trace.analysis.report.sections import (
     waits_section,
 )
 
-from prism_trace.errors import OutputError
-from prism_trace.outputs import output_file
+from prism_trace.outputs import atomic_file, output_file
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
@@ -132,6 +131,7 @@ def write_report(
     out: Path | str,
     compare: str | None = None,
     limits: ReportLimits | None = None,
+    follow_symlinks: bool = False,
 ) -> ReportSummary:
     """Write the HTML report of ``run`` to ``out``.
 
@@ -143,6 +143,8 @@ def write_report(
             emulated or replayed run is compared with its nearest ancestor that has iterations
             (the recorded run it came from).
         limits: caps on what is drawn (``ReportLimits``).
+        follow_symlinks: write where a symbolic link at ``out`` points, even out of its folder
+            (``prism_trace.outputs``).
 
     Returns:
         The file written, its size, the time taken and notes on what was capped.
@@ -155,7 +157,8 @@ def write_report(
     run_id = store.require_run(run)
     if compare is not None:
         store.require_run(compare)
-    out = output_file(Path(out), create=False)  # a bad path is refused before the work
+    # a bad path is refused before the work
+    out = output_file(Path(out), create=False, follow_symlinks=follow_symlinks)
     facts = data.run_facts(store, run_id)
     notes: list[str] = []
     t0 = _t0(store, run_id)
@@ -181,12 +184,9 @@ def write_report(
             sections.append(predicted)
     sections.append(memory_section(store, run_id, t0, groups, limits, notes))
     page = _render(facts, other, sections, notes)
-    output_file(out)  # a folder, or a parent that is a file, is one line naming `out`
-    try:
-        out.write_text(page, encoding="utf-8")
-    except OSError as exc:
-        msg = f"{out}: cannot write the report: {exc.strerror}"
-        raise OutputError(msg) from exc
+    # written beside `out` and renamed into place: a failed write leaves the old report
+    with atomic_file(out) as tmp:
+        tmp.write_text(page, encoding="utf-8")
     figures = [s.key for s in sections if s.figs]
     return ReportSummary(
         run=run,

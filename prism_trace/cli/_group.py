@@ -44,6 +44,23 @@ def _given_flags() -> set[str]:
     }
 
 
+def _damaged_store(exc: BaseException) -> str | None:
+    """DuckDB's word that a store's block is damaged, met in the middle of a command (DuckDB
+    reads data blocks lazily), as one line naming the store last opened; else None."""
+    import duckdb
+
+    if not isinstance(exc, duckdb.Error | OSError):
+        return None
+    from prism_trace.store.connection import opened_stores
+    from prism_trace.store.integrity import corrupt_store_error
+
+    opened = opened_stores()
+    if not opened:
+        return None
+    damaged = corrupt_store_error(opened[-1], exc)
+    return None if damaged is None else str(damaged)
+
+
 class _Guarded(click.Group):
     """The top-level group: no raw exception ever escapes a command.
 
@@ -87,6 +104,10 @@ class _Guarded(click.Group):
         except Exception as exc:  # the last line of defence: one line, not a traceback
             if ctx.params.get("debug"):
                 raise
+            damaged = _damaged_store(exc)
+            if damaged is not None:
+                click.echo(f"error: {damaged}", err=True)
+                sys.exit(1)
             text = str(exc).splitlines()[0] if str(exc) else ""
             click.echo(
                 f"error: unexpected {type(exc).__name__}: {text[:300]} (run with --debug for"

@@ -31,6 +31,7 @@ __all__ = [
     "declared_layout",
     "echo_report",
     "existing_store",
+    "follow_symlinks_option",
     "json_option",
     "layout_options",
     "max_rows_option",
@@ -125,6 +126,16 @@ def config_option(help: str) -> Callable[[F], F]:
 def quiet_option() -> Callable[[F], F]:
     """``--quiet``/``-q``: no progress bar or summary."""
     return click.option("--quiet", "-q", is_flag=True, help="No progress bar or summary.")
+
+
+def follow_symlinks_option() -> Callable[[F], F]:
+    """``--follow-symlinks``: write where a symbolic link at ``-o`` points, even out of its
+    folder (``prism_trace.outputs``); without it such a link is refused."""
+    return click.option(
+        "--follow-symlinks",
+        is_flag=True,
+        help="Write where a symbolic link given as -o points, even outside its folder.",
+    )
 
 
 def max_rows_option() -> Callable[[F], F]:

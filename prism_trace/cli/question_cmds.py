@@ -9,7 +9,13 @@ from typing import Any
 import click
 
 from prism_trace.cli._group import RANKS, _one_line_errors, main
-from prism_trace.cli._options import db_argument, json_option, max_rows_option, run_option
+from prism_trace.cli._options import (
+    db_argument,
+    follow_symlinks_option,
+    json_option,
+    max_rows_option,
+    run_option,
+)
 from prism_trace.cli._words import ANALYZE_WORDS, COMPARE_WORDS
 from prism_trace.errors import UsageError
 
@@ -205,12 +211,17 @@ def analyze_cmd(
 @run_option("Run to report on (any kind).")
 @click.option("--compare", default=None, help="Another run to compare iteration times with.")
 @click.option("-o", "--out", required=True, type=click.Path(path_type=Path), help="HTML file.")
+@follow_symlinks_option()
 @_one_line_errors
-def report_cmd(db: Path, run_name: str, compare: str | None, out: Path) -> None:
+def report_cmd(
+    db: Path, run_name: str, compare: str | None, out: Path, follow_symlinks: bool
+) -> None:
     """A self-contained HTML report: timelines, breakdowns, waits, iteration times, memory."""
     from prism_trace.analysis.report.html import write_report
     from prism_trace.store.connection import open_store
 
     with open_store(db, read_only=True) as store:
-        summary = write_report(store, run=run_name, out=out, compare=compare)
+        summary = write_report(
+            store, run=run_name, out=out, compare=compare, follow_symlinks=follow_symlinks
+        )
     click.echo(summary.summary())

@@ -17,6 +17,7 @@ from prism_trace.cli._options import (
     db_argument,
     declared_layout,
     echo_report,
+    follow_symlinks_option,
     json_option,
     layout_options,
     max_rows_option,
@@ -126,9 +127,9 @@ def ingest_cmd(
     # The layout is declared inside the ingest's transaction: a refused layout leaves the store
     # as it was, a replaced run included.
     with (
-        removed_if_new_and_failed(db),
+        removed_if_new_and_failed(db) as db_file,
         preforked(n if engine == "local" else 0),
-        open_store(db) as store,
+        open_store(db_file, shown_as=db) as store,
         ingesting(
             store,
             list(paths),
@@ -248,10 +249,16 @@ def _show_config(db: Path, run_name: str, *, as_json: bool) -> None:
     show_default=True,
 )
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
+@follow_symlinks_option()
 @max_rows_option()
 @_one_line_errors
 def query_cmd(
-    args: tuple[str, ...], parquet: str | None, fmt: str, output: Path | None, max_rows: int
+    args: tuple[str, ...],
+    parquet: str | None,
+    fmt: str,
+    output: Path | None,
+    follow_symlinks: bool,
+    max_rows: int,
 ) -> None:
     """Run SQL against DB (read-only), or against a Parquet export, and print or write it."""
     from prism_trace.analysis import load_views, names_in
@@ -274,11 +281,15 @@ def query_cmd(
             fmt=fmt,  # type: ignore[arg-type]
             output=output,
             max_rows=max_rows,
+            follow_symlinks=follow_symlinks,
+            echo=functools.partial(click.echo, nl=False),
             # Only the views the SQL names: creating all of them binds every one.
             prepare=functools.partial(load_views, names=names_in(args[-1])),
         )
     if text:
         click.echo(text, nl=not text.endswith("\n"))
+    elif fmt == "json" and output is None:
+        click.echo("")  # the streamed JSON ends without a newline
 
 
 @main.command("graph")

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import duckdb
 
-from prism_trace.errors import NotAStoreError, SchemaVersionError
-from prism_trace.outputs import output_dir
+from prism_trace.errors import MissingExtensionError, NotAStoreError, SchemaVersionError
+from prism_trace.outputs import atomic_dir, output_dir
 from prism_trace.store.connection import Store
 from prism_trace.store.declaration import Table
 from prism_trace.store.schema import SCHEMA_VERSION
@@ -69,47 +69,55 @@ class ParquetExport:
 
 
 def export_parquet(
-    store: Store, out_dir: Path, *, runs: Sequence[str] | None = None
+    store: Store,
+    out_dir: Path,
+    *,
+    runs: Sequence[str] | None = None,
+    follow_symlinks: bool = False,
 ) -> ParquetExport:
     """Write ``runs`` (default: all) of ``store`` under ``out_dir`` as hive-partitioned Parquet.
 
     The ``run`` table is written whole, so names and ancestry resolve; every other table holds
     the chosen runs' rows. DuckDB's COPY does the partitioning, file by file, without Python rows.
+    The folder is filled beside ``out_dir`` and renamed into place when complete
+    (``atomic_dir``): a failed or killed export leaves no partial folder under its name.
 
     Raises:
         RunNotFoundError: a run does not exist.
-        OutputError: ``out_dir`` is a file, a folder that is not empty, or cannot be created.
+        OutputError: ``out_dir`` is a file, a device, a folder that is not empty, a link out of
+            its folder, or cannot be created.
     """
     t0 = time.perf_counter()
-    out_dir = Path(out_dir)
-    output_dir(out_dir, create=False)
+    out_dir = output_dir(Path(out_dir), create=False, follow_symlinks=follow_symlinks)
     names = (
         [r[0] for r in store.con.execute("SELECT name FROM run ORDER BY run_id").fetchall()]
         if runs is None
         else list(runs)
     )
     ids = [store.require_run(n) for n in names]
-    output_dir(out_dir)
     rows: dict[str, int] = {}
     id_list = ", ".join(map(str, ids)) or "NULL"
-    for t in TABLES:
-        cols = {c.name for c in t.columns}
-        where = "" if t.name == "run" or "run_id" not in cols else f" WHERE run_id IN ({id_list})"
-        n = store.con.execute(f"SELECT count(*) FROM {t.name}{where}").fetchall()[0][0]
-        rows[t.name] = int(n)
-        if not n:
-            continue
-        target = out_dir / t.name
-        part = ", PARTITION_BY (rank), OVERWRITE_OR_IGNORE" if _partitioned(t) else ""
-        dest = target if part else target / "data.parquet"
-        target.mkdir(exist_ok=True)
-        store.con.execute(
-            f"COPY (SELECT * FROM {t.name}{where}) TO {_sql_str(str(dest))}"
-            f" (FORMAT parquet, COMPRESSION zstd{part})"
+    with atomic_dir(out_dir) as tmp:
+        for t in TABLES:
+            cols = {c.name for c in t.columns}
+            where = (
+                "" if t.name == "run" or "run_id" not in cols else f" WHERE run_id IN ({id_list})"
+            )
+            n = store.con.execute(f"SELECT count(*) FROM {t.name}{where}").fetchall()[0][0]
+            rows[t.name] = int(n)
+            if not n:
+                continue
+            target = tmp / t.name
+            part = ", PARTITION_BY (rank), OVERWRITE_OR_IGNORE" if _partitioned(t) else ""
+            dest = target if part else target / "data.parquet"
+            target.mkdir(exist_ok=True)
+            store.con.execute(
+                f"COPY (SELECT * FROM {t.name}{where}) TO {_sql_str(str(dest))}"
+                f" (FORMAT parquet, COMPRESSION zstd{part})"
+            )
+        (tmp / _MARKER).write_text(
+            json.dumps({"schema_version": SCHEMA_VERSION, "runs": names}, indent=1) + "\n"
         )
-    (out_dir / _MARKER).write_text(
-        json.dumps({"schema_version": SCHEMA_VERSION, "runs": names}, indent=1) + "\n"
-    )
     return ParquetExport(out_dir, names, rows, time.perf_counter() - t0)
 
 
@@ -130,7 +138,10 @@ def open_parquet(root: str | Path) -> Store:
         SchemaVersionError: an export of another schema version.
     """
     text = str(root)
-    con = duckdb.connect()
+    # Extensions load when installed (httpfs for s3:// and https://), never download.
+    con = duckdb.connect(
+        config={"autoinstall_known_extensions": False, "autoload_known_extensions": True}
+    )
     if not _is_remote(text):
         marker = Path(text) / _MARKER
         if not marker.is_file():
@@ -157,6 +168,16 @@ def open_parquet(root: str | Path) -> Store:
             except duckdb.IOException:
                 if not remote:
                     raise
+            except duckdb.Error as exc:
+                con.close()
+                if remote and "extension" in str(exc).lower():
+                    msg = (
+                        f"{text}: reading a remote Parquet export needs DuckDB's httpfs"
+                        " extension, which is not installed and is never downloaded implicitly:"
+                        " install it once with duckdb's `INSTALL httpfs`"
+                    )
+                    raise MissingExtensionError(msg) from exc
+                raise
         con.execute(f"CREATE VIEW {t.name} AS {_empty_select(t)}")  # no rows of this table
     for v in VIEWS:
         con.execute(f"CREATE VIEW {v.name} AS {v.sql}")

@@ -9,15 +9,14 @@ are fetched in chunks, so no list of all events is ever built in Python. See doc
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
-import os
 import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from prism_trace.errors import OutputError, SelectionError
+from prism_trace.errors import SelectionError
+from prism_trace.outputs import atomic_file, output_file
 from prism_trace.ranks import format_ranks
 
 if TYPE_CHECKING:
@@ -179,7 +178,12 @@ def _open(path: Path, *, gz: bool) -> IO[str]:
 
 
 def export_perfetto(
-    store: Store, *, run: str, out: Path | str, ranks: list[int] | None = None
+    store: Store,
+    *,
+    run: str,
+    out: Path | str,
+    ranks: list[int] | None = None,
+    follow_symlinks: bool = False,
 ) -> dict[str, Any]:
     """Write run ``run`` as Chrome trace JSON for Perfetto (``.json``, or gzipped ``.json.gz``).
 
@@ -199,6 +203,7 @@ def export_perfetto(
         run: the run's name (any kind).
         out: the file to write; a ``.gz`` suffix gzips it.
         ranks: write these ranks, each as its own process (default: the stored ranks).
+        follow_symlinks: write where a symbolic link at ``out`` points, even out of its folder.
 
     Returns:
         What was written: ``path``, ``bytes``, ``ranks``, ``events`` (X events), ``flows``,
@@ -209,11 +214,11 @@ def export_perfetto(
         RunNotFoundError: no run of that name.
         SelectionError: a listed rank is not in the run or has neither events nor a class
             exemplar with events.
-        OutputError: the file cannot be written.
+        OutputError: ``out`` is refused (``prism_trace.outputs``) or cannot be written.
     """
     started = time.perf_counter()
     run_id = store.require_run(run)
-    out = Path(out)
+    out = output_file(Path(out), create=False, follow_symlinks=follow_symlinks)
     run_row = _rows(
         store,
         "SELECT r.name, r.kind, p.name, r.world_size, r.source_format,"
@@ -301,59 +306,51 @@ def export_perfetto(
             " WHERE n.run_id = $1 ORDER BY 1, 2",
             [run_id, src, pids],
         )
-    tmp = out.with_name(out.name + ".part")
     counts = {"events": 0, "flows": 0, "counters": 0}
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with _open(tmp, gz=out.suffix == ".gz") as fh:
-            head = {"displayTimeUnit": "ns", "baseTimeNanoseconds": base, "otherData": other}
-            fh.write(json.dumps(head, default=str)[:-1] + ',\n"traceEvents":[\n')
-            meta: list[dict[str, Any]] = []
-            for r, pid in zip(src, pids, strict=True):
-                label = _process_label(
-                    r, pid, class_all.get(r), members, expanded=ranks is not None
-                )
-                meta.append(
-                    {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}}
-                )
-                meta.append(
-                    {
-                        "ph": "M",
-                        "pid": pid,
-                        "name": "process_sort_index",
-                        "args": {"sort_index": pid},
-                    }
-                )
-            for r, tid, kind, name in tracks:
-                meta.append(
-                    {"ph": "M", "pid": r, "tid": tid, "name": "thread_name", "args": {"name": name}}
-                )
-                order = tid + (1_000_000 if kind == "stream" else 0)
-                meta.append(
-                    {
-                        "ph": "M",
-                        "pid": r,
-                        "tid": tid,
-                        "name": "thread_sort_index",
-                        "args": {"sort_index": order},
-                    }
-                )
-            fh.write(",\n".join(json.dumps(m) for m in meta))
-            first = not meta
-            params = [run_id, base, src, pids]
-            counts["events"], first = _stream(
-                store, _EVENT_SQL if source == "event" else _NODE_SQL, params, fh, first=first
+    # Written beside `out` and renamed into place: a failed or killed export leaves `out` as it
+    # was, never a half trace under its name.
+    with (
+        atomic_file(out, follow_symlinks=follow_symlinks) as tmp,
+        _open(tmp, gz=out.suffix == ".gz") as fh,
+    ):
+        head = {"displayTimeUnit": "ns", "baseTimeNanoseconds": base, "otherData": other}
+        fh.write(json.dumps(head, default=str)[:-1] + ',\n"traceEvents":[\n')
+        meta: list[dict[str, Any]] = []
+        for r, pid in zip(src, pids, strict=True):
+            label = _process_label(r, pid, class_all.get(r), members, expanded=ranks is not None)
+            meta.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}})
+            meta.append(
+                {
+                    "ph": "M",
+                    "pid": pid,
+                    "name": "process_sort_index",
+                    "args": {"sort_index": pid},
+                }
             )
-            if source == "event":
-                counts["flows"], first = _stream(store, _FLOW_SQL, params, fh, first=first)
-                counts["counters"], first = _stream(store, _COUNTER_SQL, params, fh, first=first)
-            fh.write("\n]}\n")
-        os.replace(tmp, out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        msg = f"{out}: cannot write the Perfetto trace: {exc.strerror or exc}"
-        raise OutputError(msg) from exc
+        for r, tid, kind, name in tracks:
+            meta.append(
+                {"ph": "M", "pid": r, "tid": tid, "name": "thread_name", "args": {"name": name}}
+            )
+            order = tid + (1_000_000 if kind == "stream" else 0)
+            meta.append(
+                {
+                    "ph": "M",
+                    "pid": r,
+                    "tid": tid,
+                    "name": "thread_sort_index",
+                    "args": {"sort_index": order},
+                }
+            )
+        fh.write(",\n".join(json.dumps(m) for m in meta))
+        first = not meta
+        params = [run_id, base, src, pids]
+        counts["events"], first = _stream(
+            store, _EVENT_SQL if source == "event" else _NODE_SQL, params, fh, first=first
+        )
+        if source == "event":
+            counts["flows"], first = _stream(store, _FLOW_SQL, params, fh, first=first)
+            counts["counters"], first = _stream(store, _COUNTER_SQL, params, fh, first=first)
+        fh.write("\n]}\n")
     return {
         "run": run,
         "path": str(out),

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import duckdb
 import polars as pl
 
-from prism_trace.errors import QueryError, UsageError
-from prism_trace.outputs import output_file, write_errors
+from prism_trace.errors import PrismError, QueryError, UsageError
+from prism_trace.outputs import atomic_file, output_file
 from prism_trace.query.jsonout import dumps
 from prism_trace.store.connection import Store
+from prism_trace.store.integrity import corrupt_store_error
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -64,8 +66,15 @@ def run_query(
     output: Path | None = None,
     max_rows: int = 50,
     prepare: Callable[[duckdb.DuckDBPyConnection], object] | None = None,
+    echo: Callable[[str], None] | None = None,
+    follow_symlinks: bool = False,
 ) -> str:
     """Run ``sql`` and return its text rendering, or write it to ``output`` and return "".
+
+    Work is bounded by what is shown: a table fetches ``max_rows + 1`` rows (one more tells
+    whether there are more), so ``select * from range(600000000)`` prints 50 rows without
+    materialising the rest; CSV, JSON and Parquet stream in batches of ``_BATCH`` rows, to
+    ``output`` (written beside it and renamed into place, ``atomic_file``) or to ``echo``.
 
     ``prepare`` runs on the query's cursor first: the CLI uses it to define the analysis views,
     which this layer may not import.
@@ -74,40 +83,135 @@ def run_query(
         QueryError: the SQL fails (the message is DuckDB's first line), is not one statement
             or writes files (``check_one_reading_statement``).
         UsageError: parquet without ``-o``.
-        OutputError: ``output`` is a folder or cannot be written.
+        OutputError: ``output`` is a folder, a device, FIFO or socket, a link out of its
+            folder, or cannot be written.
     """
     if fmt == "parquet" and output is None:
         msg = "parquet output needs -o FILE"
         raise UsageError(msg)
+    if max_rows < 0:
+        msg = f"`--max-rows` {max_rows} is negative"
+        raise UsageError(msg)
     check_one_reading_statement(sql)
-    try:
+    if output is not None:
+        output_file(output, create=False, follow_symlinks=follow_symlinks)
+    with _failures(store):
         # A cursor has no pending result of earlier statements, which ``sql()`` requires.
         cur = store.con.cursor()
         if prepare is not None:
             prepare(cur)
         rel = cur.sql(sql)
-        df = pl.DataFrame() if rel is None else _frame(rel.to_arrow_table())
+        if fmt == "table" and output is None:
+            return _table(rel, max_rows)
+    if output is None:
+        chunks: list[str] = []
+        _stream(store, rel, fmt, echo or chunks.append)
+        return "".join(chunks)
+    with atomic_file(output, follow_symlinks=follow_symlinks) as tmp:
+        if fmt == "parquet":
+            _parquet(store, rel, tmp)
+        elif fmt == "table":
+            tmp.write_text(_table(rel, max_rows))
+        else:
+            with tmp.open("w") as fh:
+                _stream(store, rel, fmt, fh.write)
+    return ""
+
+
+_BATCH = 65536
+"""Rows per batch when a result is streamed (CSV, JSON, Parquet)."""
+
+
+@contextlib.contextmanager
+def _failures(store: Store) -> Iterator[None]:
+    """DuckDB's errors while the query runs: one ``QueryError`` line naming the store."""
+    try:
+        yield
     except duckdb.Error as exc:
-        msg = f"{store.path}: query failed: {str(exc).splitlines()[0]}"
-        raise QueryError(msg) from exc
-    if output is not None:
-        output_file(output)
-    if fmt == "parquet":
-        with write_errors(output):  # type: ignore[arg-type]
-            df.write_parquet(output)  # type: ignore[arg-type]
-        return ""
-    if fmt == "csv":
-        text = _flat(df).write_csv()
-    elif fmt == "json":
-        text = dumps(df.to_dicts(), indent=1)
-    else:
-        with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
-            text = str(df)
-    if output is not None:
-        with write_errors(output):
-            output.write_text(text)
-        return ""
+        raise _query_error(store, exc) from exc
+
+
+def _query_error(store: Store, exc: BaseException) -> PrismError:
+    """DuckDB's error while a query runs: a damaged store (``CorruptStoreError``) or the SQL's
+    own failure (``QueryError``), each one line naming the store."""
+    damaged = corrupt_store_error(store.path, exc)
+    if damaged is not None:
+        return damaged
+    return QueryError(f"{store.path}: query failed: {str(exc).splitlines()[0]}")
+
+
+def _table(rel: duckdb.DuckDBPyRelation | None, max_rows: int) -> str:
+    """The first ``max_rows`` rows as a table; only ``max_rows + 1`` are fetched."""
+    if rel is None:
+        return str(pl.DataFrame())
+    df = _frame(rel.limit(max_rows + 1).to_arrow_table())
+    more = df.height > max_rows
+    with pl.Config(tbl_rows=max_rows, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=200):
+        text = str(df.head(max_rows))
+    if more:
+        text += (
+            f"\nfirst {max_rows} rows shown; the result has more, not fetched"
+            " (--max-rows N, a LIMIT, or -o FILE for all of them)"
+        )
     return text
+
+
+def _batches(store: Store, rel: duckdb.DuckDBPyRelation | None) -> Iterator[pl.DataFrame]:
+    """The result as DataFrames of at most ``_BATCH`` rows (one empty frame for no rows)."""
+    if rel is None:
+        yield pl.DataFrame()
+        return
+    with _failures(store):
+        reader = rel.to_arrow_reader(_BATCH)
+    first = True
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            break
+        except OSError as exc:  # DuckDB's error, raised through Arrow's stream
+            raise _query_error(store, exc) from exc
+        first = False
+        yield _frame(_batch_table(batch))
+    if first:
+        yield _frame(reader.schema.empty_table())
+
+
+def _stream(
+    store: Store,
+    rel: duckdb.DuckDBPyRelation | None,
+    fmt: str,
+    write: Callable[[str], object],
+) -> None:
+    """CSV or JSON text of the result, batch by batch, as ``write_csv`` and ``dumps`` of the
+    whole frame would give it."""
+    if fmt == "csv":
+        for i, df in enumerate(_batches(store, rel)):
+            write(_flat(df).write_csv(include_header=i == 0))
+        return
+    n = 0
+    for df in _batches(store, rel):
+        for row in df.to_dicts():
+            text = dumps(row, indent=1).replace("\n", "\n ")
+            write(("[\n " if n == 0 else ",\n ") + text)
+            n += 1
+    write("[]" if n == 0 else "\n]")
+
+
+def _parquet(store: Store, rel: duckdb.DuckDBPyRelation | None, path: Path) -> None:
+    """The result as one Parquet file, written batch by batch."""
+    import pyarrow.parquet as pq
+
+    writer = None
+    try:
+        for df in _batches(store, rel):
+            table = df.to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema, compression="zstd")
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _flat(df: pl.DataFrame) -> pl.DataFrame:
@@ -123,6 +227,13 @@ def _flat(df: pl.DataFrame) -> pl.DataFrame:
         .alias(name)
         for name in nested
     )
+
+
+def _batch_table(batch: pa.RecordBatch) -> pa.Table:
+    """One record batch as a table (``pl.from_arrow`` of a batch loses nothing either way)."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches([batch])
 
 
 def _frame(table: pa.Table) -> pl.DataFrame:

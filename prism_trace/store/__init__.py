@@ -9,8 +9,21 @@ from typing import TYPE_CHECKING
 from prism_trace.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from prism_trace.store.connection import RunLink, Store, open_store, removed_if_new_and_failed
+    from prism_trace.store.connection import (
+        RunLink,
+        Store,
+        open_store,
+        opened_stores,
+        removed_if_new_and_failed,
+    )
     from prism_trace.store.declaration import Column, Table, View, col
+    from prism_trace.store.integrity import (
+        check_blocks,
+        check_store_file,
+        corrupt_store_error,
+        schema_checksum,
+        stored_schema_checksum,
+    )
     from prism_trace.store.schema import SCHEMA_VERSION, create_all, render_markdown
     from prism_trace.store.tables import GRAPH_TABLES, RANK, RUN_ID, RUN_KINDS, TABLES, table
     from prism_trace.store.views import VIEWS
@@ -41,18 +54,24 @@ _EXPORTS = {
     "VIEWS": "views",
     "View": "declaration",
     "append": "write",
+    "check_blocks": "integrity",
     "check_run_name": "write",
+    "check_store_file": "integrity",
     "claim_run_name": "write",
     "col": "declaration",
+    "corrupt_store_error": "integrity",
     "create_all": "schema",
     "drop_run": "write",
     "new_run": "write",
     "next_run_id": "write",
     "open_store": "connection",
+    "opened_stores": "connection",
     "removed_if_new_and_failed": "connection",
     "render_markdown": "schema",
+    "schema_checksum": "integrity",
     "set_run_config": "write",
     "set_run_world_size": "write",
+    "stored_schema_checksum": "integrity",
     "table": "tables",
 }
 __all__ = [
@@ -70,18 +89,24 @@ __all__ = [
     "Table",
     "View",
     "append",
+    "check_blocks",
     "check_run_name",
+    "check_store_file",
     "claim_run_name",
     "col",
+    "corrupt_store_error",
     "create_all",
     "drop_run",
     "new_run",
     "next_run_id",
     "open_store",
+    "opened_stores",
     "removed_if_new_and_failed",
     "render_markdown",
+    "schema_checksum",
     "set_run_config",
     "set_run_world_size",
+    "stored_schema_checksum",
     "table",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

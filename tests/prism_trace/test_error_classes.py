@@ -153,13 +153,15 @@ def test_not_a_store(tmp_path: Path) -> None:
     text.write_text("not a database\n")
     with pytest.raises(NotAStoreError) as exc:
         open_store(text)
-    assert str(exc.value).startswith(f"{text}: cannot open the database: ")
+    assert str(exc.value).startswith(f"{text}: not a DuckDB database")
 
     bare = tmp_path / "bare.duckdb"
     duckdb.connect(str(bare)).close()
     with pytest.raises(NotAStoreError) as exc:
         open_store(bare, read_only=True)
-    assert str(exc.value) == f"{bare}: not a prism-trace store (no `meta` table)"
+    assert (
+        str(exc.value) == f"{bare}: a DuckDB database but not a prism-trace store (no `meta` table)"
+    )
 
 
 def test_schema_version_is_a_store_error(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ the entry point and its report.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -41,9 +42,9 @@ from prism_trace.export.chakra.rules import (
     SIZE_BANDWIDTH_GBPS,
     ChakraExportError,
 )
-from prism_trace.export.chakra.template import comm_plan, encode_template, load_run
+from prism_trace.export.chakra.template import ExportRun, comm_plan, encode_template, load_run
 from prism_trace.export.chakra.wire import sanitize_prefix
-from prism_trace.outputs import output_dir
+from prism_trace.outputs import atomic_dir, output_dir
 
 if TYPE_CHECKING:
     from prism_trace.store.connection import Store
@@ -162,6 +163,7 @@ def export_chakra(
     prefix: str | None = None,
     progress: bool = False,
     size_bandwidth_gbps: float = SIZE_BANDWIDTH_GBPS,
+    follow_symlinks: bool = False,
 ) -> ExportReport:
     """Write every rank of ``run`` as a Chakra ET file ``<out_dir>/<prefix>.<rank>.et``.
 
@@ -190,44 +192,60 @@ def export_chakra(
         RunNotFoundError: no such run.
     """
     t0 = time.perf_counter()
-    out_dir = Path(out_dir)
+    # A new or empty folder: stale `.et` files of another export would mix into an ingest of it.
+    out_dir = output_dir(Path(out_dir), create=False, follow_symlinks=follow_symlinks)
     prefix = sanitize_prefix(run) if prefix is None else prefix
     if not prefix or "/" in prefix or "\\" in prefix or prefix in (".", ".."):
         msg = f"{out_dir}: `prefix` {prefix!r} is not a plain file-name prefix"
         raise ChakraExportError(msg)
-    rd = load_run(store, run)
-    # A new or empty folder: stale `.et` files of another export would mix into an ingest of it.
-    output_dir(out_dir, create=False)
-    built = False
-    if rd.kind == "recorded":
-        rows = store.con.execute(
-            "SELECT count(*) FROM graph_node WHERE run_id = ?", [rd.run_id]
-        ).fetchall()
-        if not rows[0][0]:
-            from prism_trace.graph.build import build_graph
+    # Every argument is checked before anything is written: a graph built for the export and
+    # then refused would stay in the store.
+    if not (size_bandwidth_gbps > 0 and math.isfinite(size_bandwidth_gbps)):
+        msg = f"{out_dir}: size bandwidth {size_bandwidth_gbps!r} GB/s is not a positive number"
+        raise ChakraExportError(msg)
+    # One transaction: a graph built here is committed with a complete export, or not at all.
+    with store.transaction():
+        rd = load_run(store, run)
+        built = False
+        if rd.kind == "recorded":
+            rows = store.con.execute(
+                "SELECT count(*) FROM graph_node WHERE run_id = ?", [rd.run_id]
+            ).fetchall()
+            if not rows[0][0]:
+                from prism_trace.graph.build import build_graph
 
-            build_graph(store, run)
-            built = True
-    output_dir(out_dir)
+                build_graph(store, run)
+                built = True
+        report = ExportReport(
+            run=run,
+            run_id=rd.run_id,
+            kind=rd.kind,
+            out_dir=out_dir,
+            prefix=prefix,
+            world_size=rd.world_size,
+            built_graph=built,
+        )
+        report.size_bandwidth_gbps = size_bandwidth_gbps
+        # Filled beside `out_dir` and renamed into place: no partial export under its name.
+        with atomic_dir(out_dir) as tmp:
+            writer = MemberWriter(store, rd, tmp, prefix)
+            types, deps, subst = _write_members(store, rd, writer, report, progress=progress)
+    report.node_types = dict(types)
+    report.deps = dict(deps)
+    report.substituted = dict(subst)
+    report.elapsed_s = time.perf_counter() - t0
+    return report
 
+
+def _write_members(
+    store: Store, rd: ExportRun, writer: MemberWriter, report: ExportReport, *, progress: bool
+) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """Encode each graph rank's template once and write it for every member rank; counts go to
+    ``report``. Returns the node types, dependency kinds and substitutions written."""
     members: dict[int, list[int]] = defaultdict(list)
     for r in rd.ranks:
         members[rd.graph_rank[r]].append(r)
-    report = ExportReport(
-        run=run,
-        run_id=rd.run_id,
-        kind=rd.kind,
-        out_dir=out_dir,
-        prefix=prefix,
-        world_size=rd.world_size,
-        built_graph=built,
-    )
-    if not size_bandwidth_gbps > 0:
-        msg = f"{out_dir}: size bandwidth {size_bandwidth_gbps!r} GB/s is not positive"
-        raise ChakraExportError(msg)
-    report.size_bandwidth_gbps = size_bandwidth_gbps
-    writer = MemberWriter(store, rd, out_dir, prefix)
-    plan = comm_plan(store, rd, size_bandwidth_gbps)
+    plan = comm_plan(store, rd, report.size_bandwidth_gbps)
     types: Counter[str] = Counter()
     deps: Counter[str] = Counter()
     subst: Counter[str] = Counter()
@@ -252,8 +270,4 @@ def export_chakra(
                 deps[k] += v * n
             del tpl
     report.comm_groups = writer.write_comm_groups()
-    report.node_types = dict(types)
-    report.deps = dict(deps)
-    report.substituted = dict(subst)
-    report.elapsed_s = time.perf_counter() - t0
-    return report
+    return types, deps, subst

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
-import yaml
 
 from prism_trace.errors import MissingFieldError, TraceFormatError
 from prism_trace.limits import (
@@ -19,6 +18,7 @@ from prism_trace.limits import (
     check_count,
     check_regular_file,
     check_world_size,
+    load_yaml,
 )
 
 __all__ = ["REQUIRED_COLUMNS", "sniff_op_timeline"]
@@ -81,8 +81,10 @@ def _read_meta(meta: Path | None) -> dict[str, Any]:
         msg = f"{meta}: op-timeline meta is larger than {_MAX_SIDECAR_BYTES} bytes"
         raise TraceFormatError(msg)
     try:
-        data = yaml.safe_load(meta.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError, yaml.YAMLError) as exc:
+        data = load_yaml(meta.read_text(encoding="utf-8"), meta)
+    except TraceFormatError:
+        raise
+    except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
         msg = f"{meta}: cannot read op-timeline meta: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
     if not isinstance(data, dict):
