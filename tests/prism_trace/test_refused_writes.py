@@ -45,7 +45,7 @@ def _refused(template: Path, tmp_path: Path, args: list[str], words: str) -> Non
         (
             "partial",
             ["emulate", "DB", "--run", "part", "--out-run", "e"],
-            "emulating it would hang",
+            "which would wait forever",
         ),
         (
             "sample",
@@ -60,7 +60,7 @@ def _refused(template: Path, tmp_path: Path, args: list[str], words: str) -> Non
         (
             "partial",
             ["analyze", "DB", "slowdown", "--run", "part", "--by", "stage"],
-            "emulating it would hang",
+            "which would wait forever",
         ),
         *(
             (
