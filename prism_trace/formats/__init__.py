@@ -19,27 +19,41 @@ if TYPE_CHECKING:
         read_all_bytes,
     )
     from prism_trace.formats.nesting import innermost_enclosing, nest_events
+    from prism_trace.formats.unique_keys import (
+        DuplicateKey,
+        duplicate_key_error,
+        loads_unique,
+        yaml_load_unique,
+    )
 
 _EXPORTS = {
+    "DuplicateKey": "unique_keys",
     "ET_IO_COLUMNS": "base",
     "FRAME_SCHEMAS": "base",
     "FormatName": "base",
     "TraceTables": "base",
+    "duplicate_key_error": "unique_keys",
     "empty_frame": "base",
     "innermost_enclosing": "nesting",
+    "loads_unique": "unique_keys",
     "nest_events": "nesting",
     "open_maybe_gzip": "base",
     "read_all_bytes": "base",
+    "yaml_load_unique": "unique_keys",
 }
 __all__ = [
     "ET_IO_COLUMNS",
     "FRAME_SCHEMAS",
+    "DuplicateKey",
     "FormatName",
     "TraceTables",
+    "duplicate_key_error",
     "empty_frame",
     "innermost_enclosing",
+    "loads_unique",
     "nest_events",
     "open_maybe_gzip",
     "read_all_bytes",
+    "yaml_load_unique",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
