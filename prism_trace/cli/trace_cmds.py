@@ -26,6 +26,7 @@ from prism_trace.cli._options import (
     run_option,
 )
 from prism_trace.errors import RunStateError, UsageError
+from prism_trace.ranks import AsciiInt
 
 __all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
 
@@ -47,7 +48,9 @@ __all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
     default="auto",
     show_default=True,
 )
-@click.option("--rank", type=int, default=None, help="Rank of a single file that does not say.")
+@click.option(
+    "--rank", type=AsciiInt(), default=None, help="Rank of a single file that does not say."
+)
 @replace_option()
 @click.option(
     "--workers",
