@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         detect_format,
         find,
         fingerprint,
+        shown,
     )
     from prism_trace.ingestion.link import HOST_CATEGORIES, LinkReport, link_et_to_kineto
     from prism_trace.ingestion.memory import (
@@ -70,6 +71,7 @@ _EXPORTS = {
     "preforked_workers": "parts",
     "read_trace": "readers",
     "reader_processes": "plan",
+    "shown": "discover",
     "size_bytes": "memory",
     "worker_limit": "memory",
     "works_on_disk": "memory",
@@ -103,6 +105,7 @@ __all__ = [
     "preforked_workers",
     "read_trace",
     "reader_processes",
+    "shown",
     "size_bytes",
     "worker_limit",
     "works_on_disk",
