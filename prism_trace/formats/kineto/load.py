@@ -132,6 +132,8 @@ class _Load(_Work):
                 "tid": "an integer or a string",
                 "cat": "a string",
                 "args": "an object",
+                "bp": "a string (a flow's binding point)",
+                "s": "a string (an instant event's scope)",
             }
             label = f" ({name!r})" if name is not None else ""
             msg = (
