@@ -106,10 +106,14 @@ def _synthetic_chakra(path: Path, *, world: int, nodes: int) -> None:
             c.int64_val = pb.ALL_REDUCE
             s = n.attr.add(name="comm_size")
             s.int64_val = 1 << 20
+        # Every third node is a side node that depends forward (as the PyTorch converter
+        # writes) on a later one; the chain of data deps goes round it, so nothing waits on it
+        # and no cycle forms (a cut at a record boundary still leaves it a missing dependency).
+        side = i % 3 == 0 and i + 2 < nodes
         if i:
-            n.data_deps.append(i)
-        if i >= 2 and i % 3 == 0:
-            n.ctrl_deps.append(i - 1)  # a second, older dependency (a forward one made a cycle)
+            n.data_deps.append(i - 1 if (i - 1) % 3 == 0 and i - 1 + 2 < nodes and i > 1 else i)
+        if side and i:
+            n.ctrl_deps.append(i + 3)
         recs.append(n.SerializeToString())
     path.write_bytes(b"".join(_varint(len(r)) + r for r in recs))
 
