@@ -14,6 +14,7 @@ from typing import Any
 import polars as pl
 import pytest
 from click.testing import CliRunner
+from prism_trace.analysis import run_diff
 
 from prism_trace.cli import main
 from prism_trace.errors import TraceFormatError, UsageError
@@ -315,3 +316,9 @@ def test_op_timeline_sidecar_duplicate_keys(op_timeline: Path) -> None:
     result.write_text('{"step_t_base": [1]}')
     with pytest.raises(TraceFormatError, match="`step_t_base` is list"):
         read_op_timeline(op_timeline)
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), -1.0])
+def test_diff_threshold_must_be_finite(seeded: Path, threshold: float) -> None:
+    with open_store(seeded, read_only=True) as store, pytest.raises(UsageError, match="finite"):
+        run_diff(store, "good", "good", threshold_pct=threshold)
