@@ -90,7 +90,7 @@ class _Load(_Work):
         walk over every member (``json_tree``) runs on those alone."""
         dup = self.rows(
             """SELECT r.rowid, r.name, t.key
-               FROM (SELECT rowid, name, args FROM raw WHERE strpos(args[2:], '{') > 0) AS r,
+               FROM (SELECT rowid, name, args FROM raw WHERE args LIKE '{%{%') AS r,
                     json_tree(r.args) AS t
                WHERE t.key IS NOT NULL
                GROUP BY r.rowid, r.name, t.parent, t.key HAVING count(*) > 1
