@@ -131,7 +131,11 @@ def quiet_option() -> Callable[[F], F]:
 def max_rows_option() -> Callable[[F], F]:
     """``--max-rows N``: rows shown when the result prints as a table."""
     return click.option(
-        "--max-rows", type=int, default=50, show_default=True, help="Rows shown as table."
+        "--max-rows",
+        type=click.IntRange(min=0),  # a negative count was taken (and shown every row)
+        default=50,
+        show_default=True,
+        help="Rows shown as table.",
     )
 
 
