@@ -18,12 +18,13 @@ by their largest start shift.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import polars as pl
 from prism_trace.analysis.diff_map import resolve_map
 
-from prism_trace.errors import RunStateError
+from prism_trace.errors import RunStateError, UsageError
 from prism_trace.query.steps import step_windows
 from prism_trace.store.connection import Store
 
@@ -187,7 +188,13 @@ def run_diff(
     Raises:
         RunNotFoundError: a run does not exist.
         RunStateError: the runs share no rank-iteration.
+        UsageError: a threshold that is not a finite number >= 0 (a NaN made every op's
+            shift a NaN, which failed deep in the frame arithmetic).
     """
+    for name, value in (("--threshold-pct", threshold_pct), ("threshold_ns", threshold_ns)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            msg = f"{name} must be a finite number >= 0, got {value!r}"
+            raise UsageError(msg)
     ia, ib = _info(store, a), _info(store, b)
     ua, ub = _units(store, ia[0]), _units(store, ib[0])
     it_a, it_b = _iterations(store, ia[0]), _iterations(store, ib[0])

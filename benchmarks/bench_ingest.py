@@ -165,8 +165,12 @@ def measure(tool: str, cmd: list[str], *, log: Path, timeout_s: float) -> Measur
 
 
 def _prism_exe() -> str | None:
+    """The ``prism`` beside this Python, or ``$PRISM_BENCH_PRISM`` (another checkout's, to
+    compare two commits on the same files)."""
     exe = Path(sys.executable).with_name("prism")
-    cand = str(exe) if exe.exists() else shutil.which("prism")
+    cand = os.environ.get("PRISM_BENCH_PRISM") or (
+        str(exe) if exe.exists() else shutil.which("prism")
+    )
     if not cand:
         return None
     ok = subprocess.run([cand, "ingest", "--help"], capture_output=True, check=False)

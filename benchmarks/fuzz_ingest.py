@@ -106,10 +106,14 @@ def _synthetic_chakra(path: Path, *, world: int, nodes: int) -> None:
             c.int64_val = pb.ALL_REDUCE
             s = n.attr.add(name="comm_size")
             s.int64_val = 1 << 20
+        # Every third node is a side node that depends forward (as the PyTorch converter
+        # writes) on a later one; the chain of data deps goes round it, so nothing waits on it
+        # and no cycle forms (a cut at a record boundary still leaves it a missing dependency).
+        side = i % 3 == 0 and i + 2 < nodes
         if i:
-            n.data_deps.append(i)
-        if i + 2 < nodes and i % 3 == 0:
-            n.ctrl_deps.append(i + 3)  # a forward dependency, as the PyTorch converter writes
+            n.data_deps.append(i - 1 if (i - 1) % 3 == 0 and i - 1 + 2 < nodes and i > 1 else i)
+        if side and i:
+            n.ctrl_deps.append(i + 3)
         recs.append(n.SerializeToString())
     path.write_bytes(b"".join(_varint(len(r)) + r for r in recs))
 
@@ -247,7 +251,8 @@ def make_seeds(root: Path, *, shared: bool = True) -> list[Seed]:
                 "trace-ST.parquet",
                 (".",),
             )
-        head = SHARED / "chakra-et" / "chakra_tests" / "chakra.0.et_schema1.0.1_HEAD.gz"
+        # The converter's 1.1.0 file: its 1.0.1 one holds dependency cycles, refused by default.
+        head = SHARED / "chakra-et" / "chakra_tests" / "chakra.0.et_schema1.1.0_commit-e366cf2.gz"
         if head.is_file():
             add("chakra-head", "chakra", {"chakra.0.et": None}, "chakra.0.et")
             dst = root / "chakra-head" / "chakra.0.et"
@@ -292,8 +297,24 @@ JSON_MUTATIONS = {
     "whitespace": "valid",
     "duplicate_rank": "invalid",
 }
-KINETO_ONLY = {"bad_base_time": "invalid", "negative_dur": "invalid", "no_ph": "invalid"}
-HOST_ET_ONLY = {"duplicate_id": "invalid", "nan_rf_id": "invalid"}
+KINETO_ONLY = {
+    "bad_base_time": "invalid",
+    "negative_dur": "invalid",
+    "no_ph": "invalid",
+    "empty_events": "invalid",
+    "duplicate_trace_events": "invalid",
+}
+HOST_ET_ONLY = {
+    "duplicate_id": "invalid",
+    "nan_rf_id": "invalid",
+    "self_parent": "invalid",
+    "parent_cycle": "invalid",
+    "empty_nodes": "invalid",
+}
+# issue 33's readers: a key twice at any depth, a world size two files disagree on, a file name
+# that is not UTF-8 (JSON formats and Chakra alike)
+ROUND3_MUTATIONS = {"duplicate_key": "invalid"}
+JOB_MUTATIONS = {"world_disagree": "invalid", "non_utf8_name": "invalid"}
 CHAKRA_MUTATIONS = {
     "record_truncate": "invalid",
     "metadata_only": "invalid",
@@ -304,6 +325,9 @@ CHAKRA_MUTATIONS = {
     "huge_duration": "invalid",
     "bad_world": "invalid",
     "duplicate_rank": "invalid",
+    "data_cycle": "invalid",
+    "ctrl_cycle": "invalid",
+    "peer_outside_world": "invalid",
 }
 OP_MUTATIONS = {
     "duplicate_rows": "invalid",
@@ -319,6 +343,8 @@ OP_MUTATIONS = {
     "meta_binary": "invalid",
     "meta_deep": "invalid",
     "rank_outside_world": "invalid",
+    "meta_duplicate_key": "invalid",
+    "result_duplicate_key": "invalid",
 }
 SPECIAL = {
     "fifo": "invalid",
@@ -378,15 +404,30 @@ _WRONG_ET = {
 def mutations_for(fmt: str) -> dict[str, str]:
     """Every mutation that applies to a format, with the outcome it allows."""
     if fmt == "kineto":
-        return {**BYTE_MUTATIONS, **JSON_MUTATIONS, **KINETO_ONLY, **SPECIAL}
+        return {
+            **BYTE_MUTATIONS,
+            **JSON_MUTATIONS,
+            **KINETO_ONLY,
+            **ROUND3_MUTATIONS,
+            **JOB_MUTATIONS,
+            **SPECIAL,
+        }
     if fmt == "host_et":
-        return {**BYTE_MUTATIONS, **JSON_MUTATIONS, **HOST_ET_ONLY, **SPECIAL}
+        return {
+            **BYTE_MUTATIONS,
+            **JSON_MUTATIONS,
+            **HOST_ET_ONLY,
+            **ROUND3_MUTATIONS,
+            **JOB_MUTATIONS,
+            **SPECIAL,
+        }
     if fmt == "chakra":
-        return {**BYTE_MUTATIONS, **CHAKRA_MUTATIONS, **SPECIAL}
+        return {**BYTE_MUTATIONS, **CHAKRA_MUTATIONS, **JOB_MUTATIONS, **SPECIAL}
     skip = {"non_utf8", "gz_truncate", "gz_flip", "bomb"}
     return {
         **{k: v for k, v in BYTE_MUTATIONS.items() if k not in skip},
         **OP_MUTATIONS,
+        "non_utf8_name": "invalid",
         **{k: v for k, v in SPECIAL.items() if k not in skip},
     }
 
@@ -416,6 +457,13 @@ def mutate_json(fmt: str, kind: str, payload: bytes, rng: random.Random) -> byte
     if kind == "whitespace":
         return b"\n \t" * rng.randint(1, 5000) + payload + b"\n" * rng.randint(1, 5000)
     doc = json.loads(payload)
+    if kind == "duplicate_key":
+        return _duplicate_key(doc, rng)
+    if kind == "duplicate_trace_events":
+        events = doc.pop("traceEvents")
+        first, second = ([], events) if rng.random() < 0.5 else (events, [])
+        body = _dumps({**doc, "traceEvents": first})[:-1]
+        return body + b', "traceEvents": ' + _dumps(second) + b"}"
     items = doc["traceEvents"] if fmt == "kineto" else doc["nodes"]
     new_layout = fmt == "host_et" and any(isinstance(n.get("inputs"), dict) for n in items[:8])
     if fmt == "kineto":
@@ -465,6 +513,20 @@ def mutate_json(fmt: str, kind: str, payload: bytes, rng: random.Random) -> byte
     elif kind == "duplicate_id":
         j = rng.randrange(len(items))
         items[j]["id"] = items[(j + 1) % len(items)]["id"]
+    elif kind in ("empty_events", "empty_nodes"):
+        items.clear()
+    elif kind == "self_parent":
+        key = "ctrl_deps" if new_layout else "parent"
+        j = rng.randrange(1, len(items)) if len(items) > 1 else 0
+        items[j][key] = items[j]["id"]
+        if items[j]["name"].endswith("|process]"):
+            items[j]["name"] = "aten::add"  # only the process root may be its own parent
+    elif kind == "parent_cycle":
+        key = "ctrl_deps" if new_layout else "parent"
+        k = rng.randint(2, 4)
+        picked = rng.sample(range(1, len(items)), min(k, len(items) - 1))
+        for a, b in zip(picked, [*picked[1:], picked[0]], strict=True):
+            items[a][key] = items[b]["id"]
     elif kind == "nan_rf_id":
         if new_layout:
             ev.setdefault("attrs", []).append({"name": "rf_id", "type": "uint64", "value": 0})
@@ -478,6 +540,34 @@ def mutate_json(fmt: str, kind: str, payload: bytes, rng: random.Random) -> byte
 
 class _Unsupported(Exception):
     pass
+
+
+_DUP = "__prism_fuzz_duplicate__"
+
+
+def _duplicate_key(doc: Any, rng: random.Random) -> bytes:
+    """``doc`` with one key of one object (at any depth: the top level, an event or node, its
+    ``args`` or ``inputs``...) stated twice, with the same or another value."""
+    objects: list[dict[str, Any]] = []
+    at: Any = doc
+    while True:
+        if isinstance(at, dict) and at:
+            objects.append(at)
+        kids = (
+            [v for v in at.values() if isinstance(v, (dict, list)) and v]
+            if isinstance(at, dict)
+            else [v for v in at if isinstance(v, (dict, list)) and v]
+            if isinstance(at, list)
+            else []
+        )
+        if not kids or (objects and rng.random() < 0.3):
+            break
+        at = rng.choice(kids)
+    obj = rng.choice(objects)
+    key = rng.choice(sorted(obj))
+    value = obj[key] if rng.random() < 0.5 else rng.choice([0, "x", [], {}, None])
+    obj[_DUP] = 0
+    return _dumps(doc).replace(_dumps(_DUP) + b": 0", _dumps(key) + b": " + _dumps(value), 1)
 
 
 def _records(data: bytes) -> list[bytes]:
@@ -520,7 +610,28 @@ def mutate_chakra(kind: str, payload: bytes, rng: random.Random) -> bytes:
         return _frame(recs) + _varint(rng.choice([1 << 31, 1 << 40, (1 << 63) - 1])) + b"\x08"
     nodes = [pb.Node.FromString(r) for r in recs[1:]]
     n = rng.randrange(len(nodes))
-    if kind == "missing_forward_dep":
+    if kind in ("data_cycle", "ctrl_cycle"):
+        if len(nodes) < 2:
+            raise _Unsupported
+        # a node made to wait on one that (transitively, or by this edge too) waits on it
+        a = nodes[n]
+        after = [x for x in nodes if a.id in x.data_deps or a.id in x.ctrl_deps]
+        b = rng.choice(after) if after else rng.choice([x for x in nodes if x is not a])
+        deps = a.data_deps if kind == "data_cycle" else a.ctrl_deps
+        deps.append(b.id)
+        if not after:
+            (b.data_deps if kind == "data_cycle" else b.ctrl_deps).append(a.id)
+    elif kind == "peer_outside_world":
+        gm = pb.GlobalMetadata.FromString(recs[0])
+        if not any(x.name == "world_size" for x in gm.attr):
+            gm.attr.add(name="world_size").int64_val = 64
+            recs[0] = gm.SerializeToString()
+        send = pb.Node(id=max(x.id for x in nodes) + 1, name="send", type=pb.COMM_SEND_NODE)
+        for k, v in (("comm_dst", rng.choice([100, 10**5, (1 << 20) - 1])), ("comm_size", 64)):
+            send.attr.add(name=k).int64_val = v
+        send.attr.add(name="comm_tag").int64_val = 7
+        nodes.append(send)
+    elif kind == "missing_forward_dep":
         nodes[n].ctrl_deps.append(max(x.id for x in nodes) + rng.randint(1, 1000))
     elif kind == "huge_duration":
         nodes[n].duration_micros = rng.choice([1 << 63, (1 << 64) - 1])
@@ -540,8 +651,24 @@ def mutate_op_timeline(kind: str, folder: Path, target: str, rng: random.Random)
 
     pq = folder / target
     meta = next(folder.glob("meta*.yaml"))
+    if kind == "result_duplicate_key":
+        result = folder / ("result-" + pq.stem.split("-", 1)[-1] + ".json")
+        result.write_text(
+            rng.choice(
+                [
+                    '{"step_t_base": {"1": 2.0}, "step_t_base": [1]}',
+                    '{"step_t_base": {"1": 2.0, "1": 3.0}}',
+                    '{"job_meta": {"dp_size": 1, "dp_size": 2}, "step_t_base": {}}',
+                ]
+            )
+        )
+        return
     if kind.startswith("meta_"):
-        if kind == "meta_world":
+        if kind == "meta_duplicate_key":
+            lines = [ln for ln in meta.read_text().splitlines() if ":" in ln]
+            line = rng.choice(lines)
+            meta.write_text(meta.read_text() + line.split(":")[0] + ": 3\n")
+        elif kind == "meta_world":
             meta.write_text(
                 meta.read_text() + f"world_size: {rng.choice([10**11, 0, -1, 1 << 21, 'x'])}\n"
             )
@@ -681,6 +808,20 @@ def make_case(case: Case, seed: Seed, work: Path) -> tuple[list[Path], Path]:
         else:
             target.symlink_to(work / "nowhere")
         return inputs, target
+    if kind == "non_utf8_name":
+        odd = target.with_name(os.fsdecode(b"\xff" + os.fsencode(target.name)))
+        target.rename(odd)
+        return [p if p != target else odd for p in inputs], odd
+    if kind == "world_disagree":
+        ext = ".et" if case.format == "chakra" else ".json"
+        others = [
+            f for f in sorted(work.iterdir()) if f != target and ext in f.name and f.is_file()
+        ]
+        if not others:
+            raise _Unsupported  # one file: nothing to disagree with
+        a, b = rng.sample([64, 1000, 4096], 2)
+        _restate_world(case.format, rng.choice(others), b)
+        return inputs, _restate_world(case.format, target, a)
     if case.format == "op_timeline":
         if kind in BYTE_MUTATIONS:
             target.write_bytes(mutate_bytes(kind, target.read_bytes(), rng))
@@ -718,6 +859,28 @@ def make_case(case: Case, seed: Seed, work: Path) -> tuple[list[Path], Path]:
     out = work / (_plain_name(seed.target) + (".gz" if case.gz else ""))
     out.write_bytes(gzip.compress(mutated, compresslevel=1) if case.gz else mutated)
     return [p if p != target else out for p in inputs], out
+
+
+def _restate_world(fmt: str, target: Path, world: int) -> Path:
+    """``target`` rewritten to state the world size ``world`` (larger than any rank of the
+    seeds, so that it is fine on its own)."""
+    from prism_trace.formats.chakra import chakra_pb2 as pb
+
+    payload = _read_payload(target)
+    if fmt == "chakra":
+        recs = _records(payload)
+        gm = pb.GlobalMetadata.FromString(recs[0])
+        kept = [a for a in gm.attr if a.name != "world_size"]
+        del gm.attr[:]
+        gm.attr.extend(kept)
+        gm.attr.add(name="world_size").int64_val = world
+        out = _frame([gm.SerializeToString(), *recs[1:]])
+    else:
+        doc = json.loads(payload)
+        doc.setdefault("distributedInfo", {})["world_size"] = world
+        out = _dumps(doc)
+    target.write_bytes(gzip.compress(out, compresslevel=1) if target.name.endswith(".gz") else out)
+    return target
 
 
 def _twin_name(name: str) -> str:

@@ -107,9 +107,10 @@ MAX_YAML_NODES = 1_000_000
 """The most nodes a YAML document may stand for once its aliases are expanded."""
 
 
-def load_yaml(text: str, path: Path | str) -> Any:
+def load_yaml(text: str, path: Path | str, *, loader: Any = None) -> Any:
     """``yaml.safe_load(text)``, refused when its aliases expand past ``MAX_YAML_NODES`` nodes
-    or refer to themselves.
+    or refer to themselves; ``loader``: a ``yaml.SafeLoader`` subclass to construct with (one
+    that refuses duplicate keys: ``formats.unique_keys``), default ``SafeLoader``.
 
     PyYAML shares an aliased node rather than copying it, so loading a "billion laughs" is
     small, but any later walk of the result (a repr, a JSON dump) expands it: the document's
@@ -145,15 +146,15 @@ def load_yaml(text: str, path: Path | str) -> Any:
         return n
 
     try:
-        loader = yaml.SafeLoader(text)
+        reader = (loader or yaml.SafeLoader)(text)
         try:
-            node = loader.get_single_node()
+            node = reader.get_single_node()
             if node is None:
                 return None
             expanded(node, {}, set())
-            return loader.construct_document(node)
+            return reader.construct_document(node)
         finally:
-            loader.dispose()
+            reader.dispose()
     except TraceFormatError:
         raise
     except (ValueError, RecursionError, yaml.YAMLError) as exc:

@@ -10,13 +10,46 @@ import click
 
 from prism_trace.errors import PrismError, UsageError
 
-__all__ = ["MAX_RANKS", "RankList", "format_ranks", "parse_ranks"]
+__all__ = ["MAX_RANKS", "AsciiInt", "RankList", "ascii_int", "format_ranks", "parse_ranks"]
 
 # A bound on what one spec may expand to: `0..1e9` must not allocate a billion ints.
 MAX_RANKS = 1 << 20
 
 # ``a..b`` (ours) or ``a-b`` (Slurm, NCCL logs): ranks are never negative, so no ambiguity.
-_RANGE = re.compile(r"^(\d+)\s*(?:\.\.|-)\s*(\d+)(?::(\d+))?$")
+_RANGE = re.compile(r"^(\d+)\s*(?:\.\.|-)\s*(\d+)(?::(\d+))?$", re.ASCII)
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def ascii_int(text: str) -> int:
+    """``text`` as an integer written in ASCII digits (an optional sign, surrounding blanks).
+
+    ``int()`` also reads other scripts' digits (``int("٣") == 3``) and ``1_000``; a rank, a
+    degree or a size typed with them is more likely a paste gone wrong than meant, so such text
+    is refused where users write numbers.
+
+    Raises:
+        ValueError: anything else.
+    """
+    body = text.strip(" \t")
+    if not _INT.fullmatch(body):
+        msg = f"{text!r} is not a whole number in ASCII digits"
+        raise ValueError(msg)
+    return int(body)
+
+
+class AsciiInt(click.ParamType):
+    """click's ``int`` option type, but in ASCII digits only (``ascii_int``)."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        """``value`` as an int, or one usage-error line (click's hook)."""
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return ascii_int(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def parse_ranks(spec: str) -> list[int]:
@@ -35,7 +68,7 @@ def parse_ranks(spec: str) -> list[int]:
         msg = f"rank list {spec!r} is empty (give e.g. 0,2,4 or 0..7 or 0..7:2)"
         raise UsageError(msg)
     for part in parts:
-        if part.isdigit():
+        if part.isascii() and part.isdigit():
             out[int(part)] = None
         elif m := _RANGE.match(part):
             lo, hi, step = int(m[1]), int(m[2]), int(m[3] or 1)

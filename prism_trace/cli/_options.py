@@ -16,6 +16,7 @@ import click
 
 from prism_trace.errors import NotAStoreError, UsageError
 from prism_trace.limits import MAX_RANKS
+from prism_trace.ranks import AsciiInt
 
 if TYPE_CHECKING:
     from prism_trace.layout.mesh import ParallelLayout
@@ -92,7 +93,7 @@ class WorldSize(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """``value`` as an int in range, or one usage-error line."""
-        n = value if isinstance(value, int) else click.INT.convert(value, param, ctx)
+        n = value if isinstance(value, int) else AsciiInt().convert(value, param, ctx)
         if not 1 <= n <= MAX_RANKS:
             self.fail(f"{n} is outside [1, {MAX_RANKS}] (the world-size limit)", param, ctx)
         return n
@@ -141,7 +142,11 @@ def follow_symlinks_option() -> Callable[[F], F]:
 def max_rows_option() -> Callable[[F], F]:
     """``--max-rows N``: rows shown when the result prints as a table."""
     return click.option(
-        "--max-rows", type=int, default=50, show_default=True, help="Rows shown as table."
+        "--max-rows",
+        type=click.IntRange(min=0),  # a negative count was taken (and shown every row)
+        default=50,
+        show_default=True,
+        help="Rows shown as table.",
     )
 
 

@@ -83,7 +83,13 @@ def _json_rows(df: Any) -> list[dict[str, Any]]:
     show_default=True,
     help="diff: an op diverges when its start shifts by more than this % of its iteration.",
 )
-@click.option("--min-ns", type=int, default=0, show_default=True, help="bubbles: shortest window.")
+@click.option(
+    "--min-ns",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="bubbles: shortest window.",
+)
 @click.option(
     "--map",
     "rank_map",

@@ -27,6 +27,7 @@ from prism_trace.cli._options import (
     run_option,
 )
 from prism_trace.errors import RunStateError, UsageError
+from prism_trace.ranks import AsciiInt
 
 __all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
 
@@ -50,7 +51,7 @@ __all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
 )
 @click.option(
     "--rank",
-    type=int,
+    type=AsciiInt(),
     default=None,
     help="Rank of one rank's files (a trace and its host ET) that do not say.",
 )
@@ -84,6 +85,17 @@ __all__ = ["graph_cmd", "info_cmd", "ingest_cmd", "query_cmd", "slice_cmd"]
     help="Directory for work files and the workers' parts (default: the temp dir); with"
     " --scheduler, one every worker sees at the same path.",
 )
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Keep a rank whose trace holds no events or nodes (refused by default).",
+)
+@click.option(
+    "--allow-cycles",
+    is_flag=True,
+    help="Keep a Chakra graph whose dependencies form a cycle (refused by default: emulate and"
+    " slice cannot order it).",
+)
 @quiet_option()
 @json_option("Print the ingest report as JSON.")
 @layout_options("The recorded job's layout, e.g. tp=8 (when the trace does not say it).")
@@ -100,6 +112,8 @@ def ingest_cmd(
     engine: str,
     scheduler: str | None,
     scratch: Path | None,
+    allow_empty: bool,
+    allow_cycles: bool,
     quiet: bool,
     as_json: bool,
     layout_spec: str | None,
@@ -143,6 +157,8 @@ def ingest_cmd(
             scheduler=scheduler,
             scratch=scratch,
             found=found,
+            allow_empty=allow_empty,
+            allow_cycles=allow_cycles,
         ) as report,
     ):
         if declared is not None:

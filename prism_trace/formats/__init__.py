@@ -27,10 +27,17 @@ if TYPE_CHECKING:
         category_sql,
     )
     from prism_trace.formats.nesting import innermost_enclosing, nest_events
+    from prism_trace.formats.unique_keys import (
+        DuplicateKey,
+        duplicate_key_error,
+        loads_unique,
+        yaml_load_unique,
+    )
 
 _EXPORTS = {
     "DEVICE_KERNEL_CATEGORIES": "device",
     "DRIVER_CATEGORIES": "device",
+    "DuplicateKey": "unique_keys",
     "ET_IO_COLUMNS": "base",
     "FRAME_SCHEMAS": "base",
     "FormatName": "base",
@@ -39,11 +46,14 @@ _EXPORTS = {
     "SYNC_CALLS": "device",
     "TraceTables": "base",
     "category_sql": "device",
+    "duplicate_key_error": "unique_keys",
     "empty_frame": "base",
     "innermost_enclosing": "nesting",
+    "loads_unique": "unique_keys",
     "nest_events": "nesting",
     "open_maybe_gzip": "base",
     "read_all_bytes": "base",
+    "yaml_load_unique": "unique_keys",
 }
 __all__ = [
     "DEVICE_KERNEL_CATEGORIES",
@@ -53,13 +63,17 @@ __all__ = [
     "RUNTIME_CATEGORIES",
     "STREAM_WAIT_CALLS",
     "SYNC_CALLS",
+    "DuplicateKey",
     "FormatName",
     "TraceTables",
     "category_sql",
+    "duplicate_key_error",
     "empty_frame",
     "innermost_enclosing",
+    "loads_unique",
     "nest_events",
     "open_maybe_gzip",
     "read_all_bytes",
+    "yaml_load_unique",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -154,6 +154,10 @@ class TraceTables:
     iterations: pl.DataFrame = field(default_factory=lambda: empty_frame("iterations"))
     et_ops: pl.DataFrame = field(default_factory=lambda: empty_frame("et_ops"))
     comm_groups: pl.DataFrame = field(default_factory=lambda: empty_frame("comm_groups"))
+    cycle: str | None = None
+    """A dependency cycle the reader found, in words (a Chakra graph; the PyTorch converter of
+    2023 wrote some): ingest refuses the file unless cycles are allowed (``--allow-cycles``),
+    since no emulation or slice can order it."""
 
     def conform(self) -> TraceTables:
         """Cast every frame to the contract (adding missing nullable columns, ordering them).

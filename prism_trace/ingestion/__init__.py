@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         find,
         fingerprint,
         no_trace_message,
+        shown,
     )
     from prism_trace.ingestion.link import HOST_CATEGORIES, LinkReport, link_et_to_kineto
     from prism_trace.ingestion.memory import (
@@ -76,6 +77,7 @@ _EXPORTS = {
     "preforked_workers": "parts",
     "read_trace": "readers",
     "reader_processes": "plan",
+    "shown": "discover",
     "size_bytes": "memory",
     "worker_limit": "memory",
     "works_on_disk": "memory",
@@ -112,6 +114,7 @@ __all__ = [
     "preforked_workers",
     "read_trace",
     "reader_processes",
+    "shown",
     "size_bytes",
     "worker_limit",
     "works_on_disk",

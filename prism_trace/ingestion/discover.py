@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import os
 import re
 import stat
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ __all__ = [
     "find",
     "fingerprint",
     "no_trace_message",
+    "shown",
 ]
 
 FormatArg = Literal["auto", "kineto", "host_et", "chakra", "op_timeline"]
@@ -57,13 +59,54 @@ def _head(path: Path) -> bytes:
         return gz.read(_HEAD_BYTES)
 
 
+def shown(path: Path) -> str:
+    """``path`` as a message shows it: bytes of a name that are not UTF-8 as ``\\xff``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _check_name(path: Path) -> None:
+    """Refuse a path whose name is not UTF-8: the store keeps paths as text (``source_file``),
+    and DuckDB, which reads the files, takes UTF-8 names only.
+
+    Raises:
+        TraceFormatError: naming the path with its odd bytes escaped.
+    """
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        msg = f"{shown(path)}: the file name is not valid UTF-8; rename the file"
+        raise TraceFormatError(msg) from None
+
+
 def detect_format(path: Path) -> FormatName | None:
     """The format of ``path`` from its first bytes, or None when it is of no known kind.
 
     Raises:
-        TraceFormatError: the file is a gzip that cannot even be opened.
+        TraceFormatError: the file is a gzip that cannot even be opened, or cannot be read
+            (its permissions, say: one line, since a rank left out would go unnoticed).
     """
+    _check_name(path)
     check_regular_file(path)  # a FIFO would block, /dev/zero would never end
+    try:
+        return _detect(path)
+    except OSError as exc:
+        msg = f"{shown(path)}: cannot read the file ({exc.strerror or exc})"
+        raise TraceFormatError(msg) from exc
+
+
+def _forced(path: Path, format: FormatName) -> FormatName:
+    """``format`` for a file whose format the user forced, once it is known to be readable."""
+    _check_name(path)
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        msg = f"{shown(path)}: cannot read the file ({exc.strerror or exc})"
+        raise TraceFormatError(msg) from exc
+    return format
+
+
+def _detect(path: Path) -> FormatName | None:
     if path.suffix == ".parquet":
         return "op_timeline"
     head = _head(path)
@@ -168,6 +211,7 @@ def discover(
     found: list[TraceFile] = []
     skipped: list[Path] = []
     for p in paths:
+        _check_name(p)
         if not p.exists():
             msg = f"{p}: no such file or folder"
             raise TraceFormatError(msg)
@@ -175,21 +219,22 @@ def discover(
             if format in ("auto", "op_timeline") and _is_op_timeline_dir(p):
                 for f in sorted(p.glob("*.parquet")):
                     check_regular_file(f)
-                    found.append(TraceFile(f, "op_timeline"))
+                    found.append(TraceFile(f, _forced(f, "op_timeline")))
                 skipped += [f for f in sorted(p.iterdir()) if f.suffix != ".parquet"]
                 continue
             for f in sorted(x for x in p.rglob("*") if not x.is_dir()):
                 if not _is_regular(f):  # FIFOs, devices, dangling links: listed as skipped
                     skipped.append(f)
                     continue
-                fmt = detect_format(f) if format == "auto" else format
+                _check_name(f)
+                fmt = detect_format(f) if format == "auto" else _forced(f, format)
                 if fmt is None:
                     skipped.append(f)
                 else:
                     found.append(TraceFile(f, fmt))
             continue
         check_regular_file(p)
-        fmt = detect_format(p) if format == "auto" else format
+        fmt = detect_format(p) if format == "auto" else _forced(p, format)
         if fmt is None:
             if _OP_TIMELINE_SIDECARS.match(p.name) and _is_op_timeline_dir(p.parent):
                 skipped.append(p)
@@ -247,11 +292,15 @@ def find(paths: list[Path], *, format: FormatArg = "auto") -> Found:
 
 def fingerprint(path: Path, *, edge_bytes: int = 4 << 20) -> str:
     """sha256 of the size and the first and last ``edge_bytes``: cheap for multi-GB traces."""
-    size = path.stat().st_size
-    h = hashlib.sha256(str(size).encode())
-    with path.open("rb") as fh:
-        h.update(fh.read(edge_bytes))
-        if size > 2 * edge_bytes:
-            fh.seek(size - edge_bytes)
-        h.update(fh.read(edge_bytes))
+    try:
+        size = path.stat().st_size
+        h = hashlib.sha256(str(size).encode())
+        with path.open("rb") as fh:
+            h.update(fh.read(edge_bytes))
+            if size > 2 * edge_bytes:
+                fh.seek(size - edge_bytes)
+            h.update(fh.read(edge_bytes))
+    except OSError as exc:  # its permissions, or gone since it was found
+        msg = f"{shown(path)}: cannot read the file ({exc.strerror or exc})"
+        raise TraceFormatError(msg) from exc
     return h.hexdigest()

@@ -49,7 +49,12 @@ from prism_trace.ingestion.discover import FormatArg, Found, TraceFile, find, no
 from prism_trace.ingestion.pairing import file_ranks
 from prism_trace.ingestion.parts import Engine
 from prism_trace.ingestion.plan import _Plan
-from prism_trace.ingestion.ranks import _check_bounds, _check_fingerprints, _RankBook
+from prism_trace.ingestion.ranks import (
+    _check_bounds,
+    _check_fingerprints,
+    _RankBook,
+    _WorldSizes,
+)
 from prism_trace.ingestion.read import _hold_part, _reading, _Shared
 from prism_trace.ingestion.settings import _ingest_settings
 from prism_trace.store.connection import Store
@@ -130,6 +135,8 @@ def ingest(
     scratch: Path | None = None,
     jobs: int | None = None,
     found: Found | None = None,
+    allow_empty: bool = False,
+    allow_cycles: bool = False,
 ) -> IngestReport:
     """Ingest the traces under ``paths`` as one recorded run.
 
@@ -166,6 +173,11 @@ def ingest(
         found: ``discover``'s answer for ``paths`` and ``format`` when the caller has it
             already (``discover.find``: the CLI, which plans its worker fork on it), so the
             files are not looked for twice; default: found here.
+        allow_empty: keep a rank whose trace holds nothing (an empty ``traceEvents`` or
+            ``nodes``); by default such a file is refused, since a rank of no rows reads as a
+            rank that did nothing.
+        allow_cycles: keep a Chakra graph whose dependencies form a cycle (the 2023 PyTorch
+            converter wrote some); by default refused, since emulate and slice cannot order it.
 
     Returns:
         What was written.
@@ -192,6 +204,8 @@ def ingest(
         scratch=scratch,
         jobs=jobs,
         found=found,
+        allow_empty=allow_empty,
+        allow_cycles=allow_cycles,
     ) as report:
         return report
 
@@ -212,6 +226,8 @@ def ingesting(
     scratch: Path | None = None,
     jobs: int | None = None,
     found: Found | None = None,
+    allow_empty: bool = False,
+    allow_cycles: bool = False,
 ) -> Iterator[IngestReport]:
     """``ingest``, its transaction open around the caller's block: what the block writes on
     ``store`` commits with the run, and what it raises rolls the run back with it (a replaced
@@ -269,6 +285,7 @@ def ingesting(
             progress=progress,
             plan=_Plan(workers=workers, engine=engine, scheduler=scheduler, auto=auto),
             memory_limit=limit_in_force,
+            allow=_Allow(empty=allow_empty, cycles=allow_cycles),
         )
 
 
@@ -287,6 +304,7 @@ def _ingest_files(
     progress: bool,
     plan: _Plan,
     memory_limit: float,
+    allow: _Allow,
 ) -> IngestReport:
     """Append every file's rows to the store under ``run_id`` (inside the caller's transaction).
 
@@ -313,9 +331,18 @@ def _ingest_files(
     total = sum(f.path.stat().st_size for f in files)
     bar = tqdm(total=total, unit="B", unit_scale=True, disable=not progress, desc="ingest")
     pending = Pending(run_id)
+    worlds = _WorldSizes()
     with contextlib.closing(bar), _reading(shared, files, plan) as results:
         for f, fp, (t, part) in zip(files, prints, results, strict=True):
             _check_bounds(t)
+            if t.cycle is not None and not allow.cycles:
+                msg = (
+                    f"{t.path}: {t.cycle}; emulate and slice cannot order it (--allow-cycles"
+                    " ingests it anyway)"
+                )
+                raise TraceFormatError(msg)
+            if t.world_size:
+                worlds.check(t.path, t.world_size)
             with shared.lock, _stored(f.path):
                 book.add(t)
                 file_ranks.append(t.rank_ids)
@@ -370,8 +397,12 @@ def _ingest_files(
         with shared.lock:
             pending.flush(con)
 
+    if not allow.empty:
+        _check_not_empty(con, run_id, book, {r: n for r, (n, _) in et_counts.items()})
     ranks = book.ranks
     world = max([*sizes, max(ranks) + 1])  # ranks and sizes are within MAX_RANKS (_check_bounds)
+    if worlds.first is not None:
+        _check_peers(p2p_frames, files, worlds.first)
     groups = _merge_groups(group_frames, comm_names, world)
     calls = _concat(coll_frames)
     check_member_counts(calls, groups, graph_files)
@@ -413,6 +444,62 @@ def _ingest_files(
         et_ops={r: v[0] for r, v in et_counts.items()},
         et_ops_linked={r: v[1] for r, v in et_counts.items()},
     )
+
+
+def _check_peers(
+    p2p_frames: list[pl.DataFrame], files: list[TraceFile], stated: tuple[int, Path]
+) -> None:
+    """Refuse a point-to-point peer outside the world a file states (a Chakra ``comm_dst`` of
+    10**6 in a world of 8): it names a rank that cannot exist, and every schedule built from
+    the run would wait on it."""
+    world, where = stated
+    for f, p2p in zip(files, p2p_frames, strict=True):
+        if p2p.is_empty():
+            continue
+        out = p2p.filter(pl.col("peer") >= world)
+        if out.height:
+            row = out.row(0, named=True)
+            msg = (
+                f"{f.path}: rank {row['rank']}'s {row['direction']} of event {row['event_id']}"
+                f" names peer {row['peer']}, outside the world of {world} ranks that {where}"
+                " states"
+            )
+            raise TraceFormatError(msg)
+
+
+@dataclass(frozen=True)
+class _Allow:
+    """What the user allows that ingest otherwise refuses (``ingest``'s ``allow_*``)."""
+
+    empty: bool = False
+    cycles: bool = False
+
+
+def _check_not_empty(
+    con: duckdb.DuckDBPyConnection, run_id: int, book: _RankBook, et_ops: dict[int, int]
+) -> None:
+    """Refuse a rank whose timeline file gave no event, or whose host ET gave no node: an
+    empty ``traceEvents`` or ``nodes`` (or only metadata) would be stored as a rank that did
+    nothing, which every analysis would then average in."""
+    counts = dict(
+        con.execute(
+            "SELECT rank, count(*) FROM event WHERE run_id = ? GROUP BY rank", [run_id]
+        ).fetchall()
+    )
+    for r, (_, path) in sorted(book.timeline.items()):
+        if not counts.get(r):
+            msg = (
+                f"{path}: rank {r} holds no events (an empty trace); --allow-empty ingests it"
+                " anyway"
+            )
+            raise TraceFormatError(msg)
+    for r, path in sorted(book.host_et.items()):
+        if not et_ops.get(r):
+            msg = (
+                f"{path}: rank {r} holds no nodes (an empty host execution trace);"
+                " --allow-empty ingests it anyway"
+            )
+            raise TraceFormatError(msg)
 
 
 def _count(con: duckdb.DuckDBPyConnection, table_name: str, run_id: int) -> int:

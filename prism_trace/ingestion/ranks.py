@@ -54,6 +54,31 @@ class _RankBook:
         return sorted(set(self.timeline) | set(self.host_et))
 
 
+class _WorldSizes:
+    """The world size each file states, so that two files of one job that disagree are refused
+    (a rank of 8 beside a rank of 2 is two jobs, or a corrupt header)."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, Path] | None = None
+
+    def check(self, path: Path, size: int) -> None:
+        """Record ``path``'s world ``size``; refuse it if an earlier file stated another.
+
+        Raises:
+            TraceFormatError: one line naming both files and both sizes.
+        """
+        if self.first is None:
+            self.first = (size, path)
+            return
+        size0, path0 = self.first
+        if size != size0:
+            msg = (
+                f"{path}: world size {size} disagrees with {size0} in {path0}; the files of one"
+                " run are one job"
+            )
+            raise TraceFormatError(msg)
+
+
 def _check_bounds(t: TraceTables) -> None:
     """Whatever a reader let through, no rank or world size beyond ``MAX_RANKS`` is stored:
     ingest builds the default group's member list from them."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from prism_trace.errors import PrismError
+from prism_trace.ranks import ascii_int
 
 __all__ = [
     "AXES",
@@ -204,7 +205,7 @@ class ParallelLayout:
                 msg = f"layout {spec!r}: axis {key!r} given twice"
                 raise LayoutError(msg)
             try:
-                size = int(value.strip())
+                size = ascii_int(value)
             except ValueError:
                 size = 0
             if size < 1:

@@ -39,6 +39,7 @@ from prism_trace.replay.model.topology import MAX_SLOW_FACTOR
 from prism_trace.errors import ConfigError
 from prism_trace.graph.base import NODE_KINDS
 from prism_trace.limits import MAX_RANKS
+from prism_trace.ranks import ascii_int
 
 __all__ = [
     "GLOBAL_BATCH",
@@ -234,7 +235,7 @@ def _ranks(text: str) -> tuple[int, ...]:
         if not part:
             continue
         lo, dots, hi = part.partition("..")
-        ends = (int(lo), int(hi)) if dots else (int(part),)
+        ends = (ascii_int(lo), ascii_int(hi)) if dots else (ascii_int(part),)
         bad = [r for r in ends if not 0 <= r < MAX_RANKS]
         if bad:
             msg = f"slow-ranks rank {bad[0]} is outside [0, {MAX_RANKS}) (the rank limit)"
@@ -299,9 +300,9 @@ def parse_what_if(texts: list[str] | tuple[str, ...]) -> WhatIfConfig:
                 else:
                     slow.append(SlowDown(factor=f, kinds=tuple(target.split(","))))
             elif key == "remove-gpu":
-                kw["remove_gpu"] = int(value)
+                kw["remove_gpu"] = ascii_int(value)
             elif key == "dp":
-                kw["dp"] = int(value)
+                kw["dp"] = ascii_int(value)
             elif key == "global-batch" and value in GLOBAL_BATCH:
                 kw["global_batch"] = value
             elif key == "bandwidth":

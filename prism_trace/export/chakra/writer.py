@@ -195,8 +195,13 @@ def export_chakra(
     # A new or empty folder: stale `.et` files of another export would mix into an ingest of it.
     out_dir = output_dir(Path(out_dir), create=False, follow_symlinks=follow_symlinks)
     prefix = sanitize_prefix(run) if prefix is None else prefix
-    if not prefix or "/" in prefix or "\\" in prefix or prefix in (".", ".."):
-        msg = f"{out_dir}: `prefix` {prefix!r} is not a plain file-name prefix"
+    # A control character (a tab, a newline) makes file names that break listings and scripts.
+    plain = not any(ord(c) < 32 or ord(c) == 127 for c in prefix)
+    if not prefix or not plain or "/" in prefix or "\\" in prefix or prefix in (".", ".."):
+        msg = (
+            f"{out_dir}: `prefix` {prefix!r} is not a plain file-name prefix (no slash, no"
+            " control character such as a tab or a newline)"
+        )
         raise ChakraExportError(msg)
     # Every argument is checked before anything is written: a graph built for the export and
     # then refused would stay in the store.

@@ -149,6 +149,42 @@ def _backend(config: str | None) -> str | None:
 # --- topological order -----------------------------------------------------------------------
 
 
+def find_cycle(ids: list[int], src: list[int], dst: list[int]) -> list[int] | None:
+    """One cycle of the dependency edges ``src -> dst`` (self-loops left out), as the node ids
+    around it in dependency order, or None when the graph is acyclic.
+
+    Kahn's walk removes every node that does not wait, transitively, on a cycle; each node left
+    waits on another node left, so walking back from any of them must come round again.
+    """
+    indeg: dict[int, int] = dict.fromkeys(ids, 0)
+    children: dict[int, list[int]] = defaultdict(list)
+    dep_of: dict[int, list[int]] = defaultdict(list)
+    for a, b in zip(src, dst, strict=True):
+        if a != b and a in indeg and b in indeg:
+            indeg[b] += 1
+            children[a].append(b)
+            dep_of[b].append(a)
+    ready = [nid for nid, k in indeg.items() if k == 0]
+    left = len(indeg)
+    while ready:
+        nid = ready.pop()
+        left -= 1
+        for c in children.get(nid, ()):
+            indeg[c] -= 1
+            if indeg[c] == 0:
+                ready.append(c)
+    if not left:
+        return None
+    on = {nid for nid, k in indeg.items() if k > 0}
+    at = min(on)
+    walk: dict[int, int] = {}
+    while at not in walk:
+        walk[at] = len(walk)
+        at = next(d for d in dep_of[at] if d in on)
+    loop = list(walk)[walk[at] :]
+    return loop[::-1]
+
+
 def _topo_order(ids: list[int], deps: list[list[int]]) -> dict[int, int]:
     """Position of each node in a topological order (smallest ready id first; cycles by id)."""
     known = set(ids)
@@ -283,6 +319,10 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
         .with_columns(pl.lit(r).alias("rank"))
     )
     dropped = edges.height - flows.height
+    # data and ctrl deps wait for a node's end; prism's own ``sync`` edges tie two nodes' starts
+    # (a collective's members), so a loop through one of them is no deadlock
+    waits = flows.filter(pl.col("kind") != "sync")
+    cycle = find_cycle(ids, waits["src_event_id"].to_list(), waits["dst_event_id"].to_list())
 
     all_deps = g.deps
     order = _topo_order(ids, all_deps) if (coll_nodes or p2p_nodes) else {}
@@ -445,8 +485,24 @@ def build(path: Path, r: int, g: Graph) -> TraceTables:
         collectives=_frame(coll_rows, r),
         p2p=_frame(p2p_rows, r),
         comm_groups=comm_groups,
+        cycle=None if cycle is None else _cycle_words(cycle, flows),
     )
     return tables.conform()
+
+
+def _cycle_words(loop: list[int], flows: pl.DataFrame) -> str:
+    """``nodes 4 -> 9 -> 4 wait on each other (ctrl deps)``: a cycle and its edges' kinds."""
+    pairs = set(zip(loop, [*loop[1:], loop[0]], strict=True))
+    kinds = sorted(
+        {
+            k
+            for a, b, k in flows.select("src_event_id", "dst_event_id", "kind").iter_rows()
+            if (a, b) in pairs
+        }
+    )
+    shown = [*loop[:8], "..."] if len(loop) > 8 else loop
+    path = " -> ".join(map(str, [*shown, loop[0]]))
+    return f"nodes {path} wait on each other ({' and '.join(kinds)} deps): a dependency cycle"
 
 
 def _check_node_count(path: Path, n: int, gm_attrs: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         PROMOTED_ATTRS,
         bad_value,
         check_nodes,
+        check_parents,
         node_where,
     )
     from prism_trace.formats.host_et.reader import (
@@ -42,6 +43,7 @@ _EXPORTS = {
     "PROMOTED_ATTRS": "load",
     "bad_value": "load",
     "check_nodes": "load",
+    "check_parents": "load",
     "collectives_frame": "comms",
     "comm_groups": "comms",
     "comm_rows": "comms",
@@ -63,6 +65,7 @@ __all__ = [
     "PROMOTED_ATTRS",
     "bad_value",
     "check_nodes",
+    "check_parents",
     "collectives_frame",
     "comm_groups",
     "comm_rows",

@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from prism_trace.errors import MissingFieldError, TraceFormatError, TruncatedTraceError
 from prism_trace.formats.base import ET_IO_COLUMNS, read_all_bytes
+from prism_trace.formats.unique_keys import loads_unique
 from prism_trace.limits import type_name
 
-__all__ = ["OLD_IO_KEYS", "PROMOTED_ATTRS", "bad_value", "check_nodes", "load", "node_where"]
+__all__ = [
+    "OLD_IO_KEYS",
+    "PROMOTED_ATTRS",
+    "bad_value",
+    "check_nodes",
+    "check_parents",
+    "load",
+    "node_where",
+]
 
 
 # A host ET is parsed whole (its nodes refer to each other anywhere in the file); Python objects
@@ -23,12 +31,31 @@ _MAX_JSON_BYTES = 512 << 20
 
 
 def load(path: Path) -> dict[str, Any]:
+    """The host ET's JSON, parsed whole, with its top-level keys checked.
+
+    Parsed by the stdlib scanner with a hook that refuses a duplicate key in any object
+    (``unique_keys``): orjson, which was used first, keeps the last of two values silently. The
+    stdlib parser also takes the NaN/Infinity some ETs write.
+    """
     limit = int(os.environ.get("PRISM_MAX_JSON_BYTES") or _MAX_JSON_BYTES)
     raw = read_all_bytes(path, max_bytes=limit).removeprefix(b"\xef\xbb\xbf")
     try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        doc = _load_lenient(path, raw, exc)
+        text = raw.decode("utf-8")  # strict: json.loads(bytes) would let surrogates pass
+    except UnicodeDecodeError as err:
+        msg = f"{path}: not valid UTF-8 at byte {err.start}: {err.reason}"
+        raise TraceFormatError(msg) from err
+    del raw
+    try:
+        doc = loads_unique(text, path)
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()) - 1 or exc.msg.startswith("Unterminated string"):
+            msg = f"{path}: truncated JSON (input ends at character {len(text)} inside a value)"
+            raise TruncatedTraceError(msg) from exc
+        msg = f"{path}: invalid JSON at character {exc.pos}: {exc.msg}"
+        raise TraceFormatError(msg) from exc
+    except RecursionError as exc:
+        msg = f"{path}: invalid JSON: nested too deeply to parse"
+        raise TraceFormatError(msg) from exc
     if not isinstance(doc, dict):
         msg = (
             f"{path}: not a host execution trace (top level is {type(doc).__name__}, not an object)"
@@ -42,25 +69,6 @@ def load(path: Path) -> dict[str, Any]:
         msg = f"{path}: field `nodes` is {type(doc['nodes']).__name__}, expected a list"
         raise TraceFormatError(msg)
     return doc
-
-
-def _load_lenient(path: Path, raw: bytes, exc: orjson.JSONDecodeError) -> Any:
-    """Retry with the stdlib parser (it accepts the NaN/Infinity some ETs write); else raise."""
-    stripped = raw.rstrip()
-    if exc.pos >= len(stripped) - 1:
-        msg = f"{path}: truncated JSON (input ends at byte {len(raw)} inside a value)"
-        raise TruncatedTraceError(msg) from exc
-    try:
-        text = raw.decode("utf-8")  # strict: json.loads(bytes) would let surrogates pass
-    except UnicodeDecodeError as err:
-        msg = f"{path}: not valid UTF-8 at byte {err.start}: {err.reason}"
-        raise TraceFormatError(msg) from err
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        pass
-    msg = f"{path}: invalid JSON at byte {exc.pos}: {exc.msg}"
-    raise TraceFormatError(msg) from exc
 
 
 _INT64 = 1 << 63
@@ -189,3 +197,52 @@ def check_nodes(path: Path, nodes: list[Any]) -> None:
             v = a.get("value")
             if attr_want is not None and v is not None and not _typed(v, attr_want):
                 raise _bad(path, nid, i, f"attrs.{a['name']}", v, _WANT[attr_want[0]])
+
+
+# The one node a real ET makes its own parent: the process root (``[pytorch|profiler|
+# execution_trace|process]``, ``execution_graph`` in 1.0.1), id 1 in every ET checked.
+_PROCESS_ROOT = re.compile(r"\[pytorch\|profiler\|execution_\w+\|process\]")
+
+
+def check_parents(path: Path, nodes: list[dict[str, Any]]) -> None:
+    """Refuse a node that is its own parent (but the process root) or a cycle of parents.
+
+    A node's parent is ``parent`` (1.0.1) or ``ctrl_deps`` (1.0.2+); one the trace does not hold
+    makes a root. Parents form a tree in every ET the observer writes; a cycle has no root, so
+    nothing above its nodes could be nested or linked, and a self-parent other than the process
+    root is a corrupt id. Run after ``check_nodes`` (ids unique integers, parents integers).
+
+    Raises:
+        TraceFormatError: naming the node (and, for a cycle, the nodes around it).
+    """
+    key = "ctrl_deps" if any("ctrl_deps" in n for n in nodes[:8]) else "parent"
+    parent: dict[int, int] = {}
+    for i, n in enumerate(nodes):
+        nid, p = n["id"], n.get(key)
+        if not isinstance(p, int) or isinstance(p, bool):
+            continue
+        if p == nid:
+            if not _PROCESS_ROOT.fullmatch(n["name"]):
+                msg = (
+                    f"{path}: {node_where(nid, i)} is its own parent (`{key}` = {p}); only the"
+                    " process root may be"
+                )
+                raise TraceFormatError(msg)
+            continue
+        parent[nid] = p
+    done: set[int] = set()
+    for start in parent:
+        chain: dict[int, None] = {}  # ordered: the walk up from ``start``
+        at: int | None = start
+        while at is not None and at not in done:
+            if at in chain:
+                loop = list(chain)[list(chain).index(at) :]
+                shown = " -> ".join(map(str, loop[:8])) + (" -> ..." if len(loop) > 8 else "")
+                msg = (
+                    f"{path}: the parents (`{key}`) of nodes {shown} -> {at} form a cycle;"
+                    " a host ET's nodes form a tree"
+                )
+                raise TraceFormatError(msg)
+            chain[at] = None
+            at = parent.get(at)
+        done.update(chain)

@@ -34,7 +34,13 @@ from prism_trace.formats.host_et.comms import (
     groups_frame,
     p2p_frame,
 )
-from prism_trace.formats.host_et.load import OLD_IO_KEYS, PROMOTED_ATTRS, check_nodes, load
+from prism_trace.formats.host_et.load import (
+    OLD_IO_KEYS,
+    PROMOTED_ATTRS,
+    check_nodes,
+    check_parents,
+    load,
+)
 from prism_trace.limits import check_rank, check_world_size
 
 __all__ = [
@@ -99,6 +105,7 @@ def read_host_et(path: Path, *, rank: int | None = None) -> TraceTables:
     doc = load(path)
     nodes: list[dict[str, Any]] = doc["nodes"]
     check_nodes(path, nodes)
+    check_parents(path, nodes)
     try:
         return _read(path, doc, nodes, rank)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:

@@ -30,6 +30,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from prism_trace.errors import TraceFormatError
 from prism_trace.formats.base import TraceTables
 from prism_trace.formats.kineto.comms import _CommTables, comm_raw_sql, groups_by_id
 from prism_trace.formats.kineto.events import _DEVICE_CATEGORIES
@@ -365,6 +366,10 @@ class _BatchReader(_Reader):
         )[0]
         if bad:
             raise _Fallback
+        try:
+            self.check_nested_keys()
+        except TraceFormatError:  # the per-file reader names the file
+            raise _Fallback from None
         base = self._list(self.bases, "BIGINT")
         self.sql(ev0_sql(f"{base}[f + 1]", keys="f, "))
 

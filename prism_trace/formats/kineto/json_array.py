@@ -28,9 +28,11 @@ import orjson
 
 from prism_trace.errors import (
     MissingFieldError,
+    TraceFormatError,
     TruncatedTraceError,
     UnknownFormatError,
 )
+from prism_trace.formats.unique_keys import loads_unique
 from prism_trace.limits import check_regular_file, gzip_errors, open_bounded
 
 __all__ = ["TraceEventsFile", "json_size_guess", "sniff_kineto", "split_trace_events"]
@@ -128,8 +130,12 @@ def _chunks(path: Path) -> Iterator[bytes]:
             yield chunk
 
 
-def _parse_header(prefix: bytes) -> dict[str, Any] | None:
-    """Parse the text before ``"traceEvents"`` as an object; None if it is not a clean prefix."""
+def _parse_header(path: Path, prefix: bytes) -> dict[str, Any] | None:
+    """Parse the text before ``"traceEvents"`` as an object; None if it is not a clean prefix.
+
+    Raises:
+        TraceFormatError: the header states a key twice (``unique_keys``).
+    """
     body = prefix.strip(_WS).removeprefix(b"\xef\xbb\xbf").strip(_WS)
     if not body.startswith(b"{"):
         return None
@@ -140,7 +146,10 @@ def _parse_header(prefix: bytes) -> dict[str, Any] | None:
         out = orjson.loads(body + b"}")
     except orjson.JSONDecodeError:
         return None
-    return out if isinstance(out, dict) else None
+    if not isinstance(out, dict):
+        return None
+    loads_unique(body + b"}", path, "before the `traceEvents` array")  # orjson kept the last of two
+    return out
 
 
 def _array_end(path: Path, tail: bytes, *, at_array_start: bool) -> tuple[int, dict[str, Any]]:
@@ -152,7 +161,24 @@ def _array_end(path: Path, tail: bytes, *, at_array_start: bool) -> tuple[int, d
             " (truncated or corrupt trace)"
         )
         raise TruncatedTraceError(msg)
+    p, _ = found
+    rest = tail[p + 1 :].lstrip(_WS)
+    if rest[:1] == b",":  # the trailer's keys, checked unique (orjson kept the last of two)
+        loads_unique(b"{" + rest[1:], path, "after the `traceEvents` array")
     return found
+
+
+def _merged_meta(path: Path, header: dict[str, Any], trailer: dict[str, Any]) -> dict[str, Any]:
+    """The top-level keys around the array, each stated once: a second ``traceEvents`` (which
+    the array read first would hide), or a key both before and after the array, is refused."""
+    again = sorted({"traceEvents", *header} & set(trailer))
+    if again:
+        msg = (
+            f"{path}: duplicate key {again[0]!r} at the top level (before and after the"
+            " `traceEvents` array); a key may appear once in an object"
+        )
+        raise TraceFormatError(msg)
+    return {**header, **trailer}
 
 
 def _find_end(tail: bytes, *, at_array_start: bool) -> tuple[int, dict[str, Any]] | None:
@@ -272,7 +298,7 @@ def _locate_plain_array(path: Path) -> tuple[int, int, dict[str, Any]] | None:
         header = None
         search_from = 0
         while (m := _KEY_RE.search(head, search_from)) is not None:
-            header = _parse_header(head[: m.start()])
+            header = _parse_header(path, head[: m.start()])
             if header is not None:
                 break
             search_from = m.start() + 1
@@ -284,7 +310,7 @@ def _locate_plain_array(path: Path) -> tuple[int, int, dict[str, Any]] | None:
         src.seek(tail_at)
         tail = src.read()
     p, trailer = _array_end(path, tail, at_array_start=tail_at == body)
-    return body, tail_at + p + 1, {**header, **trailer}
+    return body, tail_at + p + 1, _merged_meta(path, header, trailer)
 
 
 def _cut_points(src: Path, start: int, end: int) -> list[int]:
@@ -361,7 +387,7 @@ def _copy_array(path: Path, out: IO[bytes]) -> tuple[dict[str, Any], int]:
                 msg = f"{path}: not a JSON object (a Kineto trace starts with `{{`)"
                 raise UnknownFormatError(msg)
             while (m := _KEY_RE.search(head, search_from)) is not None:
-                header = _parse_header(bytes(head[: m.start()]))
+                header = _parse_header(path, bytes(head[: m.start()]))
                 if header is not None:
                     body = bytes(head[m.end() :])
                     out.write(b"[")
@@ -385,7 +411,7 @@ def _copy_array(path: Path, out: IO[bytes]) -> tuple[dict[str, Any], int]:
     end = 1 + written - len(tail) + p + 1  # the leading "[" + body up to and including "]"
     out.flush()
     os.truncate(out.fileno(), end)
-    return {**header, **trailer}, total
+    return _merged_meta(path, header, trailer), total
 
 
 def _raise_no_events(path: Path, head: bytes) -> NoReturn:

@@ -4,6 +4,7 @@ array, in order, typed and checked) and ``ev0`` (its timed events)."""
 from __future__ import annotations
 
 import duckdb
+import orjson
 
 from prism_trace.errors import MissingFieldError, PrismError, TraceFormatError
 from prism_trace.formats.kineto.sql import (
@@ -79,7 +80,30 @@ class _Load(_Work):
             index, name, field = bad[0]
             msg = f"{self.path}: event #{index} ({name!r}) has no `{field}` at traceEvents[{index}]"
             raise MissingFieldError(msg)
+        self.check_nested_keys()
         self.sql(ev0_sql(str(self.base_ns)))
+
+    def check_nested_keys(self) -> None:
+        """Refuse a key stated twice in an object nested in a record's ``args`` (the top level of
+        ``args`` is checked as the records load, ``sql._SELECT_FAST``). Only ``args`` that hold a
+        ``{`` after their first character can nest an object (real Kineto args rarely do), so the
+        walk over every member (``json_tree``) runs on those alone."""
+        dup = self.rows(
+            """SELECT r.rowid, r.name, t.key
+               FROM (SELECT rowid, name, args FROM raw WHERE args LIKE '{%{%') AS r,
+                    json_tree(r.args) AS t
+               WHERE t.key IS NOT NULL
+               GROUP BY r.rowid, r.name, t.parent, t.key HAVING count(*) > 1
+               ORDER BY r.rowid LIMIT 1"""
+        )
+        if dup:
+            index, name, key = dup[0]
+            label = f" ({name!r})" if isinstance(name, str) else ""
+            msg = (
+                f"{self.path}: traceEvents[{index}]{label}: duplicate key {key!r} in an object"
+                " inside `args`; a key may appear once in an object"
+            )
+            raise TraceFormatError(msg)
 
     def check_records(self) -> None:
         """Refuse the file on its first record with a missing, mistyped or out-of-range field."""
@@ -87,6 +111,15 @@ class _Load(_Work):
             "SELECT rowid, name, bad, bad_value FROM raw"
             " WHERE bad IS NOT NULL ORDER BY rowid LIMIT 1"
         )
+        if bad and bad[0][2] == "args key":
+            index, name, _, key_json = bad[0]
+            key = orjson.loads(key_json)
+            label = f" ({name!r})" if isinstance(name, str) else ""
+            msg = (
+                f"{self.path}: traceEvents[{index}]{label}: duplicate key {key!r} in `args`;"
+                " a key may appear once in an object"
+            )
+            raise TraceFormatError(msg)
         if bad:
             index, name, field, value = bad[0]
             what = "is missing" if value is None else f"is {_short(value)}"
@@ -99,6 +132,8 @@ class _Load(_Work):
                 "tid": "an integer or a string",
                 "cat": "a string",
                 "args": "an object",
+                "bp": "a string (a flow's binding point)",
+                "s": "a string (an instant event's scope)",
             }
             label = f" ({name!r})" if name is not None else ""
             msg = (

@@ -43,7 +43,11 @@ FROM (SELECT *, json_extract_string(args, ['$.correlation', '$."External id"',
 # The fields every timed record must have, read as JSON so that their types are checked, not
 # cast: a ``ts`` of ``"123"``, a ``dur`` of ``true`` or a ``name`` of ``{}`` would otherwise be
 # taken. ``bad`` names the first field of a record that is missing, mistyped or out of range,
-# ``bad_value`` shows it; ``load`` refuses the file on the first such record. The casts are
+# ``bad_value`` shows it; ``load`` refuses the file on the first such record. A key twice in
+# ``args`` (its top level, here; deeper in ``load``) is ``args key``, shown by the key: DuckDB
+# itself refuses a record that states one of the columns read twice, which is why ``bp`` and
+# ``s`` (a flow's binding point, an instant's scope: strings) are read and checked too: every
+# key Kineto writes is then read, so no key of a record can be stated twice unseen. The casts are
 # TRY_CASTs although a number is checked first: DuckDB evaluates both sides of an AND, so a plain
 # cast of a ``ts`` of ``"abc"`` or ``[1]`` stopped the whole load with a cast error instead.
 _NUMBER = "('DOUBLE', 'BIGINT', 'UBIGINT')"
@@ -60,12 +64,18 @@ SELECT ph_t AS ph, cat->>'$' AS cat, name_t AS name, pid_t AS pid, tid_t AS tid,
            AS ts_inexact, bad,
        CASE bad WHEN 'ph' THEN ph WHEN 'ts' THEN ts WHEN 'dur' THEN dur WHEN 'name' THEN name
                 WHEN 'pid' THEN pid WHEN 'tid' THEN tid WHEN 'cat' THEN cat
-                WHEN 'args' THEN left(args::VARCHAR, 80) END::VARCHAR AS bad_value
+                WHEN 'args' THEN left(args::VARCHAR, 80) WHEN 'bp' THEN bp WHEN 's' THEN s
+                WHEN 'args key' THEN to_json(list_filter(
+                    json_keys(args), lambda k, i: list_position(json_keys(args), k) < i)[1])
+           END::VARCHAR AS bad_value
 FROM (
     SELECT *,
            CASE WHEN ts_ok THEN TRY_CAST(ts AS DOUBLE) END AS ts_d,
            CASE WHEN dur_ok THEN TRY_CAST(dur AS DOUBLE) END AS dur_d,
            CASE WHEN json_type(ph) IS DISTINCT FROM 'VARCHAR' THEN 'ph'
+                WHEN len(json_keys(args)) <> len(list_distinct(json_keys(args))) THEN 'args key'
+                WHEN coalesce(json_type(bp) <> 'VARCHAR', false) THEN 'bp'
+                WHEN coalesce(json_type(s) <> 'VARCHAR', false) THEN 's'
                 WHEN ph_t NOT IN ('X', 'i', 'I') THEN NULL
                 WHEN NOT ts_ok THEN 'ts'
                 WHEN ph_t = 'X' AND NOT dur_ok THEN 'dur'
@@ -86,7 +96,7 @@ FROM (
         FROM read_json(?, format = 'array', maximum_object_size = {{object_bytes}},
                        columns = {{{{ph: 'JSON', cat: 'JSON', name: 'JSON', pid: 'JSON',
                                     tid: 'JSON', ts: 'JSON', dur: 'JSON', id: 'VARCHAR',
-                                    args: 'JSON'}}}})))
+                                    args: 'JSON', bp: 'JSON', s: 'JSON'}}}})))
 """
 
 

@@ -21,6 +21,7 @@ from prism_trace.formats.kineto.json_array import TraceEventsFile, json_size_gue
 __all__: list[str] = []
 
 _BATCH_ROWS = 1 << 18
+_DUPLICATE_RE = re.compile(r"Object (.*) has duplicate key \"(.*)\"$")
 
 
 _TEMP_FILE = re.compile(r' in file "[^"]*"')
@@ -93,6 +94,14 @@ class _Work:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, duckdb.OutOfMemoryException):
             return OutOfMemoryError.of(self.path, "reading the trace", first)
+        dup = _DUPLICATE_RE.search(first)
+        if dup:  # DuckDB refuses a record stating a column it reads twice
+            record, key = dup.groups()
+            msg = (
+                f"{self.path}: duplicate key {key!r} in a `traceEvents` record ({_short(record)});"
+                " a key may appear once in an object"
+            )
+            return TraceFormatError(msg)
         ours = first.removeprefix("Invalid Input Error: ")
         if ours.startswith("traceEvents["):  # a check of ours, raised by SQL's error()
             return TraceFormatError(f"{self.path}: {ours}")

@@ -4,7 +4,6 @@ made."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -12,13 +11,14 @@ from typing import Any
 import polars as pl
 
 from prism_trace.errors import MissingFieldError, TraceFormatError
+from prism_trace.formats.unique_keys import loads_unique, yaml_load_unique
 from prism_trace.limits import (
     INT64_MAX,
     MAX_RANKS,
     check_count,
     check_regular_file,
     check_world_size,
-    load_yaml,
+    wrong_type,
 )
 
 __all__ = ["REQUIRED_COLUMNS", "sniff_op_timeline"]
@@ -81,7 +81,7 @@ def _read_meta(meta: Path | None) -> dict[str, Any]:
         msg = f"{meta}: op-timeline meta is larger than {_MAX_SIDECAR_BYTES} bytes"
         raise TraceFormatError(msg)
     try:
-        data = load_yaml(meta.read_text(encoding="utf-8"), meta)
+        data = yaml_load_unique(meta.read_text(encoding="utf-8"), meta)
     except TraceFormatError:
         raise
     except (OSError, ValueError) as exc:  # unreadable, or not UTF-8
@@ -107,10 +107,20 @@ def _read_step_base(result: Path | None) -> dict[int, float]:
         msg = f"{result}: op-timeline result is larger than {_MAX_SIDECAR_BYTES} bytes"
         raise TraceFormatError(msg)
     try:
-        data = json.loads(result.read_text(encoding="utf-8"))
-        base = data.get("step_t_base") or {}
+        data = loads_unique(result.read_text(encoding="utf-8"), result)
+    except TraceFormatError:
+        raise
+    except (OSError, ValueError, RecursionError) as exc:
+        msg = f"{result}: cannot read the op-timeline result: {exc}".splitlines()[0]
+        raise TraceFormatError(msg) from exc
+    if not isinstance(data, dict):
+        raise wrong_type(result, "the op-timeline result", data, "an object")
+    base = data.get("step_t_base") or {}
+    if not isinstance(base, dict):
+        raise wrong_type(result, "`step_t_base`", base, "an object of step: seconds")
+    try:
         out = {int(k): float(v) for k, v in base.items()}
-    except (OSError, ValueError, AttributeError, TypeError, RecursionError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:
         msg = f"{result}: cannot read `step_t_base`: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
     for k, v in out.items():
