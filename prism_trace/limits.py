@@ -107,10 +107,17 @@ MAX_YAML_NODES = 1_000_000
 """The most nodes a YAML document may stand for once its aliases are expanded."""
 
 
-def load_yaml(text: str, path: Path | str, *, loader: Any = None) -> Any:
+def load_yaml(
+    text: str,
+    path: Path | str,
+    *,
+    loader: Any = None,
+    passthrough: tuple[type[Exception], ...] = (),
+) -> Any:
     """``yaml.safe_load(text)``, refused when its aliases expand past ``MAX_YAML_NODES`` nodes
     or refer to themselves; ``loader``: a ``yaml.SafeLoader`` subclass to construct with (one
-    that refuses duplicate keys: ``formats.unique_keys``), default ``SafeLoader``.
+    that refuses duplicate keys: ``formats.unique_keys``), default ``SafeLoader``;
+    ``passthrough``: its exceptions, raised as they are for the caller to word.
 
     PyYAML shares an aliased node rather than copying it, so loading a "billion laughs" is
     small, but any later walk of the result (a repr, a JSON dump) expands it: the document's
@@ -158,6 +165,8 @@ def load_yaml(text: str, path: Path | str, *, loader: Any = None) -> Any:
     except TraceFormatError:
         raise
     except (ValueError, RecursionError, yaml.YAMLError) as exc:
+        if isinstance(exc, passthrough):
+            raise
         msg = f"{path}: cannot read YAML: {exc}".splitlines()[0]
         raise TraceFormatError(msg) from exc
 

@@ -117,6 +117,6 @@ def yaml_load_unique(text: str, path: Path | str) -> Any:
         TraceFormatError: a duplicate key, too many nodes, a recursive alias, invalid YAML.
     """
     try:
-        return load_yaml(text, path, loader=_UniqueKeyLoader)
+        return load_yaml(text, path, loader=_UniqueKeyLoader, passthrough=(DuplicateKey,))
     except DuplicateKey as dup:
         raise duplicate_key_error(path, dup) from None

@@ -52,8 +52,12 @@ def _digest(path: Path) -> str:
 
 
 def _last_used_block(db: Path) -> int:
-    """The highest block a table's segment or the metadata uses (asked of DuckDB itself)."""
-    with duckdb.connect(str(db), read_only=True) as con:
+    """The highest block a table's segment or the metadata uses (asked of DuckDB itself, on a
+    copy: another test of this process may hold ``db`` open with the store's own settings, and
+    DuckDB refuses a second connection to one file with other settings)."""
+    copy = db.with_name(f".{db.name}.blocks")
+    shutil.copyfile(db, copy)
+    with duckdb.connect(str(copy), read_only=True) as con:
         tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
         used = [
             con.execute(f"SELECT max(block_id) FROM pragma_storage_info('{t}')").fetchall()[0][0]
@@ -62,6 +66,7 @@ def _last_used_block(db: Path) -> int:
         used.append(
             con.execute("SELECT max(block_id) FROM pragma_metadata_info()").fetchall()[0][0]
         )
+    copy.unlink()
     return max(u for u in used if u is not None)
 
 
