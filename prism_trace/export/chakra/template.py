@@ -498,7 +498,9 @@ def encode_template(store: Store, rd: ExportRun, graph_rank: int, plan: CommPlan
                 if row["peer"] is None:
                     msg = (
                         f"{store.path}: {_node_label(rd.name, graph_rank, row)}: a {kind}"
-                        " without a peer has no comm_src/comm_dst"
+                        " without a peer has no comm_src/comm_dst (the trace names no peer:"
+                        " `prism graph` lists the unmatched calls; record with a PyTorch whose"
+                        " traces carry the peer, e.g. record_param_comms)"
                     )
                     raise ChakraExportError(msg)
                 node.attr.append(attr("comm_tag", int32_val=int(row["seq"] or 0)))
