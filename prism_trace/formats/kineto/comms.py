@@ -76,6 +76,22 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
     """
     rpc_dtype = _dtype_sql("e.args->>'dtype'")
     old_dtype = _dtype_sql("a.args->'Input type'->>0")
+    # What a backend's own span `a` (`gloo:all_reduce`) says of a call: its op and input size
+    # only (the default group, the world's size), whether it annotates a call of the issuing
+    # thread (older record_param_comms) or stands alone on a worker thread.
+    mark_bytes = _call_bytes_sql(
+        "list_aggregate(TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')",
+        _dtype_size_sql(old_dtype),
+        "Input Dims",
+        "a",
+    )
+    mark_op = _op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")
+    mark_columns = (
+        f"'0' AS group_name, NULL::VARCHAR AS group_desc, NULL::VARCHAR AS group_ranks,"
+        f" {ws}::INTEGER AS group_size, {mark_op} AS op, NULL::BIGINT AS seq,"
+        f" {mark_bytes} AS in_bytes, NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,"
+        " NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer"
+    )
     c10d_dtype = _dtype_sql("e.args->'Input type'->>(e.c10d_in)")
     k_dtype = _dtype_sql("ka.args->>'dtype'")
     launch = ", ".join(f"'{c}'" for c in _LAUNCH_CATEGORIES)
@@ -143,20 +159,7 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
             rpc_old AS (
                 -- the first backend annotation after the call on its track, if inside it
                 SELECT e.event_id, e.track_id, e.ts, e.dur, 2 AS source,
-                       '0' AS group_name, NULL::VARCHAR AS group_desc,
-                       NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
-                       {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
-                       NULL::BIGINT AS seq,
-                       {
-        _call_bytes_sql(
-            "list_aggregate(TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')",
-            _dtype_size_sql(old_dtype),
-            "Input Dims",
-            "a",
-        )
-    } AS in_bytes,
-                       NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
-                       NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                       {mark_columns}
                 FROM old_call e ASOF JOIN old_mark a
                   ON a.track_id = e.track_id AND a.event_id > e.event_id
                 WHERE a.ts + a.dur <= e.ts + e.dur),
@@ -203,20 +206,7 @@ def comm_raw_sql(ws: str, same_file: str) -> str:
                 -- file where nothing else describes calls (elsewhere it repeats a call
                 -- recorded on the issuing thread)
                 SELECT a.event_id, a.track_id, a.ts, a.dur, 4 AS source,
-                       '0' AS group_name, NULL::VARCHAR AS group_desc,
-                       NULL::VARCHAR AS group_ranks, {ws}::INTEGER AS group_size,
-                       {_op_kind_sql("regexp_extract(a.name, '^[a-z]+:(.*)$', 1)")} AS op,
-                       NULL::BIGINT AS seq,
-                       {
-        _call_bytes_sql(
-            "list_aggregate(TRY_CAST(a.args->'Input Dims'->0 AS BIGINT[]), 'product')",
-            _dtype_size_sql(old_dtype),
-            "Input Dims",
-            "a",
-        )
-    } AS in_bytes,
-                       NULL::BIGINT AS out_bytes, {old_dtype} AS dtype,
-                       NULL::INTEGER AS peer, NULL::INTEGER AS tag, NULL::INTEGER AS group_peer
+                       {mark_columns}
                 FROM (SELECT m.*, {file_of} AS f FROM old_mark m JOIN ev e USING (event_id)) a
                 WHERE a.f NOT IN (SELECT f FROM described)),
             cand AS (
