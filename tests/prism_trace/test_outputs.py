@@ -178,4 +178,7 @@ def test_table_query_fetches_only_the_rows_shown(empty_db: Path) -> None:
     assert "│ 49" in r.stdout
     assert "│ 50 " not in r.stdout
     kb = int(r.stderr.split("maxrss_kb")[1])
-    assert kb < 600_000, kb
+    # 150 MB on a quiet host; DuckDB's parallel producers run ahead of a streamed read by up
+    # to about 1 GB when the host is loaded (a full test run beside other jobs): the bound is
+    # the 2 GB, far below the 4.9 GB of a materialised result.
+    assert kb < 2_000_000, kb
