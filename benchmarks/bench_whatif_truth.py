@@ -254,7 +254,7 @@ def main() -> None:
             f"\n\n{time.perf_counter() - t0:.0f} s in all."
         )
         note = write_note(
-            "whatif-truth",
+            "whatif-truth" if a.dp == 8 else f"whatif-truth-dp{a.dp}",
             host_kind(),
             title="What-ifs against a recorded straggler and its clean twin",
             command=command,

@@ -23,9 +23,10 @@ runs past ``--timeout`` is killed (a hang) while its peak RSS comes from ``wait4
   refused, the target as it was), ``store_files`` (the store argument a random file, an empty
   one, a directory, SQLite, a DuckDB file that is not a store, a store cut in half or with
   flipped bytes: one line, the file unchanged, no DuckDB extension downloaded), ``bombs``
-  (a billion-laughs meta YAML, a query of 6e8 rows), ``unreadable`` (a folder holding a file
-  the user cannot read: the ingest runs as ``nobody`` when this is root) and ``valid`` (calls
-  that must work, so that a harness refusing everything would show).
+  (a billion-laughs meta YAML: refused; queries of 6e8 rows as a table, a top-N, 2e7 rows of
+  CSV and 1e6 of JSON to stdout: accepted within the memory and time limits), ``unreadable``
+  (a folder holding a file the user cannot read: the ingest runs as ``nobody`` when this is
+  root) and ``valid`` (calls that must work, so that a harness refusing everything would show).
 
     python benchmarks/fuzz_round3.py [--cases 1100] [--ingest-share 0.5] [--jobs 2] [--seed 33]
 
@@ -305,8 +306,14 @@ _ON_STORE_FILES = [
 ]
 _BOMBS = [
     ["ingest", "{work}/laughs", "--db", "{db}", "--run", "b"],
+]
+_BOUNDED = [
+    # Accepted, within the memory and time limits: a table shows 50 rows and fetches 51 (an
+    # ORDER BY is a top-N); JSON to stdout is every row asked for, streamed in batches.
     ["query", "{db}", "SELECT * FROM range(600000000)"],
-    ["query", "{db}", "SELECT * FROM range(600000000)", "--format", "json"],
+    ["query", "{db}", "SELECT range % 1000 AS k FROM range(200000000) ORDER BY k DESC"],
+    ["query", "{db}", "SELECT * FROM range(20000000)", "--format", "csv"],
+    ["query", "{db}", "SELECT * FROM range(1000000)", "--format", "json"],  # ~90k rows/s
 ]
 
 
@@ -324,6 +331,7 @@ def command_cases(n: int, rng: random.Random, first_id: int) -> list[CmdCase]:
     for c in _ON_STORE_FILES:
         pool += [("store_files", c[0], c, "refuse", k, "") for k in _STORE_FILES]
     pool += [("bombs", c[0], c, "refuse", "copy", "") for c in _BOMBS]
+    pool += [("bombs", c[0], c, "accept", "copy", "") for c in _BOUNDED]
     cases = []
     order = list(pool)
     rng.shuffle(order)

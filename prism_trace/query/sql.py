@@ -145,10 +145,10 @@ def _table(rel: duckdb.DuckDBPyRelation | None, max_rows: int) -> str:
     """The first ``max_rows`` rows as a table; only ``max_rows + 1`` are fetched."""
     if rel is None:
         return str(pl.DataFrame())
-    # A streaming read: DuckDB's producers stop once its small result buffer is full, however
-    # they are scheduled. (An order-preserving LIMIT buffers every batch that a stalled thread's
-    # earlier batch holds back: 1.8 GB for `range(600000000)` once on a loaded host.)
-    reader = rel.to_arrow_reader(max_rows + 1)
+    # A LIMIT (an ORDER BY becomes a top-N, not a sort of every row) read as a stream: DuckDB's
+    # producers stop once its small result buffer is full. (Materialised, an order-preserving
+    # LIMIT buffered 1.8 GB for `range(600000000)` once on a loaded host.)
+    reader = rel.limit(max_rows + 1).to_arrow_reader(max_rows + 1)
     batches, n = [], 0
     while n <= max_rows:
         try:
