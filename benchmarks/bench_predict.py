@@ -68,6 +68,7 @@ class Scenario:
     pp: int = 2
     repeat: int = 2
     slice_options: tuple[tuple[str, Any], ...] = ()
+    job_seeds: bool = True  # other jobs by seed (wait mode: other rank factors and noise)
 
 
 SCENARIOS = {
@@ -79,7 +80,9 @@ SCENARIOS = {
         slice_options=(("global_batch", "fixed"),),
     ),
     "zero1": Scenario("zero1", (*WAIT, "--microbatches", "4", "--zero", "1"), (2, 4, 8, 16)),
-    "real": Scenario("real", ("--schedule", "1f1b", "--layers", "4", "--steps", "6"), (2, 4)),
+    "real": Scenario(
+        "real", ("--schedule", "1f1b", "--layers", "4", "--steps", "6"), (2, 4), job_seeds=False
+    ),
 }
 
 
@@ -91,13 +94,21 @@ def _run(cmd: list[str]) -> str:
     return res.stdout
 
 
-def record(scenario: Scenario, dp: tuple[int, ...], ladder: Path) -> dict[tuple[int, int], Path]:
-    """Record (or reuse) the scenario's ladder; the folder of each (dp, repeat)."""
-    out = ladder / scenario.name
+def record(
+    scenario: Scenario, dp: tuple[int, ...], ladder: Path, job_seed: int = 0
+) -> dict[tuple[int, int], Path]:
+    """Record (or reuse) the scenario's ladder; the folder of each (dp, repeat).
+
+    Job seed 0 is the scenario's folder; another seed (other wait-mode draws: other rank
+    factors, other per-call noise) records into ``<scenario>-seed<N>``, with one repeat (the
+    noise floor is seed 0's).
+    """
+    out = ladder / (scenario.name if not job_seed else f"{scenario.name}-seed{job_seed}")
+    repeat = scenario.repeat if not job_seed else 1
     cmd = [
         sys.executable, "-m", "prism_trace.datasets.ladder", "--out", str(out),
         "--dp", ",".join(map(str, dp)), "--pp", str(scenario.pp), "--tp", "1",
-        "--repeat", str(scenario.repeat), *scenario.options,
+        "--repeat", str(repeat), "--seed", str(job_seed), *scenario.options,
     ]  # fmt: skip
     t0 = time.perf_counter()
     lines = _run(cmd).splitlines()
@@ -206,9 +217,9 @@ def _diff_text(diff: dict[str, int] | None) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     """The result table: prediction beside the noise floor."""
     head = (
-        "| scenario | dp | ranks | cores busy | structure diffs | mean | p90 | KS D |"
-        " peak mem max | floor: mean | floor: p90 | floor: KS D |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| scenario | job seed | dp | ranks | cores busy | structure diffs | mean | p90 | KS D |"
+        " peak mem max | floor: mean | floor: p90 | floor: KS D | floor: peak mem max |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     out = []
     for r in rows:
@@ -217,14 +228,47 @@ def table(rows: list[dict[str, Any]]) -> str:
         ks = p.get("ks_d")
         fks = f.get("ks_d")
         out.append(
-            f"| {r['scenario']} | {r['dp']} | {r['ranks']} | {r['busy']} |"
+            f"| {r['scenario']} | {r.get('job_seed', 0)} | {r['dp']} | {r['ranks']} | {r['busy']} |"
             f" {_diff_text(p.get('differences')) if p else 'recorded (base)'} |"
             f" {_pct(p.get('mean_pct'))} | {_pct(p.get('p90_pct'))} |"
             f" {'n/a' if ks is None else f'{ks:.3f}'} | {_pct(p.get('peak_max_pct'))} |"
             f" {_pct(f.get('mean_pct'))} | {_pct(f.get('p90_pct'))} |"
-            f" {'n/a' if fks is None else f'{fks:.3f}'} |"
+            f" {'n/a' if fks is None else f'{fks:.3f}'} | {_pct(f.get('peak_max_pct'))} |"
         )
     return head + "\n".join(out) + "\n"
+
+
+def over_jobs(rows: list[dict[str, Any]]) -> str:
+    """Per scenario and dp predicted from more than one job seed: the mean of the signed errors
+    (a bias the model has) and of their magnitudes (what one job's luck adds)."""
+    cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("prediction"):
+            cells.setdefault((r["scenario"], r["dp"]), []).append(r["prediction"])
+    lines = []
+    for (name, dp), preds in sorted(cells.items()):
+        if len(preds) < 2:
+            continue
+
+        def avg(key: str, *, magnitude: bool, ps: list[dict[str, Any]] = preds) -> str:
+            xs = [p[key] for p in ps if p.get(key) is not None]
+            if not xs:
+                return "n/a"
+            v = sum(abs(x) if magnitude else x for x in xs) / len(xs)
+            return f"{v:.3f}" if key == "ks_d" else f"{v:+.2f} %"
+
+        lines.append(
+            f"| {name} | {dp} | {len(preds)} | {avg('mean_pct', magnitude=False)} |"
+            f" {avg('mean_pct', magnitude=True)} | {avg('p90_pct', magnitude=False)} |"
+            f" {avg('p90_pct', magnitude=True)} | {avg('ks_d', magnitude=False)} |"
+        )
+    if not lines:
+        return ""
+    return (
+        "\nOver the job seeds:\n\n"
+        "| scenario | dp | jobs | mean: bias | mean: avg abs | p90: bias | p90: avg abs |"
+        " KS D: avg |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n"
+    )
 
 
 def main() -> None:
@@ -233,6 +277,12 @@ def main() -> None:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
     ap.add_argument("--dp", default=None, help="dp sizes to use (default: each scenario's)")
     ap.add_argument("--seeds", type=int, default=5, help="variance seeds per prediction")
+    ap.add_argument(
+        "--job-seeds",
+        default="0",
+        help="comma-separated generator seeds: independent jobs of each scenario (other rank"
+        " factors and noise), so that a bias of the model shows apart from one job's luck",
+    )
     ap.add_argument("--no-note", action="store_true", help="do not write benchmarks/results")
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
@@ -242,12 +292,20 @@ def main() -> None:
             scenario = SCENARIOS[name]
             dp = tuple(int(x) for x in a.dp.split(",")) if a.dp else scenario.dp
             dp = tuple(d for d in dp if d in scenario.dp) or dp
-            folders = record(scenario, dp, a.ladder)
-            rows += predict_scenario(scenario, folders, a.seeds, Path(tmp))
-    text = table(rows)
+            seeds = [int(x) for x in a.job_seeds.split(",")] if scenario.job_seeds else [0]
+            for job_seed in seeds:
+                folders = record(scenario, dp, a.ladder, job_seed)
+                work = Path(tmp) / f"seed{job_seed}"
+                work.mkdir(exist_ok=True)
+                for row in predict_scenario(scenario, folders, a.seeds, work):
+                    rows.append({**row, "job_seed": job_seed})
+    text = table(rows) + over_jobs(rows)
     print(text)
     if not a.no_note:
-        command = f"python benchmarks/bench_predict.py --scenarios {a.scenarios} --seeds {a.seeds}"
+        command = (
+            f"python benchmarks/bench_predict.py --scenarios {a.scenarios} --seeds {a.seeds}"
+            + (f" --job-seeds {a.job_seeds}" if a.job_seeds != "0" else "")
+        )
         body = (
             "Predicted from the smallest dp of each ladder (`prism predict`, variance `replica`"
             f" over {a.seeds} seeds); the noise floor is a second recording of the same job"

@@ -38,12 +38,19 @@ from prism_trace.datasets._schedule import SCHEDULES
 from prism_trace.datasets._train import run_rank, steps_path
 
 __all__ = [
+    "RECORDER_VERSION",
     "add_job_arguments",
     "generate",
     "job_config",
     "join_timeout_s",
     "main",
 ]
+
+RECORDER_VERSION = 4
+"""What a recording's ``run.json`` says of the recorder, so that a ladder re-records what an older
+recorder made (``datasets.ladder``): 2, a rank that has finished its profiled steps stops its
+profiler at nice 19; 3, every thread of it at ``SCHED_IDLE`` (``_train._yield_cpu``); 4, and
+writes its traces only once every rank has left its profiled steps."""
 
 PEAK_MEMORY = (
     "peak_allocated_bytes: the largest 'Total Allocated' of the Kineto trace's [memory] events"
@@ -94,6 +101,7 @@ def _run_record(config: JobConfig, ranks: list[dict[str, object]]) -> dict[str, 
         "zero": config.zero,
         "profiled_steps": "steps 1..steps; step 0 is the profiler warm-up and is not traced",
         "peak_memory": PEAK_MEMORY,
+        "recorder": RECORDER_VERSION,
     }
     if config.device == "cuda":
         run["cuda_device"] = torch.cuda.get_device_name()

@@ -22,7 +22,13 @@ import time
 from pathlib import Path
 
 from prism_trace.datasets._config import JobConfig
-from prism_trace.datasets.generate import add_job_arguments, generate, job_config, join_timeout_s
+from prism_trace.datasets.generate import (
+    RECORDER_VERSION,
+    add_job_arguments,
+    generate,
+    job_config,
+    join_timeout_s,
+)
 
 __all__ = ["Recording", "main", "recording_name", "summary"]
 
@@ -65,7 +71,10 @@ class Recording:
             run = json.loads(path.read_text())
         except (OSError, ValueError):
             return False
-        return bool(run.get("config") == json.loads(json.dumps(self.cfg.to_json())))
+        return bool(
+            run.get("config") == json.loads(json.dumps(self.cfg.to_json()))
+            and run.get("recorder") == RECORDER_VERSION
+        )
 
 
 def summary(run_json: Path) -> str:

@@ -55,8 +55,14 @@ def steps_text(s: StepTimes, runs: int) -> list[str]:
         ),
     ]
     if s.ks_d is not None:
+        steps = (
+            ""
+            if s.ks_critical_steps_5pct is None
+            else f", {s.ks_critical_steps_5pct:.3f} counting each step's ranks as one sample"
+        )
         lines.append(
-            f"  KS D = {s.ks_d:.3f} (5 % critical value {s.ks_critical_5pct:.3f} for these sizes)"
+            f"  KS D = {s.ks_d:.3f} (5 % critical value {s.ks_critical_5pct:.3f} for these"
+            f" sizes{steps})"
         )
     return lines
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         NodeDraws,
         describe_fit,
         node_draws,
+        recorded_term,
         replica_columns,
         unit_durations,
     )
@@ -52,6 +53,7 @@ _EXPORTS = {
     "node_draws": "variance_replica",
     "op_order": "variance_fit",
     "parse_what_if": "config",
+    "recorded_term": "variance_replica",
     "replica_columns": "variance_replica",
     "resample_durations": "variance",
     "slow_factors": "slow",
@@ -80,6 +82,7 @@ __all__ = [
     "node_draws",
     "op_order",
     "parse_what_if",
+    "recorded_term",
     "replica_columns",
     "resample_durations",
     "slow_factors",

@@ -56,16 +56,23 @@ class VarianceFit:
     Attributes:
         sigma: per node kind (``NODE_KINDS`` order), the spread of the log rank effect pooled
             over roles; 0 where not estimable (one recorded replica per role, or one step).
-        effects: ``source_rank, kind, group, effect``: each recorded rank's log rank effect per
-            kind (relative to the mean of its role's recorded replicas) and its group.
-        ops: ``source_rank, kind, name, ord, iteration, op, eps``: each fitted node's op (numbered
-            within its group) and its own ``e``.
+        effects: ``source_rank, kind, group, q, effect``: each recorded rank's log rank effect
+            per kind (relative to the mean of its role's recorded replicas), its group and its
+            place ``q`` among the group's recorded replicas (by dp coordinate).
+        ops: ``source_rank, kind, name, ord, iteration, op, t, eps``: each fitted node's op
+            (numbered within its group), its step ``t`` (numbered within its group) and its own
+            ``e``.
         pool: the ``e`` to draw from (``nan``: op absent in that recorded rank-step); group
             ``g``'s entry ``p`` (a recorded rank and step) and op
             ``k`` at ``pool_off[g] + p * n_ops[g] + k``.
         pool_off: per group, its first cell in ``pool``.
         pool_len: per group, its entries (recorded ranks x steps).
         n_ops: per group, its ops.
+        n_replicas: per group, its recorded replicas ``m`` (the pool's entry ``q * steps + t``
+            is replica ``q``'s step ``t``).
+        replica_effect: the recorded replicas' effects, group ``g``'s replica ``q`` at
+            ``replica_off[g] + q``.
+        replica_off: per group, its first cell in ``replica_effect``.
         group_kind: per group, its node kind (index into ``NODE_KINDS``).
         summary: what was estimated, JSON-ready (stored with the emulated run).
     """
@@ -77,6 +84,9 @@ class VarianceFit:
     pool_off: np.ndarray
     pool_len: np.ndarray
     n_ops: np.ndarray
+    n_replicas: np.ndarray
+    replica_effect: np.ndarray
+    replica_off: np.ndarray
     group_kind: np.ndarray
     summary: dict[str, Any]
 
@@ -152,7 +162,7 @@ def fit_variance(peers: pl.DataFrame) -> VarianceFit:
     )
     effects, per_group = _rank_effects(d)
     d = d.join(effects.select("group", "source_rank", "effect"), on=["group", "source_rank"])
-    d = _residuals(d)
+    d = _residuals(d, per_group)
 
     n_groups = groups.height
     m_g = ranks.group_by("group").agg(pl.col("m").first()).sort("group")["m"].to_numpy()
@@ -168,22 +178,42 @@ def fit_variance(peers: pl.DataFrame) -> VarianceFit:
     cell = pool_off[g] + entry * n_ops[g] + d["op"].to_numpy()
     pool[cell] = d["eps_own"].to_numpy()
 
+    n_replicas = m_g.astype(np.int64) if n_groups else np.zeros(0, np.int64)
+    replica_off = (np.cumsum(n_replicas) - n_replicas).astype(np.int64)
+    placed = ranks.join(
+        effects.select("group", "source_rank", "effect"), on=["group", "source_rank"]
+    )
+    replica_effect = np.zeros(int(n_replicas.sum()))
+    replica_effect[replica_off[placed["group"].to_numpy()] + placed["q"].to_numpy()] = placed[
+        "effect"
+    ].to_numpy()
+
     kind_code = {k: i for i, k in enumerate(NODE_KINDS)}
     group_kind = np.array([kind_code[k] for k in groups["kind"].to_list()], dtype=np.int64)
     sigma = _pooled_sigma(per_group, group_kind)
     summary = _summary(d, per_group, groups, effects, sigma, m_g, t_g)
     return VarianceFit(
         sigma=sigma,
-        effects=effects.join(groups.select("group", "kind"), on="group").select(
-            "source_rank", "kind", "group", "effect"
-        ),
+        effects=effects.join(groups.select("group", "kind"), on="group")
+        .join(ranks.select("group", "source_rank", "q"), on=["group", "source_rank"])
+        .select("source_rank", "kind", "group", "q", "effect"),
         ops=d.select(
-            "source_rank", "kind", "name", "ord", "iteration", "op", pl.col("eps_own").alias("eps")
+            "source_rank",
+            "kind",
+            "name",
+            "ord",
+            "iteration",
+            "op",
+            "t",
+            pl.col("eps_own").alias("eps"),
         ),
         pool=pool,
         pool_off=pool_off,
         pool_len=pool_len,
         n_ops=n_ops,
+        n_replicas=n_replicas,
+        replica_effect=replica_effect,
+        replica_off=replica_off,
         group_kind=group_kind,
         summary=summary,
     )
@@ -233,16 +263,17 @@ def _rank_effects(d: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
     return effects, per_group
 
 
-def _residuals(d: pl.DataFrame) -> pl.DataFrame:
+def _residuals(d: pl.DataFrame, per_group: pl.DataFrame) -> pl.DataFrame:
     """``eps_own``: a node's log duration less its rank's effect and its step's common mode;
     ``dev``: the same less its op's mean (what the summary's residual spread measures).
 
     The common mode of step ``t`` is the duration-weighted mean, over the role's recorded ranks
     and ops in that step, of the log durations less the rank effect and the op's mean over
-    steps. A drawn replica's op then takes a recorded rank-step's ``eps_own`` (an observed
-    duration with its rank's effect and its step's common mode taken out): resampled
-    observations, not a centred-and-inflated estimate, so heavy tails keep their weight and the
-    op's mean stays the recorded one.
+    steps, shrunk towards 0 by what the replicas' own noise explains (``_common_mode_shrink``).
+    A drawn replica's op then takes a recorded rank-step's ``eps_own`` (an observed duration
+    with its rank's effect and its step's common mode taken out): resampled observations, not a
+    centred-and-inflated estimate, so heavy tails keep their weight and the op's mean stays the
+    recorded one.
     """
     z = pl.col("y") - pl.col("effect")
     d = d.with_columns(z.alias("z")).with_columns(
@@ -252,11 +283,53 @@ def _residuals(d: pl.DataFrame) -> pl.DataFrame:
         (
             (pl.col("w") * pl.col("dev0")).sum().over("group", "t")
             / pl.col("w").sum().over("group", "t")
-        ).alias("g_t")
+        ).alias("g_raw")
+    )
+    d = d.join(_common_mode_shrink(d, per_group), on="group", how="left").with_columns(
+        (pl.col("g_raw") * pl.col("shrink").fill_null(1.0)).alias("g_t")
     )
     return d.with_columns(
         (pl.col("z") - pl.col("g_t")).alias("eps_own"),
         (pl.col("dev0") - pl.col("g_t")).alias("dev"),
+    )
+
+
+def _common_mode_shrink(d: pl.DataFrame, per_group: pl.DataFrame) -> pl.DataFrame:
+    """Per group, the share ``shrink`` of the measured common mode that is the steps' own.
+
+    The measured ``g_t`` is the mean over the ``m`` recorded replicas of their deviations in step
+    ``t``: a common mode (what slowed every replica in that step: a data loader, a host
+    hiccup, a longer sequence) plus the mean of ``m`` independent per-rank deviations, whose
+    variance is ``s^2 / m = v_within / (m - 1)`` (``_rank_effects``' moments). The common part's
+    share of the variance across steps, ``1 - (s^2 / m) / var(g)`` (0 at least), is what every
+    replica shares; the rest is noise of the few recorded replicas, which kept as common would
+    move every drawn replica by the recorded ones' luck in that step. Why: a wait-mode job
+    (independent noise per call, no common mode) recorded at dp 2 imposed that recording's step
+    pattern on every replica at dp 16; on ST (a rank's computation per step correlates with any
+    other's at 0.90-0.99) the share stays near 1. Without moments (one replica, one step) it
+    is 1: nothing to tell noise from the common mode.
+    """
+    if per_group.is_empty() or d.is_empty():
+        return pl.DataFrame(schema={"group": pl.Int64, "shrink": pl.Float64})
+    var_g = (
+        d.group_by("group", "t")
+        .agg(pl.col("g_raw").first())
+        .group_by("group")
+        .agg(pl.col("g_raw").var(ddof=1).alias("var_g"))
+    )
+    noise = per_group.select(
+        pl.col("group").cast(pl.Int64),
+        (pl.col("v_within") / (pl.col("m") - 1).clip(lower_bound=1)).alias("noise"),
+    )
+    return (
+        var_g.join(noise, on="group")
+        .with_columns(
+            pl.when(pl.col("var_g") > 0)
+            .then((1.0 - pl.col("noise") / pl.col("var_g")).clip(0.0, 1.0))
+            .otherwise(1.0)
+            .alias("shrink")
+        )
+        .select(pl.col("group").cast(pl.Int64), "shrink")
     )
 
 
@@ -296,7 +369,8 @@ def _summary(
 ) -> dict[str, Any]:
     """What was estimated, per node kind: the rank effect's spread, the recorded ranks' effects,
     the per-step spread of a rank's effect, the ops' residual spread (duration-weighted RMS of
-    the inflated residuals), the replicas per role and the steps."""
+    the inflated residuals), the share of the measured common mode kept, the replicas per role
+    and the steps."""
     out: dict[str, Any] = {}
     kinds = groups["kind"].to_list()
     eff = effects.join(groups.select("group", "kind"), on="group")
@@ -315,6 +389,9 @@ def _summary(
         out[kind] = {
             "sigma_rank_effect": round(float(sigma[NODE_KINDS.index(kind)]), 6),
             "rank_step_sd": None if step_sd is None else round(step_sd, 6),
+            "common_mode_share": round(float(np.mean(rows["shrink"].fill_null(1.0).to_numpy())), 4)
+            if rows.height
+            else None,
             "residual_sd": round(float(np.sqrt(np.sum(w * r * r) / np.sum(w))), 6)
             if r.size
             else None,

@@ -28,7 +28,14 @@ from prism_trace.replay.whatif.variance_fit import VarianceFit, op_order
 
 from prism_trace.graph.base import NODE_KINDS
 
-__all__ = ["NodeDraws", "describe_fit", "node_draws", "replica_columns", "unit_durations"]
+__all__ = [
+    "NodeDraws",
+    "describe_fit",
+    "node_draws",
+    "recorded_term",
+    "replica_columns",
+    "unit_durations",
+]
 
 _COMM = ("collective", "send", "recv")
 
@@ -46,6 +53,8 @@ class NodeDraws:
         eps: the node's own residual (0 where unknown).
         step: the node's step, numbered densely.
         n_steps: steps.
+        t: the node's step in the fit's numbering of its group's steps (-1: op not fitted).
+        q: its recorded rank's place among the group's recorded replicas (-1: not fitted).
     """
 
     rows: np.ndarray
@@ -56,6 +65,8 @@ class NodeDraws:
     eps: np.ndarray
     step: np.ndarray
     n_steps: int
+    t: np.ndarray
+    q: np.ndarray
 
 
 def node_draws(fit: VarianceFit, nodes: pl.DataFrame, held: np.ndarray) -> NodeDraws:
@@ -112,7 +123,50 @@ def node_draws(fit: VarianceFit, nodes: pl.DataFrame, held: np.ndarray) -> NodeD
         eps=look["eps"].fill_null(0.0).fill_nan(0.0).to_numpy()[r],
         step=step.ravel().astype(np.int64),
         n_steps=int(np.unique(it).size),
+        t=look["t"].fill_null(-1).to_numpy().astype(np.int64)[r],
+        q=look["q"].fill_null(-1).to_numpy().astype(np.int64)[r],
     )
+
+
+def recorded_term(
+    fit: VarianceFit, nd: NodeDraws, place: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per drawing node, the log factor that turns its duration into the same op's in the recorded
+    replica at ``place`` among its group's other recorded replicas (0: the first replica that is
+    not the node's own rank), and whether there is one.
+
+    The factor is ``a[s'] - a[s] + e[s', k, t] - e[s, k, t]``: with the recorded duration as the
+    base, exactly the recorded replica's own duration of that op in that step (its effect alone
+    where the op is missing from that rank-step). Why: a replica that was recorded is a real GPU
+    of the target world; drawing it again would throw its measured speed away (a dp 2 recording
+    whose second replica is 2.6 % slower than the first predicts dp 4 from that slow replica and
+    two drawn ones, not from four drawn).
+
+    Args:
+        fit: the fitted model.
+        nd: the drawing nodes.
+        place: per drawing node (or one for all), the place among the recorded replicas of its
+            group other than its own rank.
+    """
+    place = np.broadcast_to(np.asarray(place, dtype=np.int64), nd.rows.shape)
+    fitted = (nd.q >= 0) & (nd.t >= 0)
+    q = place + (place >= nd.q)  # skip the node's own rank
+    m = fit.n_replicas[nd.group] if nd.rows.size else np.zeros(0, np.int64)
+    ok = fitted & (place >= 0) & (q < m)
+    if not ok.any():
+        return np.zeros(nd.rows.size), ok
+    g = np.where(ok, nd.group, 0)
+    qq = np.where(ok, q, 0)
+    a = np.where(ok, fit.replica_effect[fit.replica_off[g] + qq], 0.0)
+    steps = np.where(ok, fit.pool_len[g] // np.maximum(m, 1), 0)
+    cell = np.where(ok & (nd.cell0 >= 0), nd.cell0 + (qq * steps + nd.t) * fit.n_ops[g], 0)
+    e = (
+        np.where(ok & (nd.cell0 >= 0), fit.pool[cell], np.nan)
+        if fit.pool.size
+        else np.full(ok.shape, np.nan)
+    )
+    resid = np.where(np.isnan(e), 0.0, e - nd.eps)
+    return np.where(ok, a - nd.effect + resid, 0.0), ok
 
 
 def _residual_term(fit: VarianceFit, nd: NodeDraws, u: np.ndarray) -> np.ndarray:
@@ -170,6 +224,12 @@ def replica_columns(
         log_f = z[unit, nd.kind] * sig - nd.effect[:, None]
         log_f += _residual_term(fit, nd, u[nd.step])
         out[nd.rows, c0:c1] = np.rint(b_rows * np.exp(log_f)).astype(np.int64)
+    # Replicas that were recorded replay their recording (``recorded_term``): column c is
+    # replica c, and replica 0 is the representative itself.
+    most = int(fit.n_replicas.max()) if fit.n_replicas.size else 0
+    for c in range(1, min(replicas, most)):
+        term, ok = recorded_term(fit, nd, np.full(nd.rows.size, c - 1))
+        out[nd.rows[ok], c] = np.rint(b_rows[ok, 0] * np.exp(term[ok])).astype(np.int64)
     return out
 
 
@@ -213,6 +273,10 @@ def unit_durations(
         z[unit, nd.kind] * fit.sigma[nd.kind] - nd.effect,
     )
     log_f += _residual_term(fit, nd, u[replica[unit], nd.step][:, None])[:, 0]
+    # a virtual replica that was recorded (dp 1 .. m-1 of a sliced run) replays its recording
+    virtual = ~np.asarray(keep_effect, dtype=bool)[unit] & (replica[unit] >= 1)
+    term, ok = recorded_term(fit, nd, np.where(virtual, replica[unit] - 1, -1))
+    log_f = np.where(ok, term, log_f)
     at = nd.rows[sel]
     dur[at] = np.rint(dur[at] * np.exp(log_f[sel])).astype(np.int64)
     return dur
@@ -235,6 +299,7 @@ def describe_fit(fit: VarianceFit) -> str:
         parts.append(
             f"{kind}: rank effect sigma {pct(s['sigma_rank_effect'])} ({s['roles']} roles x"
             f" {reps} recorded replicas; recorded ranks {eff}), per-step deviation"
-            f" {pct(s['rank_step_sd'])}, op residual {pct(s['residual_sd'])}"
+            f" {pct(s['rank_step_sd'])}, op residual {pct(s['residual_sd'])}, common mode kept"
+            f" {pct(s.get('common_mode_share'))}"
         )
     return "; ".join(parts) if parts else "nothing to fit (no computation in a step)"

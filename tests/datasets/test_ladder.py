@@ -75,6 +75,7 @@ def test_wait_ladder_records_caches_repeats_and_ingests(
     schedule's order on each stage and a peak memory per rank; a second call finds them cached
     and adds a repeat (same draws); ``prism ingest`` and ``prism info`` read each one."""
     from prism_trace.datasets import ladder
+    from prism_trace.datasets.generate import RECORDER_VERSION
 
     args = ["--out", str(tmp_path), "--pp", "2", "--compute", "wait", "--schedule", "1f1b"]
     args += ["--steps", "2", "--layers", "4", "--wait-ms-per-layer", "2", "--global-batch", "16"]
@@ -103,6 +104,22 @@ def test_wait_ladder_records_caches_repeats_and_ingests(
     assert lines[0].endswith("(cached)")
     assert lines[1].split()[0] == names[0] + "-r1"
     assert "recorded in" in lines[1]
+    # a recording an older recorder made is recorded again, not reused
+    first = tmp_path / names[0] / "run.json"
+    run = json.loads(first.read_text())
+    assert run["recorder"] == RECORDER_VERSION
+    first.write_text(json.dumps({**run, "recorder": RECORDER_VERSION - 1}))
+    ladder.main([*args, "--dp", "2"])
+    assert "recorded in" in capsys.readouterr().out
+    assert json.loads(first.read_text())["recorder"] == RECORDER_VERSION
+    # the world barrier that holds the writing of the traces until every rank has left its
+    # profiled steps comes after the profiler's window: nothing of it is in them
+    for r in range(4):
+        names_in = {
+            str(e.get("name"))
+            for e in _load(tmp_path / names[0] / f"rank{r}.kineto.json.gz")["traceEvents"]
+        }
+        assert not any("barrier" in n for n in names_in), r
 
     def sleeps(folder: Path) -> list[str]:
         return [

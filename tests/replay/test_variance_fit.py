@@ -274,3 +274,71 @@ def test_recorded_and_expanded_runs_draw_in_the_replica_mode(store: Store) -> No
     b = run("s4", WhatIfConfig(slow=slow, variance=True), 1)
     assert b.equals(run("s4", WhatIfConfig(slow=slow, variance=True), 1))
     assert not b["dur"].equals(base["dur"])
+
+
+def test_replicas_that_were_recorded_replay_their_recording() -> None:
+    # dp 3 recorded, emulated at dp 6: replicas 1 and 2 are the recorded GPUs (their measured
+    # speed and their own steps), only replicas 3-5 draw. Drawing all five threw the recorded
+    # slow replica away: a dp 2 ladder whose second replica ran 2.6 % slower predicted dp 4
+    # +1.1 % where the recording grew +0.2 %.
+    nodes, _ = synthetic(roles=2, replicas=3, steps=4, ops=10, sigma_rank=0.05, sigma_op=0.1)
+    fit = fit_variance(nodes)
+    cls = class_graph(nodes)
+    base = cls["dur"].to_numpy()
+    cols = replica_columns(cls, base, fit, np.zeros(cls.height, bool), replicas=6, seed=7)
+    for dp in (1, 2):
+        recorded = nodes.filter(pl.col("dp") == dp).sort("role", "node_id")["dur"].to_numpy()
+        assert np.abs(cols[:, dp] / recorded - 1).max() < 1e-6
+    for c in range(3, 6):
+        for dp in range(3):
+            other = nodes.filter(pl.col("dp") == dp).sort("role", "node_id")["dur"].to_numpy()
+            assert np.abs(cols[:, c] / other - 1).max() > 0.01
+    # the expanded units of a sliced run take the same rule: replica r < 3 is recorded rank r
+    units = pl.concat(
+        [cls.with_columns((pl.col("unit") * 6 + r).alias("unit")) for r in range(6)]
+    ).sort("unit", "node_id")
+    n_units = 12
+    drawn = unit_durations(
+        units,
+        fit,
+        np.zeros(units.height, bool),
+        draw=np.arange(n_units) % 6 != 0,
+        replica=np.arange(n_units) % 6,
+        keep_effect=np.zeros(n_units, bool),
+        seed=8,
+    )
+    unit = units["unit"].to_numpy()
+    for u in range(n_units):
+        r = u % 6
+        if r < 3:
+            recorded = (
+                nodes.filter((pl.col("dp") == r) & (pl.col("role") == u // 6))
+                .sort("node_id")["dur"]
+                .to_numpy()
+            )
+            assert np.abs(drawn[unit == u] / recorded - 1).max() < 1e-6
+
+
+def test_the_common_mode_is_what_the_replicas_share_not_their_noise() -> None:
+    # No common mode (independent noise per call, as the wait-mode ladder draws): the measured
+    # per-step mean of 2 replicas is their noise, and almost none of it is kept; a strong common
+    # mode (every replica slowed together in a step) is kept almost whole.
+    quiet, _ = synthetic(
+        roles=16, replicas=2, steps=12, ops=8, sigma_rank=0.02, sigma_op=0.08, sigma_step=0.0
+    )
+    shared, _ = synthetic(
+        roles=16, replicas=2, steps=12, ops=8, sigma_rank=0.02, sigma_op=0.02, sigma_step=0.08
+    )
+    assert kind_summary(fit_variance(quiet))["common_mode_share"] < 0.3
+    assert kind_summary(fit_variance(shared))["common_mode_share"] > 0.9
+    # so the drawn replicas, on average over many, hardly move from step to step: the recorded
+    # steps' ups and downs were the two replicas' noise (kept whole, the average over 400
+    # replicas moved 0.58 times as much as the representative did; now 0.20 times)
+    fit = fit_variance(quiet)
+    cls = class_graph(quiet)
+    base = cls["dur"].to_numpy()
+    cols = replica_columns(cls, base, fit, np.zeros(cls.height, bool), replicas=400, seed=9)
+    step = cls["iteration"].to_numpy()
+    own = np.log([base[step == t].sum() for t in np.unique(step)])
+    drawn = np.log([cols[step == t, 2:].sum(axis=0).mean() for t in np.unique(step)])
+    assert drawn.std() < 0.35 * own.std()
