@@ -212,3 +212,33 @@ def test_straggler_option() -> None:
     for bad in ("1", "x@1", "1@-2", "9@1", "-2@1", "all@-1"):
         with pytest.raises(SystemExit):
             _parse(["--out", "x", "--dp", "2", "--tp", "1", "--pp", "1", f"--straggler={bad}"])
+
+
+def test_a_finished_rank_yields_every_thread_of_its_process() -> None:
+    """After its last profiled step a rank stops its profiler only on CPU time no other process
+    wants: every thread of the process (the profiler works on several) at SCHED_IDLE, or nice
+    19 where that policy is refused. Run in a child, as the policy cannot be undone."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import os, threading, time
+        from prism_trace.datasets._train import _yield_cpu
+        t = threading.Thread(target=time.sleep, args=(1,))
+        t.start()
+        _yield_cpu()
+        tids = [int(x) for x in os.listdir("/proc/self/task")]
+        idle = [os.sched_getscheduler(tid) == os.SCHED_IDLE for tid in tids]
+        nice = [os.getpriority(os.PRIO_PROCESS, tid) == 19 for tid in tids]
+        print(len(tids), all(i or n for i, n in zip(idle, nice)))
+        t.join()
+        """
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    n, ok = res.stdout.split()
+    assert int(n) >= 2
+    assert ok == "True"
