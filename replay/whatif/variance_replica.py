@@ -139,7 +139,7 @@ def recorded_term(
     base, exactly the recorded replica's own duration of that op in that step (its effect alone
     where the op is missing from that rank-step). Why: a replica that was recorded is a real GPU
     of the target world; drawing it again would throw its measured speed away (a dp 2 recording
-    whose second replica is 2.6 % slower than the first predicts dp 4 from that slow replica and
+    whose second replica is slower than the first predicts dp 4 from that slow replica and
     two drawn ones, not from four drawn).
 
     Args:

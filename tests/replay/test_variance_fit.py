@@ -279,7 +279,7 @@ def test_recorded_and_expanded_runs_draw_in_the_replica_mode(store: Store) -> No
 def test_replicas_that_were_recorded_replay_their_recording() -> None:
     # dp 3 recorded, emulated at dp 6: replicas 1 and 2 are the recorded GPUs (their measured
     # speed and their own steps), only replicas 3-5 draw. Drawing all five threw the recorded
-    # slow replica away: a dp 2 ladder whose second replica ran 2.6 % slower predicted dp 4
+    # slow replica away: a dp 2 ladder whose replicas ran 3.3 % apart predicted dp 4
     # +1.1 % where the recording grew +0.2 %.
     nodes, _ = synthetic(roles=2, replicas=3, steps=4, ops=10, sigma_rank=0.05, sigma_op=0.1)
     fit = fit_variance(nodes)
