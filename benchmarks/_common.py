@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: where the real traces are, the host label, the dated note."""
+"""What the benchmark scripts share: where the real traces are, the host label, the dated note,
+the ladders' wait-mode job and running a command."""
 
 from __future__ import annotations
 
@@ -6,11 +7,28 @@ import datetime as dt
 import importlib.metadata as md
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 SHARED = Path(os.environ.get("PRISM_SHARED_DATASETS", HERE.parents[1] / "shared" / "datasets"))
+
+WAIT_JOB = [
+    "--compute", "wait", "--schedule", "1f1b", "--layers", "4", "--steps", "6",
+    "--wait-ms-per-layer", "50", "--no-et",
+]  # fmt: skip
+"""The generator options of the wait-mode ladders (bench_predict, bench_whatif_truth): 2 layers a
+stage of pp 2, 1F1B, 50 ms a layer's forward, 6 profiled steps, gloo on CPU."""
+
+
+def run(cmd: list[str]) -> str:
+    """``cmd``'s stdout; its failure raised with the tail of both outputs."""
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode:
+        msg = f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+        raise RuntimeError(msg)
+    return res.stdout
 
 
 def dataset(name: str) -> Path:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,18 +43,15 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import host_kind, write_note  # noqa: E402
+from _common import WAIT_JOB, host_kind, run, write_note  # noqa: E402
 
 DEFAULT_LADDER = Path(
     os.environ.get("PRISM_LADDER", Path.home() / ".cache" / "prism-trace" / "ladder")
 )
 
-# One job shape for every wait-mode scenario: 2 layers a stage, 4 micro-batches a rank (or a
-# global batch of 16 x dp_min samples), 50 ms a layer's forward, 6 profiled steps.
-WAIT = [
-    "--compute", "wait", "--schedule", "1f1b", "--layers", "4", "--steps", "6",
-    "--wait-ms-per-layer", "50", "--no-et",
-]  # fmt: skip
+# One job shape for every wait-mode scenario (4 micro-batches a rank, or a global batch of 16 x
+# dp_min samples).
+WAIT = WAIT_JOB
 
 
 @dataclass(frozen=True)
@@ -86,14 +82,6 @@ SCENARIOS = {
 }
 
 
-def _run(cmd: list[str]) -> str:
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if res.returncode:
-        msg = f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
-        raise RuntimeError(msg)
-    return res.stdout
-
-
 def record(
     scenario: Scenario, dp: tuple[int, ...], ladder: Path, job_seed: int = 0
 ) -> dict[tuple[int, int], Path]:
@@ -111,7 +99,7 @@ def record(
         "--repeat", str(repeat), "--seed", str(job_seed), *scenario.options,
     ]  # fmt: skip
     t0 = time.perf_counter()
-    lines = _run(cmd).splitlines()
+    lines = run(cmd).splitlines()
     print(f"# {scenario.name}: ladder ready in {time.perf_counter() - t0:.0f} s", flush=True)
     for line in lines:
         if line.startswith("tp"):

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import host_kind, write_note  # noqa: E402
+from _common import WAIT_JOB, host_kind, run, write_note  # noqa: E402
 
 DEFAULT_TRUTH = Path(
     os.environ.get("PRISM_WHATIF_TRUTH", Path.home() / ".cache" / "prism-trace" / "whatif-truth")
@@ -49,18 +48,7 @@ DEFAULT_TRUTH = Path(
 
 # The ladder benchmark's wait-mode job (benchmarks/bench_predict.py): 2 layers a stage, 4
 # micro-batches a rank, 50 ms a layer's forward, 6 profiled steps, 1F1B, gloo on CPU.
-JOB = [
-    "--compute", "wait", "--schedule", "1f1b", "--layers", "4", "--steps", "6",
-    "--wait-ms-per-layer", "50", "--no-et", "--microbatches", "4",
-]  # fmt: skip
-
-
-def _run(cmd: list[str]) -> str:
-    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if res.returncode:
-        msg = f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
-        raise RuntimeError(msg)
-    return res.stdout
+JOB = [*WAIT_JOB, "--microbatches", "4"]
 
 
 def record(truth: Path, *, dp: int, pp: int, rank: int, factor: float, repeat: int) -> dict:
@@ -72,7 +60,7 @@ def record(truth: Path, *, dp: int, pp: int, rank: int, factor: float, repeat: i
                 sys.executable, "-m", "prism_trace.datasets.ladder", "--out", str(truth / twin),
                 "--tp", "1", "--dp", str(dp), "--pp", str(pp), "--repeat", str(k), *JOB, *extra,
             ]  # fmt: skip
-            for line in _run(cmd).splitlines():
+            for line in run(cmd).splitlines():
                 if line.startswith("tp") and "(cached)" not in line:
                     print(f"  {twin}: {line}", flush=True)
     out: dict[str, list[Path]] = {}
@@ -90,7 +78,7 @@ def record_tp8(truth: Path, *, rank: int, factor: float) -> Path:
         "--tp", "8", "--dp", "1", "--pp", "1", "--heads", "8", *JOB,
         "--straggler", f"{rank}@x{factor:g}",
     ]  # fmt: skip
-    for line in _run(cmd).splitlines():
+    for line in run(cmd).splitlines():
         if line.startswith("tp") and "(cached)" not in line:
             print(f"  tp8: {line}", flush=True)
     return next(p for p in sorted((truth / "tp8").iterdir()) if (p / "run.json").is_file())
