@@ -38,7 +38,12 @@ from pathlib import Path
 
 import numpy as np
 from _common import HERE, REPO
-from prism_trace.replay.network.fit import fit_network, fit_rows, predict_rows
+from prism_trace.replay.network.fit import (
+    FITTED_PARAMETERS,
+    fit_network,
+    fit_rows,
+    predict_rows,
+)
 from prism_trace.replay.network.model import network_time_us
 from prism_trace.replay.network.parse import read_nccl_log
 
@@ -98,17 +103,7 @@ def run_case(name: str, title: str, fit_on: list[str], predict: list[str], date:
         f" |rel|) on its own rows {_pct(model.fit_error)}.",
         "",
         "Fitted model: "
-        + ", ".join(
-            f"{k} = {getattr(model, k):.4g}"
-            for k in (
-                "intra_gbps",
-                "inter_gbps",
-                "nvls_gbps",
-                "base_latency_scale",
-                "intra_latency_scale",
-                "inter_latency_scale",
-            )
-        )
+        + ", ".join(f"{k} = {getattr(model, k):.4g}" for k in FITTED_PARAMETERS)
         + f"; determined by the logs: {', '.join(model.determined) or 'none'}.",
         "",
         "| predicted log | collective | ranks/nodes | rows >= 1 MiB | median abs err >= 1 MiB"

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 from prism_trace.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
-    from prism_trace.replay.network.fit import FitRows, fit_network, fit_rows, nelder_mead
+    from prism_trace.replay.network.fit import (
+        FITTED_PARAMETERS,
+        FitRows,
+        fit_network,
+        fit_rows,
+        nelder_mead,
+        predict_rows,
+    )
     from prism_trace.replay.network.io import read_network_file, write_network_file
     from prism_trace.replay.network.model import (
         ALGORITHMS,
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "ALGORITHMS": "model",
     "EFFICIENCY_OPS": "model",
+    "FITTED_PARAMETERS": "fit",
     "FitRows": "fit",
     "NcclLogError": "parse",
     "NcclTestLog": "parse",
@@ -57,6 +65,7 @@ _EXPORTS = {
     "network_kinds": "transfer",
     "network_time_us": "model",
     "parse_size": "predict",
+    "predict_rows": "fit",
     "predict_sizes": "predict",
     "read_nccl_log": "parse",
     "read_nccl_logs": "parse",
@@ -66,6 +75,7 @@ _EXPORTS = {
 __all__ = [
     "ALGORITHMS",
     "EFFICIENCY_OPS",
+    "FITTED_PARAMETERS",
     "OPS",
     "PROTOCOLS",
     "FitRows",
@@ -84,6 +94,7 @@ __all__ = [
     "network_kinds",
     "network_time_us",
     "parse_size",
+    "predict_rows",
     "predict_sizes",
     "read_nccl_log",
     "read_nccl_logs",

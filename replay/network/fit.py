@@ -24,9 +24,9 @@ import numpy as np
 from prism_trace.replay.network.model import NetworkModel, network_time_us
 from prism_trace.replay.network.parse import NcclLogError, NcclTestLog
 
-__all__ = ["FitRows", "fit_network", "fit_rows", "nelder_mead"]
+__all__ = ["FITTED_PARAMETERS", "FitRows", "fit_network", "fit_rows", "nelder_mead", "predict_rows"]
 
-_SHARED = (
+FITTED_PARAMETERS = (
     "intra_gbps",
     "inter_gbps",
     "nvls_gbps",
@@ -34,6 +34,7 @@ _SHARED = (
     "intra_latency_scale",
     "inter_latency_scale",
 )
+"""The model's parameters a fit sets from every log (the per-collective efficiencies aside)."""
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
     kinds, counts = np.unique(rows.op, return_counts=True)
     anchor = "all_reduce" if "all_reduce" in kinds else str(kinds[int(np.argmax(counts))])
     anchor_rows = _subset(rows, rows.op == anchor)
-    shared = [k for k in _SHARED if k != "nvls_gbps"]
+    shared = [k for k in FITTED_PARAMETERS if k != "nvls_gbps"]
     with_nvls = _fit(start, [*shared, "nvls_gbps"], anchor_rows) if anchor == "all_reduce" else None
     without = _fit(replace(start, nvls_gbps=0.0), shared, anchor_rows)
     model = without
@@ -273,7 +274,7 @@ def _subset(rows: FitRows, keep: np.ndarray) -> FitRows:
 def _determined(model: NetworkModel, rows: FitRows) -> tuple[str, ...]:
     """The parameters the rows constrain: moving one x2 or x0.5 costs > 0.01 mean |log err|."""
     base = _loss(model, rows)
-    names = [k for k in _SHARED if not (k == "nvls_gbps" and model.nvls_gbps == 0)]
+    names = [k for k in FITTED_PARAMETERS if not (k == "nvls_gbps" and model.nvls_gbps == 0)]
     names += [k for k in model.__dataclass_fields__ if k.endswith("_efficiency")]
     out = []
     for k in names:
