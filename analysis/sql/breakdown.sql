@@ -14,22 +14,11 @@
 -- @column ts       Start, ns.
 -- @column end_ts   End, ns.
 CREATE VIEW _breakdown_hta_sync AS
-WITH launch AS (
-    SELECT run_id, rank, correlation, min(ts) AS launch_ts
-    FROM event
-    WHERE category IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-    GROUP BY run_id, rank, correlation
-),
-stepped AS (
-    SELECT run_id, rank, count(*) AS steps, max(ts) AS last_step_ts
-    FROM iteration
-    GROUP BY run_id, rank
-)
 SELECT e.run_id, e.rank, e.ts, e.ts + e.dur AS end_ts
 FROM event e
 JOIN core_rank_mode m USING (run_id, rank)
-LEFT JOIN launch l USING (run_id, rank, correlation)
-LEFT JOIN stepped s USING (run_id, rank)
+LEFT JOIN _core_launch l USING (run_id, rank, correlation)
+LEFT JOIN _core_stepped s USING (run_id, rank)
 WHERE e.category = 'cuda_sync' AND m.mode = 'device' AND e.ts IS NOT NULL AND e.dur IS NOT NULL
   AND TRY_CAST(json_extract_string(e.args, '$.stream') AS BIGINT) >= 0
   AND (coalesce(s.steps, 0) < 2 OR l.launch_ts < s.last_step_ts);

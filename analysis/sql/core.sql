@@ -33,6 +33,19 @@ UNION
 SELECT run_id, rank, kernel_event_id AS event_id FROM p2p
 WHERE kernel_event_id IS NOT NULL;
 
+-- The start of the runtime/driver call that launched each correlation id (its first, when several).
+CREATE VIEW _core_launch AS
+SELECT run_id, rank, correlation, min(ts) AS launch_ts
+FROM event
+WHERE category IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
+GROUP BY run_id, rank, correlation;
+
+-- Each rank's step count and the start of its last step (HTA leaves the last step out).
+CREATE VIEW _core_stepped AS
+SELECT run_id, rank, count(*) AS steps, max(ts) AS last_step_ts
+FROM iteration
+GROUP BY run_id, rank;
+
 -- Device ops (kernels, memcpy, memset) with HTA's kernel type, their stream and their launch.
 --
 -- `kernel_type` follows HTA's `get_kernel_type` on the name, in this order: `comm` when the
@@ -58,17 +71,6 @@ WHERE kernel_event_id IS NOT NULL;
 -- @column in_hta       Counted by HTA: launched before the rank's last step starts (HTA drops
 --                      the last profiler step), or every op when the rank has fewer than two steps.
 CREATE VIEW core_device_op AS
-WITH launch AS (
-    SELECT run_id, rank, correlation, min(ts) AS launch_ts
-    FROM event
-    WHERE category IN ('cuda_runtime', 'cuda_driver') AND correlation IS NOT NULL
-    GROUP BY run_id, rank, correlation
-),
-stepped AS (
-    SELECT run_id, rank, count(*) AS steps, max(ts) AS last_step_ts
-    FROM iteration
-    GROUP BY run_id, rank
-)
 SELECT e.run_id, e.rank, e.event_id, e.track_id, t.tid AS stream, e.category, e.name,
        CASE
            WHEN regexp_matches(e.name, '^nccl.*Kernel') OR ck.event_id IS NOT NULL THEN 'comm'
@@ -83,8 +85,8 @@ SELECT e.run_id, e.rank, e.event_id, e.track_id, t.tid AS stream, e.category, e.
 FROM event e
 LEFT JOIN track t USING (run_id, rank, track_id)
 LEFT JOIN _core_comm_kernel ck USING (run_id, rank, event_id)
-LEFT JOIN launch l USING (run_id, rank, correlation)
-LEFT JOIN stepped s USING (run_id, rank)
+LEFT JOIN _core_launch l USING (run_id, rank, correlation)
+LEFT JOIN _core_stepped s USING (run_id, rank)
 WHERE e.category IN ('kernel', 'memcpy', 'memset') AND e.ts IS NOT NULL AND e.dur IS NOT NULL;
 
 -- How each rank is analysed: `device` when it has device ops (kernels, memcpy, memset);
