@@ -100,9 +100,13 @@ CASES = (
 )
 
 
-def store_digest(db: Path) -> str:
+def store_digest(db: Path, old_runs: int | None = None) -> str:
     """The digest of every table's rows (sorted) of the store at ``db``; ``absent`` when no file
-    is there. Opened read-only: a committed WAL is replayed, nothing is written."""
+    is there. Opened read-only: a committed WAL is replayed, nothing is written.
+
+    With ``old_runs``: the store's *shape*, what two runs of a measured command agree on: the rows
+    of the runs it had before the command (ids up to ``old_runs``) and every table's row count.
+    """
     if not db.exists():
         return "absent"
     from prism_trace.store.connection import open_store
@@ -112,31 +116,17 @@ def store_digest(db: Path) -> str:
     with open_store(db, read_only=True) as store:
         for t in TABLES:
             cols = [c.name for c in t.columns if (t.name, c.name) not in VOLATILE]
-            rows = store.con.execute(
-                f"SELECT {', '.join(cols)} FROM {t.name} ORDER BY ALL"
-            ).fetchall()
-            h.update(f"{t.name}:{rows!r}\n".encode())
-    return h.hexdigest()[:16]
-
-
-def store_shape(db: Path, old_runs: int) -> str:
-    """The digest of a store's rows of the runs it had before the command (ids up to
-    ``old_runs``) and of every table's row count: what two runs of a measured command agree on."""
-    if not db.exists():
-        return "absent"
-    from prism_trace.store.connection import open_store
-    from prism_trace.store.tables import TABLES
-
-    h = hashlib.sha256()
-    with open_store(db, read_only=True) as store:
-        for t in TABLES:
-            cols = [c.name for c in t.columns if (t.name, c.name) not in VOLATILE]
-            where = f" WHERE run_id <= {old_runs}" if "run_id" in cols else ""
+            where = ""
+            if old_runs is not None and "run_id" in cols:
+                where = f" WHERE run_id <= {old_runs}"
             rows = store.con.execute(
                 f"SELECT {', '.join(cols)} FROM {t.name}{where} ORDER BY ALL"
             ).fetchall()
-            ((n,),) = store.con.execute(f"SELECT count(*) FROM {t.name}").fetchall()
-            h.update(f"{t.name}:{n}:{rows!r}\n".encode())
+            if old_runs is None:
+                h.update(f"{t.name}:{rows!r}\n".encode())
+            else:
+                ((n,),) = store.con.execute(f"SELECT count(*) FROM {t.name}").fetchall()
+                h.update(f"{t.name}:{n}:{rows!r}\n".encode())
     return h.hexdigest()[:16]
 
 
@@ -227,7 +217,7 @@ def run_case(
         msg = f"{case.name}: the full run failed: {err.decode()[-500:]}"
         raise RuntimeError(msg)
     after, out_after = store_digest(db), output_digest(out)
-    after_shape = store_shape(db, old_runs) if case.measured else None
+    after_shape = store_digest(db, old_runs) if case.measured else None
     res = Outcome(case.name, seconds)
     for i in range(kills):
         db, out = _fresh(case, bases, work / f"{case.name}-{i}")
@@ -241,7 +231,7 @@ def run_case(
         got = store_digest(db)
         if got == before:
             res.as_before += 1
-        elif got == after or (case.measured and store_shape(db, old_runs) == after_shape):
+        elif got == after or (case.measured and store_digest(db, old_runs) == after_shape):
             res.as_after += 1
         else:
             res.torn += 1
