@@ -178,9 +178,9 @@ def _yield_cpu() -> None:
     Why: the ``prof.step()`` after the last profiled step stops the profiler (and used to write
     the trace), seconds of CPU for a rank that has finished while the other ranks are still in
     that step. With more ranks than cores (a wait-mode ladder: 64 ranks on 2 cores) that work took
-    their CPU and stretched their last step: +18 % at dp 32 and +3 % at dp 16, in both recordings
-    of each; nice 19 on the calling thread alone (Linux's nice is per thread, and the profiler
-    works on others) left +7 % and +2 %. The traces are now written after a barrier of every rank
+    their CPU and stretched their last step (+18 % at dp 32 and +3 % at dp 16 with recorder 1, by
+    the per-step means of the recordings' ``iteration`` table; the ladder's summary prints it as
+    ``last step``). The traces are now written after a barrier of every rank
     (``run_rank``). Where the policy cannot change, the recording goes on as before.
     """
     tasks = Path("/proc/self/task")

@@ -20,6 +20,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from prism_trace.datasets._config import JobConfig
 from prism_trace.datasets.generate import (
@@ -92,9 +93,23 @@ def summary(run_json: Path) -> str:
     busy = sum(_busy(r["steps"]) for r in run["ranks"])
     return (
         f"{run['world_size']:3d} ranks  step mean {mean:8.1f} ms  p90 {p90:8.1f} ms"
+        f"  last step {_last_step_pct(run['ranks']):+5.1f} %"
         f"  cores busy {busy:4.1f}  wall {wall if wall is not None else float('nan'):6.1f} s"
         f"  host PSS {(pss or 0) / 1e6:5.2f} GB"
     )
+
+
+def _last_step_pct(ranks: list[dict[str, Any]]) -> float:
+    """The last profiled step's mean over ranks against the median of the steps between the first
+    and the last, percent: a recorder that lets finished ranks work while others are still in
+    their last step shows here (recorder 1: +18 % at 64 ranks on 2 cores)."""
+    steps = [[s["dur_ns"] for s in r["steps"] if s.get("profiled", True)] for r in ranks]
+    n = min((len(s) for s in steps), default=0)
+    if n < 3:
+        return float("nan")
+    means = [statistics.fmean(s[i] for s in steps) for i in range(n)]
+    middle = statistics.median(means[1:-1])
+    return 100.0 * (means[-1] - middle) / middle
 
 
 def _busy(steps: list[dict[str, object]]) -> float:

@@ -241,3 +241,16 @@ def test_zero1_trains_like_adam_and_shards_scale_as_one_over_dp(tmp_path: Path) 
     state2 = runs["zero"]["ranks"][0]["state_bytes"]["optimizer_state"]
     state4 = runs["wait4"]["ranks"][0]["state_bytes"]["optimizer_state"]
     assert state4 == pytest.approx(state2 / 2, rel=0.01)
+
+
+def test_the_summary_says_how_long_the_last_step_ran() -> None:
+    """The last profiled step against the median of the steps between the first and the last:
+    a finished rank working while the others are still in their last step shows here."""
+    from prism_trace.datasets.ladder import _last_step_pct
+
+    def rank(durs: list[int]) -> dict[str, object]:
+        return {"steps": [{"dur_ns": 0, "profiled": False}] + [{"dur_ns": d} for d in durs]}
+
+    ranks = [rank([500, 100, 100, 102, 118]), rank([500, 100, 100, 98, 118])]
+    assert _last_step_pct(ranks) == pytest.approx(18.0)
+    assert _last_step_pct([rank([100, 100])]) != _last_step_pct([rank([100, 100])])  # nan
