@@ -91,6 +91,12 @@ def test_no_difference_where_there_is_none(store: Store) -> None:
     d = json.loads(json.dumps(c.as_dict(), allow_nan=False))
     assert d["step_time"]["predicted_n"] == d["step_time"]["recorded_n"] == 8
     assert 0 <= d["step_time"]["ks_d"] <= 1
+    # each step's ranks as one sample: 1 step compared a side here, against 8 rank-steps
+    steps = len(d["step_time"]["iterations"])
+    assert d["step_time"]["ks_critical_steps_5pct"] == pytest.approx(
+        ks_critical(steps, steps), abs=1e-6
+    )
+    assert d["step_time"]["ks_critical_steps_5pct"] > d["step_time"]["ks_critical_5pct"]
     assert {w["kind"] for w in d["waits"]} >= {"all_reduce", "send", "recv"}
     assert len(d["ranks"]) == 8
     assert all(r["peak_recorded"] and r["comm_recorded_ns"] for r in d["ranks"])
