@@ -6,11 +6,9 @@ thread frees (a gloo worker releasing the copy a collective made of its input) s
 ``Total Allocated``. Per rank this prints the peak ``Total Allocated``, the net bytes the trace
 leaves allocated per thread, the blocks allocated again at an address the trace never freed
 (they were freed unseen), the blocks never freed at all, and for both the op (and its parents)
-that made them; and the peak with the unseen frees inferred (``inferred_peak``): a block freed
-unseen, and a block never freed of a size this rank is seen to free unseen, is taken as freed at
-the end of the first ``c10d::`` call that ends after its allocation (no later than its address's
-next allocation). A candidate rule for ingest: on the ZeRO-1 twins it puts 7 of 8 ranks of each
-pair on one value (docs/predict.md, peak memory).
+that made them; and the peak ingest stores, with those frees inferred
+(``prism_trace.formats.unseen_frees``, docs/ingest.md): on the dp 2 ZeRO-1 twins it puts 7 of 8
+ranks of the pair on one value (docs/predict.md, peak memory).
 
 Usage::
 
@@ -20,13 +18,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import bisect
 import collections
 import gzip
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from prism_trace.formats.kineto.reader import read_kineto
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
@@ -46,45 +45,13 @@ def _enclosing(ops: dict[Any, list[dict[str, Any]]], event: dict[str, Any]) -> s
     return " > ".join(str(o["name"])[:40] for o in around[-3:]) or "(no op)"
 
 
-def inferred_peak(mem: list[dict[str, Any]], events: list[dict[str, Any]]) -> int:
-    """The peak of the running sum of ``Bytes`` with the unseen frees inferred (module
-    docstring)."""
-    ends = sorted(
-        e["ts"] + e.get("dur", 0)
-        for e in events
-        if e.get("ph") == "X" and str(e.get("name", "")).startswith("c10d::")
-    )
-
-    def next_end(ts: float) -> float | None:
-        i = bisect.bisect_right(ends, ts)
-        return ends[i] if i < len(ends) else None
-
-    live: dict[Any, tuple[float, int]] = {}
-    rows: list[tuple[float, int]] = []
-    unseen: set[int] = set()
-    for m in mem:
-        a = m["args"]
-        addr, b, ts = a.get("Addr"), int(a["Bytes"]), m["ts"]
-        if b > 0:
-            if addr in live:
-                t0, b0 = live.pop(addr)
-                end = next_end(t0)
-                rows.append((min(end if end is not None else ts, ts) - 1e-3, -b0))
-                unseen.add(b0)
-            live[addr] = (ts, b)
-            rows.append((ts, b))
-        elif live.pop(addr, None) is not None:
-            rows.append((ts, b))
-    for t0, b0 in live.values():
-        end = next_end(t0)
-        if b0 in unseen and end is not None:
-            rows.append((end - 1e-3, -b0))
-    rows.sort(key=lambda r: (r[0], -r[1]))
-    level = peak = 0
-    for _, b in rows:
-        level += b
-        peak = max(peak, level)
-    return peak
+def ingested_peak(path: Path) -> tuple[int, int]:
+    """The peak ``total_allocated`` ingest stores for the trace, with the unseen frees inferred
+    (``prism_trace.formats.unseen_frees``), and how many frees it inferred."""
+    mem = read_kineto(path).memory
+    if mem.is_empty():
+        return 0, 0
+    return int(mem["total_allocated"].max() or 0), int(mem["inferred"].sum())
 
 
 def report(path: Path) -> list[str]:
@@ -114,8 +81,10 @@ def report(path: Path) -> list[str]:
     never = collections.Counter(
         (int(m["args"]["Bytes"]), _enclosing(ops, m)) for m in live.values()
     )
+    ingested, inferred = ingested_peak(path)
     lines = [
-        f"{path.name}: peak Total Allocated {peak} B, inferred_peak {inferred_peak(mem, events)} B;"
+        f"{path.name}: peak Total Allocated {peak} B, ingested peak {ingested} B"
+        f" ({inferred} frees inferred);"
         " net bytes left per thread "
         + ", ".join(f"{tid}: {b:+d}" for tid, b in sorted(net.items(), key=lambda x: str(x[0])))
     ]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         loads_unique,
         yaml_load_unique,
     )
+    from prism_trace.formats.unseen_frees import infer_unseen_frees, with_unseen_frees
 
 _EXPORTS = {
     "DEVICE_KERNEL_CATEGORIES": "device",
@@ -48,11 +49,13 @@ _EXPORTS = {
     "category_sql": "device",
     "duplicate_key_error": "unique_keys",
     "empty_frame": "base",
+    "infer_unseen_frees": "unseen_frees",
     "innermost_enclosing": "nesting",
     "loads_unique": "unique_keys",
     "nest_events": "nesting",
     "open_maybe_gzip": "base",
     "read_all_bytes": "base",
+    "with_unseen_frees": "unseen_frees",
     "yaml_load_unique": "unique_keys",
 }
 __all__ = [
@@ -69,11 +72,13 @@ __all__ = [
     "category_sql",
     "duplicate_key_error",
     "empty_frame",
+    "infer_unseen_frees",
     "innermost_enclosing",
     "loads_unique",
     "nest_events",
     "open_maybe_gzip",
     "read_all_bytes",
+    "with_unseen_frees",
     "yaml_load_unique",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

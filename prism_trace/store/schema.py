@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "create_all", "render_markdown"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bump on every breaking change, with an entry in docs/schema-changes.md."""
 
 

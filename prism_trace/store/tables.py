@@ -222,6 +222,14 @@ TABLES: tuple[Table, ...] = (
             col("total_allocated", "BIGINT", "Allocated bytes after the event."),
             col("total_reserved", "BIGINT", "Reserved bytes after the event."),
             col("iteration", "INTEGER", "Training step.", "iteration.iteration"),
+            col(
+                "inferred",
+                "BOOLEAN",
+                "True: a free the trace did not record, inferred at ingest (a block allocated"
+                " again at a live address, or never freed and of a size the rank loses unseen;"
+                " formats/unseen_frees.py); `total_allocated` is lowered by it from there on."
+                " False: recorded. NULL: the writer does not say (replayed runs).",
+            ),
         ),
     ),
     Table(

@@ -532,11 +532,8 @@ def lifetime_events(
             )
         )
     )
-    return (
-        ev.with_columns(rank=pl.lit(rank), total_reserved=pl.lit(None))
-        .select(MEMORY_COLUMNS)
-        .cast(pl.Schema(MEMORY_SCHEMA))
-    )
+    done = {"rank": pl.lit(rank), "total_reserved": pl.lit(None), "inferred": pl.lit(value=False)}
+    return ev.with_columns(**done).select(MEMORY_COLUMNS).cast(pl.Schema(MEMORY_SCHEMA))
 
 
 def rank_et_ops(con: duckdb.DuckDBPyConnection, run_id: int, rank: int) -> pl.DataFrame:

@@ -48,8 +48,10 @@ MEMORY_SCHEMA: dict[str, pl.DataType] = {
     "total_allocated": pl.Int64(),
     "total_reserved": pl.Int64(),
     "iteration": pl.Int32(),
+    "inferred": pl.Boolean(),
 }
-"""Columns and types of a ``memory`` row (less ``run_id``)."""
+"""Columns and types of a ``memory`` row (less ``run_id``); ``inferred`` (a free the trace did
+not record, ``formats.unseen_frees``) is optional in a frame given to ``retime_memory``."""
 
 MEMORY_COLUMNS = tuple(MEMORY_SCHEMA)
 """Columns of a ``memory`` row (less ``run_id``), as ``retime_memory`` returns them."""
@@ -93,7 +95,7 @@ def retime_memory(
         ``unit`` + ``MEMORY_COLUMNS`` less ``rank``, re-timed and sorted by ``(unit, ts)``, with
         ``total_allocated`` the running sum in emulated order.
     """
-    cols = [c for c in MEMORY_COLUMNS if c != "rank"]
+    cols = [c for c in MEMORY_COLUMNS if c != "rank" and (c != "inferred" or c in memory.columns)]
     if memory.is_empty():
         return memory.select("unit", *cols)
     every = nodes["host"].null_count() == 0 and nodes["host"].all()

@@ -418,6 +418,7 @@ def test_synthetic_trace_all_frames(tmp_path: Path) -> None:
         "total_allocated": 1024,
         "total_reserved": 2048,
         "iteration": 3,
+        "inferred": False,
     }
 
 

@@ -50,6 +50,7 @@ from prism_trace.formats.kineto.sql import (
     ev0_sql,
     track_sql,
 )
+from prism_trace.formats.unseen_frees import with_unseen_frees
 from prism_trace.limits import check_world_size
 
 __all__ = [
@@ -340,7 +341,7 @@ class _BatchReader(_Reader):
                 ("track_id",),
                 t_off,
             )
-            out.append(tables.conform())
+            out.append(with_unseen_frees(tables).conform())
         return out
 
     # -- loading -------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ from prism_trace.formats.kineto.frames import _Frames
 from prism_trace.formats.kineto.header import _base_ns, _resolve_rank
 from prism_trace.formats.kineto.json_array import TraceEventsFile, split_trace_events
 from prism_trace.formats.kineto.load import _OBJECT_BYTES, _Load
+from prism_trace.formats.unseen_frees import with_unseen_frees
 from prism_trace.limits import check_world_size
 
 __all__ = ["EventsSink", "read_kineto", "stage_kineto"]
@@ -200,6 +201,7 @@ class _Reader(_CommTables, _Frames, _Events, _Load):
         tables.collectives, tables.p2p = self.comms(groups)
         tables.comm_groups = self.comm_groups(groups, tables.collectives, tables.p2p)
         tables.ranks = self.ranks_frame()
+        with_unseen_frees(tables)
         # Last, with the other tables gone: the one frame as large as the trace.
         # (``_bound`` is a temporary table: it would outlive the work database)
         done = ("comm_raw", "flow_point", "mem_record", "arg_row", "track", "step")
