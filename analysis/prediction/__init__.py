@@ -15,6 +15,7 @@ if TYPE_CHECKING:
         compare_runs,
     )
     from prism_trace.analysis.prediction.ranks import (
+        PEAK_TARGET_PCT,
         KindWait,
         RankFigures,
         kind_waits,
@@ -62,6 +63,7 @@ _EXPORTS = {
     "KS_C_5PCT": "steps",
     "KindWait": "ranks",
     "NUMBER_RULE": "structure",
+    "PEAK_TARGET_PCT": "ranks",
     "ROLE_AXES": "sides",
     "RankFigures": "ranks",
     "RunComparison": "compare",
@@ -96,6 +98,7 @@ __all__ = [
     "COORDS",
     "KS_C_5PCT",
     "NUMBER_RULE",
+    "PEAK_TARGET_PCT",
     "ROLE_AXES",
     "SECTIONS",
     "ClassStructure",

@@ -32,7 +32,14 @@ from prism_trace.analysis.views import load_views
 
 from prism_trace.store.connection import Store
 
-__all__ = ["KindWait", "RankFigures", "kind_waits", "rank_figures", "summary_errors"]
+__all__ = [
+    "PEAK_TARGET_PCT",
+    "KindWait",
+    "RankFigures",
+    "kind_waits",
+    "rank_figures",
+    "summary_errors",
+]
 
 
 @dataclass(frozen=True)
@@ -292,11 +299,20 @@ def rank_figures(
     return out
 
 
+PEAK_TARGET_PCT = 0.5
+"""Issue 30's bound on a rank's peak-memory error from the emulator, percent."""
+
+
 def summary_errors(ranks: Sequence[RankFigures]) -> dict[str, float | None]:
-    """Mean and largest ``|error|`` over the ranks of each per-rank figure, percent."""
+    """Mean and largest ``|error|`` over the ranks of each per-rank figure, percent; and how many
+    ranks' peak memory is within ``PEAK_TARGET_PCT`` of the recording (of those with one): the
+    largest error alone hides whether one rank or all miss."""
     out: dict[str, float | None] = {}
     for name in ("comm", "wait", "peak"):
         errs = [abs(e) for r in ranks if (e := getattr(r, f"{name}_error_pct")) is not None]
         out[f"{name}_mean_abs_error_pct"] = _round(float(np.mean(errs))) if errs else None
         out[f"{name}_max_abs_error_pct"] = _round(float(np.max(errs))) if errs else None
+        if name == "peak":
+            out["peak_ranks"] = len(errs)
+            out["peak_ranks_within_target"] = sum(e <= PEAK_TARGET_PCT for e in errs)
     return out

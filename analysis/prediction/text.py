@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prism_trace.analysis.prediction.ranks import KindWait, RankFigures
+from prism_trace.analysis.prediction.ranks import PEAK_TARGET_PCT, KindWait, RankFigures
 from prism_trace.analysis.prediction.steps import StepTimes
 from prism_trace.analysis.prediction.structure import SECTIONS, StructureComparison
 
@@ -165,6 +165,11 @@ def ranks_text(
         + f" (largest: {_abs(e['comm_max_abs_error_pct'])}, {_abs(e['wait_max_abs_error_pct'])},"
         f" {_abs(e['peak_max_abs_error_pct'])})"
     )
+    if e.get("peak_ranks"):
+        lines.append(
+            f"  peak memory within {PEAK_TARGET_PCT} %: {e['peak_ranks_within_target']} of"
+            f" {e['peak_ranks']} ranks"
+        )
     return lines
 
 

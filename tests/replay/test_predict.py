@@ -263,3 +263,18 @@ def test_seeds_without_variance_are_refused_by_the_api(sample_db: Path) -> None:
         pytest.raises(PrismError, match="open the store writable"),
     ):
         predict_run(store, run="sample", against="R", compare=compare_runs)
+
+
+def test_peak_errors_count_the_ranks_within_the_bound() -> None:
+    """The largest peak error alone hides whether one rank misses or all do: the summary also
+    counts the ranks within issue 30's 0.5 % (ranks without memory rows not counted)."""
+    from prism_trace.analysis.prediction.ranks import RankFigures, summary_errors
+
+    def rank(r: int, predicted: float | None, recorded: float | None) -> RankFigures:
+        return RankFigures(r, 1.0, 1.0, 0.0, 0.0, predicted, recorded)
+
+    e = summary_errors(
+        [rank(0, 1000, 1000), rank(1, 1004, 1000), rank(2, 1006, 1000), rank(3, None, None)]
+    )
+    assert (e["peak_ranks"], e["peak_ranks_within_target"]) == (3, 2)
+    assert e["peak_max_abs_error_pct"] == 0.6
