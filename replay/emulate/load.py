@@ -169,7 +169,8 @@ def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
         # through a second one, which cannot see a graph built earlier in the same transaction.
         recorded_graph = _fetch(
             con,
-            "SELECT rank, kind, event_id, ts, ts + coalesce(dur, 0) AS rec_end FROM graph_node"
+            "SELECT rank, kind, track_id, event_id, ts, ts + coalesce(dur, 0) AS rec_end"
+            " FROM graph_node"
             " WHERE run_id = $1 AND list_contains($2, rank)",
             [source, unit_source.tolist()],
         )

@@ -14,6 +14,7 @@ from prism_trace.replay.emulate.load import _fetch
 from prism_trace.replay.emulate.values import EmulationResult, LoadedRun
 from prism_trace.replay.memory.retime import (
     MEMORY_COLUMNS,
+    backend_worker_ops,
     memory_peaks,
     optimizer_shard_delta,
     retime_memory,
@@ -87,6 +88,12 @@ def _memory(
             "host": host if host is not None else np.ones(n.height, dtype=bool),
         }
     ).filter(pl.col("rec_ts").is_not_null())
+    # A backend's worker ops float free of the call they serve: nothing is anchored to them.
+    kinds = n.select("unit", "track_id", "kind", "ts").filter(pl.col("ts").is_not_null())
+    worker = backend_worker_ops(
+        kinds.with_columns(rec_end=nodes["rec_end"]).rename({"ts": "rec_ts"})
+    )
+    nodes = nodes.with_columns(pl.col("host") & ~worker)
     if inputs.kind == "sliced":
         mem, nodes = _at_target_scale(store, inputs, mem, nodes, units, group_sizes)
     dp_rec, dp_tgt = inputs.dp_sizes
@@ -137,11 +144,17 @@ def _at_target_scale(
     graph = inputs.recorded_graph
     recorded = None
     if graph is not None and _microbatches_changed(inputs, graph):
+        worker = backend_worker_ops(
+            graph.select(pl.col("rank").alias("unit"), "track_id", "kind", "rec_end").with_columns(
+                rec_ts=graph["ts"]
+            )
+        )
         recorded = (
             graph.filter(
                 pl.col("event_id").is_not_null()
                 & pl.col("ts").is_not_null()
                 & ~pl.col("kind").is_in(_DEVICE_KINDS)
+                & ~worker
             )
             .select("rank", "event_id", pl.col("ts").alias("rec_ts"), "rec_end")
             .join(units.cast({"rank": graph.schema["rank"]}), on="rank")

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     )
     from prism_trace.replay.memory.lifetimes import hold, recorded_frees
     from prism_trace.replay.memory.retime import (
+        COMM_KINDS,
         MEMORY_COLUMNS,
         MEMORY_SCHEMA,
+        backend_worker_ops,
         memory_peaks,
         optimizer_shard_delta,
         retime_memory,
@@ -28,10 +30,12 @@ if TYPE_CHECKING:
     from prism_trace.replay.memory.scale import anchor_copies, follow_copies, rescale_shards
 
 _EXPORTS = {
+    "COMM_KINDS": "retime",
     "DEFAULT_ROUND_TO": "host_et",
     "MEMORY_COLUMNS": "retime",
     "MEMORY_SCHEMA": "retime",
     "anchor_copies": "scale",
+    "backend_worker_ops": "retime",
     "et_memory": "host_et",
     "follow_copies": "scale",
     "hold": "lifetimes",
@@ -46,10 +50,12 @@ _EXPORTS = {
     "storage_lifetimes": "host_et",
 }
 __all__ = [
+    "COMM_KINDS",
     "DEFAULT_ROUND_TO",
     "MEMORY_COLUMNS",
     "MEMORY_SCHEMA",
     "anchor_copies",
+    "backend_worker_ops",
     "et_memory",
     "follow_copies",
     "hold",

@@ -87,3 +87,21 @@ def test_no_events_no_rows() -> None:
     out = retime_memory(_mem([]), _nodes([(0, 0, 1, 0, 1)]))
     assert out.is_empty()
     assert memory_peaks(out.rename({"unit": "rank"})).is_empty()
+
+
+def test_backend_worker_ops_are_the_other_threads_ops_inside_a_call() -> None:
+    """gloo's worker ops (another thread, inside a call the unit's issuing thread makes) are
+    told apart; the issuing thread's own ops, ops outside every call, and a unit without calls
+    are not."""
+    from prism_trace.replay.memory.retime import backend_worker_ops
+
+    nodes = pl.DataFrame(
+        {
+            "unit": [0, 0, 0, 0, 0, 0, 1],
+            "track_id": [0, 0, 0, 1, 1, 2, 1],
+            "kind": ["host", "collective", "host", "host", "host", "host", "host"],
+            "rec_ts": [50, 100, 150, 150, 300, 200, 150],
+            "rec_end": [60, 200, 160, 160, 310, 205, 160],
+        }
+    )
+    assert backend_worker_ops(nodes).to_list() == [False, False, False, True, False, True, False]
