@@ -13,6 +13,8 @@ Scenarios (wait mode: compute ops sleep seeded durations, so many ranks share th
 datasets/README.md):
 
 - ``wait``: fixed per-rank work, tp1 x dp{2,4,8,16} x pp2, 1F1B, plus dp32 (64 ranks);
+- ``wait-long``: ``wait`` at dp{2,4,8,16} with 100 steps of 25 ms a layer, so that the KS
+  statistic of step times is measured from enough steps to tell 0.2 from chance (one job);
 - ``global-batch``: a fixed global batch (``--global-batch``), the same ladder;
 - ``zero1``: ZeRO-1, sharded optimizer state and reduce-scatter / all-gather of dp shards;
 - ``real``: real compute (the tiny GPT on CPU), dp{2,4} x pp2, where 2 cores allow.
@@ -20,6 +22,7 @@ datasets/README.md):
 Usage::
 
     python benchmarks/bench_predict.py                      # every scenario, writes a result note
+    python benchmarks/bench_predict.py --scenarios wait-long --seeds 5   # ~15 min recording
     python benchmarks/bench_predict.py --scenarios wait --dp 2,4,8 --no-note
     python benchmarks/bench_predict.py --ladder ~/.cache/prism-trace/ladder   # the cache (default)
 
@@ -69,6 +72,14 @@ class Scenario:
 
 SCENARIOS = {
     "wait": Scenario("wait", (*WAIT, "--microbatches", "4"), (2, 4, 8, 16, 32)),
+    # KS D counts steps, not ranks (a synchronous job's ranks end a step together): 5 steps a
+    # side cannot tell 0.2 from chance (`ks_critical_steps_5pct`), 99 can (about 0.19).
+    "wait-long": Scenario(
+        "wait-long",
+        (*WAIT, "--microbatches", "4", "--steps", "100", "--wait-ms-per-layer", "25"),
+        (2, 4, 8, 16),
+        job_seeds=False,
+    ),
     "global-batch": Scenario(
         "global-batch",
         (*WAIT, "--global-batch", "64"),
