@@ -20,6 +20,7 @@ from prism_trace.ranks import AsciiInt
 
 if TYPE_CHECKING:
     from prism_trace.layout.mesh import ParallelLayout
+    from prism_trace.replay.emulate.config import EmulationConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +32,7 @@ __all__ = [
     "db_argument",
     "declared_layout",
     "echo_report",
+    "emulation_config",
     "existing_store",
     "follow_symlinks_option",
     "json_option",
@@ -122,6 +124,37 @@ def config_option(help: str) -> Callable[[F], F]:
     return click.option(
         "--config", "config_file", type=click.Path(path_type=Path), default=None, help=help
     )
+
+
+def network_option() -> Callable[[F], F]:
+    """``--network net.toml`` (``network_file``): a fitted network model prices every
+    collective (``emulation_config``)."""
+    return click.option(
+        "--network",
+        "network_file",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="A network model from `prism network fit` (net.toml): it prices every collective.",
+    )
+
+
+def emulation_config(config_file: Path | None, network_file: Path | None) -> EmulationConfig:
+    """The emulation config of ``--config`` (its notes on stderr; the defaults without one),
+    with ``--network``'s model where given: one reading for every command that emulates."""
+    from dataclasses import replace as with_
+
+    from prism_trace.replay.config_file import load_emulation_config
+    from prism_trace.replay.emulate.config import EmulationConfig
+
+    notes: list[str] = []
+    config = EmulationConfig() if config_file is None else load_emulation_config(config_file, notes)
+    for note in notes:
+        click.echo(f"note: {note}", err=True)
+    if network_file is not None:
+        from prism_trace.replay.network.io import read_network_file
+
+        config = with_(config, network=read_network_file(network_file))
+    return config
 
 
 def quiet_option() -> Callable[[F], F]:

@@ -13,9 +13,12 @@ import click
 
 from prism_trace.cli._group import _one_line_errors, main
 from prism_trace.cli._options import (
+    config_option,
     db_argument,
     echo_report,
+    emulation_config,
     json_option,
+    network_option,
     out_run_option,
     replace_option,
     run_option,
@@ -61,6 +64,11 @@ __all__ = ["predict_cmd"]
     show_default=True,
     help="Steps in common left out at the start.",
 )
+@network_option()
+@config_option(
+    "TOML of the emulation's sections (docs/network.md): the network, topology and timing the"
+    " prediction is emulated with; its what-ifs are the prediction's own."
+)
 @out_run_option("Keep the (first seed's) emulated run under this name.", required=False)
 @replace_option("Overwrite an emulated run called --out-run.")
 @json_option("Print every figure as JSON.")
@@ -74,6 +82,8 @@ def predict_cmd(
     seeds: int,
     global_batch: Literal["per-rank", "fixed"],  # click.Choice checks it
     warmup: int,
+    network_file: Path | None,
+    config_file: Path | None,
     out_run: str | None,
     replace: bool,
     as_json: bool,
@@ -89,7 +99,16 @@ def predict_cmd(
         msg = "give one of --run SMALL (to predict from) and --replayed R (to compare)"
         raise click.UsageError(msg)
     if replayed is not None:
-        given = [o for o, v in (("--variance", variance), ("--out-run", out_run)) if v]
+        given = [
+            o
+            for o, v in (
+                ("--variance", variance),
+                ("--out-run", out_run),
+                ("--network", network_file),
+                ("--config", config_file),
+            )
+            if v
+        ]
         if global_batch != "per-rank":
             given.append("--global-batch")
         if seeds != 1:
@@ -107,6 +126,7 @@ def predict_cmd(
     from prism_trace.analysis.prediction.compare import compare_runs
     from prism_trace.replay.predict.run import predict_run
 
+    config = emulation_config(config_file, network_file)
     with open_store(db) as store:
         prediction = predict_run(
             store,
@@ -118,5 +138,6 @@ def predict_cmd(
             global_batch=global_batch,
             out_run=out_run,
             replace=replace,
+            config=config,
         )
     echo_report(prediction, as_json)

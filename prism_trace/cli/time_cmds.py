@@ -14,8 +14,10 @@ from prism_trace.cli._options import (
     config_option,
     db_argument,
     echo_report,
+    emulation_config,
     existing_store,
     json_option,
+    network_option,
     out_run_option,
     partial_option,
     replace_option,
@@ -63,13 +65,7 @@ __all__ = ["emulate_cmd", "replay_cmd", "run_cmd", "validate_cmd"]
     help="Transfer times: recorded, carried to a new scale by the model, or the pure model.",
 )
 @click.option("--calibrate", is_flag=True, help="Fit the network model to recorded collectives.")
-@click.option(
-    "--network",
-    "network_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="A network model from `prism network fit` (net.toml): it prices every collective.",
-)
+@network_option()
 @config_option(
     "TOML of the emulation's sections (docs/network.md); flags given on the command line"
     " override the file. `prism info DB --run E --config` prints a run's resolved config."
@@ -96,15 +92,11 @@ def emulate_cmd(
     """Discrete-event emulation of RUN's graph; the result is a run of kind `emulated`."""
     from dataclasses import replace as with_
 
-    from prism_trace.replay import EmulationConfig, emulate_run
-    from prism_trace.replay.config_file import load_emulation_config
+    from prism_trace.replay import emulate_run
     from prism_trace.replay.whatif.config import parse_what_if
     from prism_trace.store.connection import open_store
 
-    notes: list[str] = []
-    config = EmulationConfig() if config_file is None else load_emulation_config(config_file, notes)
-    for note in notes:
-        click.echo(f"note: {note}", err=True)
+    config = emulation_config(config_file, network_file)
     given = _given_flags()
     if what_ifs:
         config = with_(config, what_if=parse_what_if(what_ifs))
@@ -116,10 +108,6 @@ def emulate_cmd(
         config = with_(config, timing=with_(config.timing, model=timing_model))
     if calibrate:
         config = with_(config, timing=with_(config.timing, calibrate=True))
-    if network_file is not None:
-        from prism_trace.replay.network.io import read_network_file
-
-        config = with_(config, network=read_network_file(network_file))
     if partial:
         config = with_(config, completion=with_(config.completion, allow_partial=True))
     if keep_events:

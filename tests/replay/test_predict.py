@@ -73,6 +73,7 @@ def sample_db(tmp_path_factory: pytest.TempPathFactory, sample_template: Path) -
         (["--against", "sample"], "give one of --run SMALL"),
         (["--run", "sample", "--replayed", "R", "--against", "sample"], "give one of --run"),
         (["--replayed", "R", "--against", "sample", "--variance", "op"], "go with --run"),
+        (["--replayed", "R", "--against", "sample", "--network", "n.toml"], "go with --run"),
         (["--replayed", "s16", "--against", "sample"], "--replayed takes a replayed run"),
     ],
 )
@@ -253,6 +254,37 @@ def test_the_cli_prints_the_comparison_and_its_json(ladder: Store) -> None:
     page = out.read_text()
     assert "<section id='prediction'>" in page
     assert "Structure of step" in page
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_the_prediction_takes_the_emulations_network_and_config(
+    ladder: Store, tmp_path: Path
+) -> None:
+    """A fitted network (`--network`) and the emulation's sections (`--config`) are the
+    prediction's too: priced by the pure model on a slow network the step is longer, and the
+    kept run's config says which network."""
+    from prism_trace.replay.network.io import write_network_file
+    from prism_trace.replay.network.model import NetworkModel
+
+    db = ladder.path
+    ladder.close()
+    net = write_network_file(NetworkModel(intra_gbps=0.01, inter_gbps=0.01), tmp_path / "n.toml")
+    cfg = tmp_path / "job.toml"
+    cfg.write_text('[timing]\nmodel = "alpha_beta"\n')
+
+    def mean(*extra: object) -> float:
+        res = _cli("predict", db, "--run", "dp2", "--against", "dp4", "--json", *extra)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.output)["comparison"]["step_time"]["predicted_mean_ns"]
+
+    assert mean("--config", cfg, "--network", net) > 1.2 * mean()
+    res = _cli(
+        "predict", db, "--run", "dp2", "--against", "dp4", "--network", net, "--out-run", "p"
+    )
+    assert res.exit_code == 0, res.output
+    info = _cli("info", db, "--run", "p", "--config")
+    assert "[network]\nintra_gbps = 0.01\ninter_gbps = 0.01\n" in info.output
 
 
 def test_seeds_without_variance_are_refused_by_the_api(sample_db: Path) -> None:
