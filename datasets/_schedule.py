@@ -32,14 +32,18 @@ stage / its output gradient from the next one."""
 
 @dataclass(frozen=True)
 class Action:
-    """One step of a stage's schedule: what it does, for which micro-batch."""
+    """One step of a stage's schedule: what it does, for which micro-batch, on which of the
+    stage's model chunks (interleaved 1F1B: chunk ``c`` of stage ``s`` is virtual stage
+    ``c * stages + s``; 0 otherwise)."""
 
     kind: Kind
     mb: int
+    chunk: int = 0
 
     def __str__(self) -> str:
-        """``fwd3``, ``recv_bwd0``, ...: compact enough to compare whole schedules in tests."""
-        return f"{self.kind}{self.mb}"
+        """``fwd3``, ``recv_bwd0``, ``fwd3c1``...: compact enough to compare whole schedules in
+        tests."""
+        return f"{self.kind}{self.mb}" + (f"c{self.chunk}" if self.chunk else "")
 
 
 def _gpipe(stage: int, stages: int, microbatches: int) -> list[Action]:
@@ -125,35 +129,50 @@ _MATCH = {
 }
 
 
-def check_deadlock_free(plans: list[list[Action]]) -> None:
+def _peer(a: Action, stage: int, stages: int, chunks: int) -> tuple[int, Action] | None:
+    """The stage and the action that complete ``a`` (a send or receive of ``stage``): the
+    neighbour one stage on, its call for the same micro-batch. With ``chunks`` > 1 the pipeline
+    wraps (interleaved 1F1B): the last stage's chunk ``c`` sends forward to the first stage's
+    chunk ``c + 1``. None where the pipeline has no such stage."""
+    step = _PEER[a.kind]
+    peer, chunk = stage + step, a.chunk
+    if chunks > 1 and not 0 <= peer < stages:
+        peer, chunk = peer % stages, chunk + step
+    if not 0 <= peer < stages or not 0 <= chunk < chunks:
+        return None
+    return peer, Action(_MATCH[a.kind], a.mb, chunk)  # type: ignore[arg-type]
+
+
+def check_deadlock_free(plans: list[list[Action]], *, chunks: int = 1) -> None:
     """Run every stage's plan with rendezvous send/recv; raise ``ValueError`` if it gets stuck.
 
     A send or receive completes only together with the neighbour's matching call for the same
-    micro-batch, as gloo's blocking calls do; compute actions complete at once. Also checks that
-    each forward precedes its backward.
+    micro-batch (and chunk: ``_peer``), as gloo's blocking calls do; compute actions complete at
+    once. Also checks that each forward precedes its backward.
     """
     pos = [0] * len(plans)
-    done_fwd: list[set[int]] = [set() for _ in plans]
+    done_fwd: list[set[tuple[int, int]]] = [set() for _ in plans]
     while any(p < len(plan) for p, plan in zip(pos, plans, strict=True)):
         moved = False
         for s, plan in enumerate(plans):
             while pos[s] < len(plan):
                 a = plan[pos[s]]
                 if a.kind in ("fwd", "bwd"):
-                    if a.kind == "bwd" and a.mb not in done_fwd[s]:
+                    if a.kind == "bwd" and (a.mb, a.chunk) not in done_fwd[s]:
                         msg = f"stage {s}: backward of micro-batch {a.mb} before its forward"
                         raise ValueError(msg)
                     if a.kind == "fwd":
-                        done_fwd[s].add(a.mb)
+                        done_fwd[s].add((a.mb, a.chunk))
                     pos[s] += 1
                     moved = True
                     continue
-                peer = s + _PEER[a.kind]
-                if not 0 <= peer < len(plans):
-                    msg = f"stage {s}: {a} has no peer stage {peer}"
+                match = _peer(a, s, len(plans), chunks)
+                if match is None:
+                    msg = f"stage {s}: {a} has no peer stage {s + _PEER[a.kind]}"
                     raise ValueError(msg)
+                peer, want = match
                 theirs = plans[peer][pos[peer]] if pos[peer] < len(plans[peer]) else None
-                if theirs != Action(_MATCH[a.kind], a.mb):  # type: ignore[arg-type]
+                if theirs != want:
                     break
                 pos[s] += 1
                 pos[peer] += 1

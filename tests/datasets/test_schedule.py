@@ -199,3 +199,74 @@ def test_wait_param_shapes_match_the_real_model() -> None:
                 stage = Stage(cfg, stage=s, stages=stages, tp=info)
                 real = [tuple(p.shape) for p in stage.parameters()]
                 assert real == stage_param_shapes(cfg, stage=s, stages=stages, tp=tp)
+
+
+def test_interleaved_order_is_megatrons() -> None:
+    """Megatron's forward_backward_pipelining_with_interleaving, pp 2, 2 chunks, 4 micro-batches:
+    stage 0 warms up with (2 - 0 - 1) * 2 + (2 - 1) * 2 = 4 forwards, stage 1 with 2; backwards
+    take the chunks in reverse."""
+    from prism_trace.datasets._interleaved import virtual_order
+
+    def order(stage: int) -> str:
+        return " ".join(f"{k}{mb}c{c}" for k, mb, c in virtual_order(stage, 2, 4, 2))
+
+    assert order(0) == (
+        "fwd0c0 fwd1c0 fwd0c1 fwd1c1 fwd2c0 bwd0c1 fwd3c0 bwd1c1"
+        " fwd2c1 bwd0c0 fwd3c1 bwd1c0 bwd2c1 bwd3c1 bwd2c0 bwd3c0"
+    )
+    assert order(1) == (
+        "fwd0c0 fwd1c0 fwd0c1 bwd0c1 fwd1c1 bwd1c1 fwd2c0 bwd0c0"
+        " fwd3c0 bwd1c0 fwd2c1 bwd2c1 fwd3c1 bwd3c1 bwd2c0 bwd3c0"
+    )
+    # As many micro-batches as stages: every forward first.
+    assert [k for k, _, _ in virtual_order(0, 2, 2, 2)] == ["fwd"] * 4 + ["bwd"] * 4
+
+
+def test_interleaved_blocking_calls_cannot_deadlock() -> None:
+    """Blocking send/recv in the order the pipeline's run found, round the wrapped pipeline
+    (the last stage's chunk c feeds the first stage's chunk c + 1): every stage computes each
+    (micro-batch, chunk) forward and backward once, each receive before the compute that needs
+    it, and the plans replay without deadlock (`check_deadlock_free` with the wrap)."""
+    from prism_trace.datasets._interleaved import interleaved_plans
+
+    for stages in range(2, 7):
+        for chunks in range(2, 4):
+            for mbs in range(stages, 3 * stages + 1, stages):
+                plans = interleaved_plans(stages, mbs, chunks)
+                check_deadlock_free(plans, chunks=chunks)
+                units = sorted((m, c) for m in range(mbs) for c in range(chunks))
+                for s, plan in enumerate(plans):
+                    for kind in ("fwd", "bwd"):
+                        assert sorted((a.mb, a.chunk) for a in plan if a.kind == kind) == units
+                    seen: set[tuple[str, int, int]] = set()
+                    for a in plan:
+                        seen.add((a.kind, a.mb, a.chunk))
+                        first = s == 0 and a.chunk == 0
+                        last = s == stages - 1 and a.chunk == chunks - 1
+                        if a.kind == "fwd" and not first:
+                            assert ("recv_fwd", a.mb, a.chunk) in seen
+                        if a.kind == "bwd" and not last:
+                            assert ("recv_bwd", a.mb, a.chunk) in seen
+    # The same calls made one compute at a time (each send right after its compute, each
+    # receive right before) deadlock at the wrap: the batching is what makes them safe.
+    naive = [
+        [
+            Action("fwd", 0, 0), Action("send_fwd", 0, 0), Action("recv_fwd", 0, 1),
+            Action("fwd", 0, 1), Action("send_fwd", 0, 1),
+        ],
+        [
+            Action("recv_fwd", 0, 0), Action("fwd", 0, 0), Action("recv_fwd", 0, 1),
+            Action("send_fwd", 0, 0),
+        ],
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="deadlocks"):
+        check_deadlock_free(naive, chunks=2)
+
+
+def test_interleaved_refuses_what_megatron_refuses() -> None:
+    from prism_trace.datasets._interleaved import interleaved_plans
+
+    with pytest.raises(ValueError, match="multiple of the 2 stages"):
+        interleaved_plans(2, 3, 2)
+    with pytest.raises(ValueError, match="no interleaved schedule"):
+        interleaved_plans(2, 4, 1)
