@@ -178,7 +178,9 @@ def test_table_query_fetches_only_the_rows_shown(empty_db: Path) -> None:
     assert "│ 49" in r.stdout
     assert "│ 50 " not in r.stdout
     kb = int(r.stderr.split("maxrss_kb")[1])
-    # 150 MB on a quiet host; DuckDB's parallel producers run ahead of a streamed read by up
-    # to about 1 GB when the host is loaded (a full test run beside other jobs): the bound is
-    # the 2 GB, far below the 4.9 GB of a materialised result.
-    assert kb < 2_000_000, kb
+    # 150 MB on a quiet host (100-145 MB beside three busy processes); in a loaded full test
+    # run DuckDB's parallel producers ran ahead of the streamed read to 0.95-1.8 GB, and once
+    # (a fresh clone's CI run, 2026-11-27) to 2.8 GB, past the 2 GB. The test holds
+    # what does not depend on the host's load: the result is not materialised (600 million
+    # BIGINTs are 4.8 GB before any overhead; it took 4.9 GB when it was).
+    assert kb < 4_000_000, kb
