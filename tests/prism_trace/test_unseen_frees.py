@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from prism_trace.formats.base import FRAME_SCHEMAS
 from prism_trace.formats.kineto.batch import try_read_kineto_batch
 from prism_trace.formats.kineto.reader import read_kineto
 from prism_trace.formats.unseen_frees import infer_unseen_frees
@@ -25,21 +26,8 @@ def memory(rows: list[tuple[int, int, int]], *, device: str = "cpu") -> pl.DataF
     for ts, addr, b in rows:
         total += b
         out.append((0, ts, device, -1, addr, b, total, None, 1))
-    return pl.DataFrame(
-        out,
-        schema={
-            "rank": pl.Int32,
-            "ts": pl.Int64,
-            "device_type": pl.String,
-            "device_id": pl.Int32,
-            "addr": pl.Int64,
-            "bytes": pl.Int64,
-            "total_allocated": pl.Int64,
-            "total_reserved": pl.Int64,
-            "iteration": pl.Int32,
-        },
-        orient="row",
-    )
+    recorded = {c: t for c, t in FRAME_SCHEMAS["memory"].items() if c != "inferred"}
+    return pl.DataFrame(out, schema=recorded, orient="row")
 
 
 def calls(*ends: int) -> pl.DataFrame:
