@@ -52,7 +52,7 @@ def microbatches_for(global_batch: int, *, dp: int, microbatch_size: int) -> int
     return global_batch // per_step
 
 
-LATER_FIELDS: dict[str, object] = {"device": "cpu", "dp_sync_always": False}
+LATER_FIELDS: dict[str, object] = {"device": "cpu", "dp_sync_always": False, "chunks": 1}
 """Fields added after the bundled sample, with their defaults: `JobConfig.to_json` leaves them
 out there."""
 
@@ -111,6 +111,32 @@ class JobConfig:
     et: bool = True
     device: Device = "cpu"
     dp_sync_always: bool = False
+    chunks: int = 1
+
+    def _check_interleaved(self) -> None:
+        """Interleaved 1F1B as Megatron runs it: at least 2 stages and 2 chunks, micro-batches a
+        multiple of the stages, a layer for every virtual stage; wait mode only, for now."""
+        if self.pp < 2 or self.chunks < 2:
+            msg = (
+                "interleaved 1F1B needs pp >= 2 and --chunks >= 2,"
+                f" got pp {self.pp}, chunks {self.chunks}"
+            )
+            raise ValueError(msg)
+        if self.microbatches % self.pp:
+            msg = (
+                f"interleaved 1F1B needs micro-batches a multiple of pp {self.pp},"
+                f" got {self.microbatches}"
+            )
+            raise ValueError(msg)
+        if self.model.layers < self.pp * self.chunks:
+            msg = f"{self.model.layers} layers cannot fill {self.pp * self.chunks} virtual stages"
+            raise ValueError(msg)
+        if self.compute != "wait":
+            msg = (
+                "interleaved 1F1B runs with --compute wait only"
+                " (the real model has one chunk a stage)"
+            )
+            raise ValueError(msg)
 
     @property
     def layout(self) -> Layout:
@@ -160,6 +186,11 @@ class JobConfig:
                 raise ValueError(msg)
         if self.schedule not in SCHEDULES:
             msg = f"unknown schedule {self.schedule!r}; expected one of {', '.join(SCHEDULES)}"
+            raise ValueError(msg)
+        if self.schedule == "interleaved":
+            self._check_interleaved()
+        elif self.chunks != 1:
+            msg = f"--chunks {self.chunks} needs --schedule interleaved"
             raise ValueError(msg)
         if self.compute not in COMPUTE_MODES:
             msg = f"unknown compute {self.compute!r}; expected one of {', '.join(COMPUTE_MODES)}"

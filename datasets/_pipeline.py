@@ -24,13 +24,18 @@ class StageWork(Protocol):
     def prepare(self, step: int, mb: int) -> None:
         """Called once per micro-batch before anything else of its forward (its first recv)."""
 
-    def forward(self, step: int, mb: int, x: torch.Tensor | None) -> torch.Tensor | None:
-        """Forward of `mb` on the received activations `x` (None on the first stage); returns the
-        activations to send (None on the last stage)."""
+    def forward(
+        self, step: int, mb: int, x: torch.Tensor | None, *, chunk: int = 0
+    ) -> torch.Tensor | None:
+        """Forward of `mb` through model chunk `chunk` on the received activations `x` (None on
+        the first virtual stage); returns the activations to send (None on the last)."""
 
-    def backward(self, step: int, mb: int, dy: torch.Tensor | None) -> torch.Tensor | None:
-        """Backward of `mb` from the received output gradient `dy` (None on the last stage);
-        returns the input gradient to send (None on the first stage)."""
+    def backward(
+        self, step: int, mb: int, dy: torch.Tensor | None, *, chunk: int = 0
+    ) -> torch.Tensor | None:
+        """Backward of `mb` through model chunk `chunk` from the received output gradient `dy`
+        (None on the last virtual stage); returns the input gradient to send (None on the
+        first)."""
 
     def finish(self, step: int) -> float | None:
         """The step's end: gradient sync and optimizer step; the loss on the last stage."""
@@ -60,29 +65,31 @@ def run_step(
     Returns:
         ``work.finish``'s value: the step's loss on the last stage, None elsewhere.
     """
-    received: dict[int, torch.Tensor] = {}
-    to_send: dict[int, torch.Tensor] = {}
-    grads_in: dict[int, torch.Tensor] = {}
-    grads_out: dict[int, torch.Tensor] = {}
+    # Keyed by (micro-batch, chunk): interleaved 1F1B runs each micro-batch through every chunk.
+    received: dict[tuple[int, int], torch.Tensor] = {}
+    to_send: dict[tuple[int, int], torch.Tensor] = {}
+    grads_in: dict[tuple[int, int], torch.Tensor] = {}
+    grads_out: dict[tuple[int, int], torch.Tensor] = {}
     prepared: set[int] = set()
     for a in plan:
+        key = (a.mb, a.chunk)
         if a.kind in ("recv_fwd", "fwd") and a.mb not in prepared:
             work.prepare(step, a.mb)
             prepared.add(a.mb)
         if a.kind == "recv_fwd":
-            received[a.mb] = comm.recv(torch.empty(act_shape, device=device), pp.prev, pp.group)
+            received[key] = comm.recv(torch.empty(act_shape, device=device), pp.prev, pp.group)
         elif a.kind == "fwd":
-            y = work.forward(step, a.mb, received.pop(a.mb, None))
+            y = work.forward(step, a.mb, received.pop(key, None), chunk=a.chunk)
             if y is not None:
-                to_send[a.mb] = y
+                to_send[key] = y
         elif a.kind == "send_fwd":
-            comm.send(to_send.pop(a.mb), pp.next, pp.group)
+            comm.send(to_send.pop(key), pp.next, pp.group)
         elif a.kind == "recv_bwd":
-            grads_in[a.mb] = comm.recv(torch.empty(act_shape, device=device), pp.next, pp.group)
+            grads_in[key] = comm.recv(torch.empty(act_shape, device=device), pp.next, pp.group)
         elif a.kind == "bwd":
-            dx = work.backward(step, a.mb, grads_in.pop(a.mb, None))
+            dx = work.backward(step, a.mb, grads_in.pop(key, None), chunk=a.chunk)
             if dx is not None:
-                grads_out[a.mb] = dx
+                grads_out[key] = dx
         else:  # send_bwd
-            comm.send(grads_out.pop(a.mb), pp.prev, pp.group)
+            comm.send(grads_out.pop(key), pp.prev, pp.group)
     return work.finish(step)

@@ -90,8 +90,12 @@ class RealStage:
         """Draw the micro-batch's tokens (every stage does, before receiving anything)."""
         self._tokens, self._targets = self._batch(step, mb)
 
-    def forward(self, step: int, mb: int, x: torch.Tensor | None) -> torch.Tensor | None:
-        """The stage's forward of `mb`; the loss (kept for backward) on the last stage."""
+    def forward(
+        self, step: int, mb: int, x: torch.Tensor | None, *, chunk: int = 0
+    ) -> torch.Tensor | None:
+        """The stage's forward of `mb`; the loss (kept for backward) on the last stage. One model
+        chunk a stage (``JobConfig.check`` refuses interleaved 1F1B in real mode)."""
+        assert chunk == 0, chunk
         cfg, m = self.cfg, self.cfg.model
         if self.stage.first:
             assert self._tokens is not None
@@ -119,8 +123,11 @@ class RealStage:
         self._by_mb[mb] = (x, y)
         return out
 
-    def backward(self, step: int, mb: int, dy: torch.Tensor | None) -> torch.Tensor | None:
+    def backward(
+        self, step: int, mb: int, dy: torch.Tensor | None, *, chunk: int = 0
+    ) -> torch.Tensor | None:
         """The stage's backward of `mb`; the input gradient to send (None on the first stage)."""
+        assert chunk == 0, chunk
         x, y = self._by_mb.pop(mb)
         if self.stage.last:
             y.backward()

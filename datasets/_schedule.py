@@ -21,8 +21,8 @@ from typing import Literal
 
 __all__ = ["SCHEDULES", "Action", "Kind", "Schedule", "check_deadlock_free", "schedule"]
 
-Schedule = Literal["gpipe", "1f1b"]
-SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b")
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+SCHEDULES: tuple[Schedule, ...] = ("gpipe", "1f1b", "interleaved")
 
 Kind = Literal["fwd", "bwd", "send_fwd", "recv_fwd", "send_bwd", "recv_bwd"]
 """``fwd``/``bwd``: compute of one micro-batch; ``send_fwd``/``recv_fwd``: its activations to the
@@ -102,13 +102,27 @@ def _one_f_one_b(stage: int, stages: int, microbatches: int) -> list[Action]:
     return out
 
 
-def schedule(kind: Schedule, *, stage: int, stages: int, microbatches: int) -> list[Action]:
+def schedule(
+    kind: Schedule, *, stage: int, stages: int, microbatches: int, chunks: int = 1
+) -> list[Action]:
     """The actions of pipeline stage `stage` (of `stages`) for one step of `microbatches`.
 
     ``gpipe``: every forward, then every backward in reverse micro-batch order. ``1f1b``:
     ``min(stages - stage - 1, microbatches)`` warm-up forwards, then alternating one forward and
     one backward, then the remaining backwards (Megatron's non-interleaved schedule).
+    ``interleaved``: Megatron's interleaved 1F1B over ``chunks`` model chunks a stage
+    (``_interleaved``).
     """
+    if kind == "interleaved":
+        from prism_trace.datasets._interleaved import interleaved_plans
+
+        if not 0 <= stage < stages:
+            msg = f"no schedule for stage {stage} of {stages} with {microbatches} micro-batches"
+            raise ValueError(msg)
+        return interleaved_plans(stages, microbatches, chunks)[stage]
+    if chunks != 1:
+        msg = f"{kind} runs one model chunk a stage, not {chunks}"
+        raise ValueError(msg)
     if not 0 <= stage < stages or microbatches < 1:
         msg = f"no schedule for stage {stage} of {stages} with {microbatches} micro-batches"
         raise ValueError(msg)

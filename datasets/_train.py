@@ -84,11 +84,19 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
         else:
             tp_info = TensorParallel(rank=tp_rank, size=cfg.tp, group=tp, comm=comm)
             work = RealStage(cfg, rank, comm=comm, tp=tp_info, dp=dp, device=device)
-        plan = schedule(cfg.schedule, stage=pp_rank, stages=cfg.pp, microbatches=cfg.microbatches)
+        plan = schedule(
+            cfg.schedule,
+            stage=pp_rank,
+            stages=cfg.pp,
+            microbatches=cfg.microbatches,
+            chunks=cfg.chunks,
+        )
+        ring = cfg.chunks > 1  # interleaved: the last stage feeds the first stage's next chunk
+        prev, nxt = pp_rank - 1, pp_rank + 1
         neighbours = Neighbours(
             pp,
-            layout.rank(tp=tp_rank, dp=dp_rank, pp=pp_rank - 1) if pp_rank > 0 else -1,
-            layout.rank(tp=tp_rank, dp=dp_rank, pp=pp_rank + 1) if pp_rank < cfg.pp - 1 else -1,
+            layout.rank(tp=tp_rank, dp=dp_rank, pp=prev % cfg.pp) if prev >= 0 or ring else -1,
+            layout.rank(tp=tp_rank, dp=dp_rank, pp=nxt % cfg.pp) if nxt < cfg.pp or ring else -1,
         )
         act_shape = (cfg.microbatch_size, cfg.model.seq, cfg.model.hidden)
         et = None

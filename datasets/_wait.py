@@ -38,13 +38,25 @@ class WaitStage:
         """Lay out the stage's layers and parameter buckets; draw the rank's speed factor."""
         self.cfg, self.rank, self.comm, self.tp, self.dp = cfg, rank, comm, tp, dp
         _, _, pp_rank = cfg.layout.coords(rank)
-        self.first, self.last = pp_rank == 0, pp_rank == cfg.pp - 1
-        self.layers = list(stage_layers(cfg.model.layers, cfg.pp, pp_rank))
+        # Chunk c of this stage is virtual stage c * pp + pp_rank (one chunk but interleaved).
+        virtual = cfg.pp * cfg.chunks
+        self.chunk_stages = [c * cfg.pp + pp_rank for c in range(cfg.chunks)]
+        self.chunk_layers = [
+            list(stage_layers(cfg.model.layers, virtual, v)) for v in self.chunk_stages
+        ]
+        self.first_stage, self.last_stage = (
+            self.chunk_stages[0] == 0,
+            self.chunk_stages[-1] == virtual - 1,
+        )
         self.durations = Durations(cfg, rank)
         m = cfg.model
         self.act_shape = [cfg.microbatch_size, m.seq, m.hidden]
         self.logits_shape = [cfg.microbatch_size, m.seq, m.vocab // cfg.tp]
-        shapes = stage_param_shapes(m, stage=pp_rank, stages=cfg.pp, tp=cfg.tp)
+        shapes = [
+            s
+            for v in self.chunk_stages
+            for s in stage_param_shapes(m, stage=v, stages=virtual, tp=cfg.tp)
+        ]
         numels = [math.prod(s) for s in reversed(shapes)]  # synchronised last first
         self.param_numel = sum(numels)
         self.buckets = plan_buckets(
@@ -55,7 +67,7 @@ class WaitStage:
         )
         self.layer_numel = layer_numel(m)
         self._tokens = torch.zeros(cfg.microbatch_size, m.seq, dtype=torch.long)
-        self._saved: dict[int, list[torch.Tensor]] = {}
+        self._saved: dict[tuple[int, int], list[torch.Tensor]] = {}
 
     def state_bytes(self) -> dict[str, int]:
         """What the real job's parameters and Adam state (2 moments, fp32) would take here."""
@@ -79,25 +91,35 @@ class WaitStage:
     def prepare(self, step: int, mb: int) -> None:
         """Nothing to draw: the first stage's token tensor is reused."""
 
-    def forward(self, step: int, mb: int, x: torch.Tensor | None) -> torch.Tensor | None:
-        """The ops and TP calls of `mb`'s forward; the activations to send (None on the last)."""
+    def _first(self, chunk: int) -> bool:
+        return chunk == 0 and self.first_stage
+
+    def _last(self, chunk: int) -> bool:
+        return chunk == self.cfg.chunks - 1 and self.last_stage
+
+    def forward(
+        self, step: int, mb: int, x: torch.Tensor | None, *, chunk: int = 0
+    ) -> torch.Tensor | None:
+        """The ops and TP calls of `mb`'s forward through model chunk `chunk`; the activations
+        to send (None on the last virtual stage)."""
         cfg = self.cfg
         saved: list[torch.Tensor] = []
-        if self.first:
+        if self._first(chunk):
             h = self._op("embed_fwd", self._tokens, self.act_shape, step, mb)
         else:
             assert x is not None
             h = x
-        for layer in self.layers:
+        for layer in self.chunk_layers[chunk]:
             saved.append(h)
             h = self._tp_all_reduce(self._op("attn_fwd", h, self.act_shape, step, mb, layer))
             saved.append(h)
             h = self._tp_all_reduce(self._op("mlp_fwd", h, self.act_shape, step, mb, layer))
         if cfg.has_straggler and cfg.straggler_factor == 1.0:
-            secs = cfg.straggler_s / cfg.microbatches if cfg.is_straggler(self.rank) else 0.0
+            per = cfg.microbatches * cfg.chunks
+            secs = cfg.straggler_s / per if cfg.is_straggler(self.rank) else 0.0
             straggle(h, secs, cfg.straggler_spin)
         out: torch.Tensor | None = h
-        if self.last:
+        if self._last(chunk):
             saved.append(h)
             logits = self._op("head_fwd", h, self.logits_shape, step, mb)
             if cfg.tp > 1:
@@ -105,14 +127,17 @@ class WaitStage:
             saved.append(logits)
             saved.append(self._op("loss_fwd", logits, [], step, mb))
             out = None
-        self._saved[mb] = saved
+        self._saved[mb, chunk] = saved
         return out
 
-    def backward(self, step: int, mb: int, dy: torch.Tensor | None) -> torch.Tensor | None:
-        """The ops and TP calls of `mb`'s backward; the input gradient to send (None on stage 0)."""
+    def backward(
+        self, step: int, mb: int, dy: torch.Tensor | None, *, chunk: int = 0
+    ) -> torch.Tensor | None:
+        """The ops and TP calls of `mb`'s backward through model chunk `chunk`; the input
+        gradient to send (None on the first virtual stage)."""
         cfg = self.cfg
-        saved = self._saved.pop(mb)
-        if self.last:
+        saved = self._saved.pop((mb, chunk))
+        if self._last(chunk):
             loss = saved[-1]
             full = [cfg.microbatch_size, cfg.model.seq, cfg.model.vocab]
             g = self._op("loss_bwd", loss, full, step, mb)
@@ -121,11 +146,11 @@ class WaitStage:
         else:
             assert dy is not None
             g = dy
-        for layer in reversed(self.layers):
+        for layer in reversed(self.chunk_layers[chunk]):
             g = self._tp_all_reduce(self._op("mlp_bwd", g, self.act_shape, step, mb, layer))
             g = self._tp_all_reduce(self._op("attn_bwd", g, self.act_shape, step, mb, layer))
         del saved
-        if self.first:
+        if self._first(chunk):
             self._op("embed_bwd", g, [0], step, mb)
             return None
         return g

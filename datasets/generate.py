@@ -215,7 +215,14 @@ def add_job_arguments(p: argparse.ArgumentParser, *, layout: bool = True) -> Non
         "--schedule",
         choices=SCHEDULES,
         default=d.schedule,
-        help="pipeline schedule: all forwards then all backwards, or Megatron's 1F1B",
+        help="pipeline schedule: all forwards then all backwards, Megatron's 1F1B, or its"
+        " interleaved 1F1B (--chunks model chunks a stage; wait mode)",
+    )
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=d.chunks,
+        help="model chunks a stage (virtual pipeline stages) of --schedule interleaved",
     )
     p.add_argument(
         "--global-batch",
@@ -329,6 +336,7 @@ def job_config(
         straggler_s=s_secs,
         straggler_spin=a.straggler_spin,
         schedule=a.schedule,
+        chunks=a.chunks,
         global_batch=global_batch,
         zero=a.zero,
         compute=a.compute,

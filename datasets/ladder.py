@@ -37,7 +37,8 @@ __all__ = ["Recording", "main", "recording_name", "summary"]
 def recording_name(cfg: JobConfig, repeat: int = 0) -> str:
     """The folder name of a recording: layout, schedule, compute, batch, ZeRO, steps, repeat."""
     batch = f"gb{cfg.global_batch}" if cfg.global_batch else f"mb{cfg.microbatches}"
-    parts = [f"tp{cfg.tp}", f"dp{cfg.dp}", f"pp{cfg.pp}", cfg.schedule, cfg.compute, batch]
+    schedule = cfg.schedule if cfg.chunks == 1 else f"{cfg.schedule}-v{cfg.chunks}"
+    parts = [f"tp{cfg.tp}", f"dp{cfg.dp}", f"pp{cfg.pp}", schedule, cfg.compute, batch]
     if cfg.zero:
         parts.append(f"zero{cfg.zero}")
     parts.append(f"s{cfg.steps}")

@@ -386,6 +386,7 @@ def recognise_step(
             return StepShape("gpipe", m, m, (r1, r2))
     msg = (
         f"stage {stage} of {pp}, {m} microbatches: neither 1F1B ({a} warm-up forwards, then"
-        f" forward/backward pairs) nor GPipe (all forwards, then all backwards)"
+        f" forward/backward pairs) nor GPipe (all forwards, then all backwards);"
+        " interleaved 1F1B (virtual pipeline stages) is not recognised"
     )
     raise ScheduleNotRecognised(msg)

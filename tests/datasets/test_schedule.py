@@ -53,7 +53,7 @@ def test_1f1b_exchanges_ordered_by_stage_parity() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", SCHEDULES)
+@pytest.mark.parametrize("kind", [k for k in SCHEDULES if k != "interleaved"])
 def test_schedules_are_deadlock_free(kind: str) -> None:
     for stages in range(1, 9):
         for mbs in range(1, 13):
@@ -80,9 +80,16 @@ def test_naive_1f1b_deadlocks() -> None:
 
 def test_schedule_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="unknown schedule"):
-        schedule("interleaved", stage=0, stages=2, microbatches=2)  # type: ignore[arg-type]
+        schedule("zigzag", stage=0, stages=2, microbatches=2)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no schedule"):
         schedule("1f1b", stage=2, stages=2, microbatches=2)
+    with pytest.raises(ValueError, match="one model chunk a stage"):
+        schedule("1f1b", stage=0, stages=2, microbatches=2, chunks=2)
+    # The interleaved plan of one stage is its row of the whole pipeline's.
+    from prism_trace.datasets._interleaved import interleaved_plans
+
+    got = schedule("interleaved", stage=1, stages=2, microbatches=4, chunks=2)
+    assert got == interleaved_plans(2, 4, 2)[1]
 
 
 def test_zero_shards_scale_as_one_over_dp() -> None:
@@ -270,3 +277,25 @@ def test_interleaved_refuses_what_megatron_refuses() -> None:
         interleaved_plans(2, 3, 2)
     with pytest.raises(ValueError, match="no interleaved schedule"):
         interleaved_plans(2, 4, 1)
+
+
+def test_interleaved_jobs_megatron_cannot_run_are_refused() -> None:
+    from prism_trace.datasets._config import JobConfig
+    from prism_trace.datasets._model import ModelConfig
+
+    def check(**kw: object) -> None:
+        base: dict[str, object] = {"schedule": "interleaved", "chunks": 2, "pp": 2, "tp": 1}
+        base["model"] = ModelConfig(layers=4)
+        JobConfig(**{**base, "compute": "wait", **kw}).check()  # type: ignore[arg-type]
+
+    check()
+    with pytest.raises(ValueError, match="2 layers cannot fill 4 virtual stages"):
+        check(model=ModelConfig(layers=2))
+    with pytest.raises(ValueError, match="multiple of pp 2"):
+        check(microbatches=3)
+    with pytest.raises(ValueError, match="--chunks >= 2"):
+        check(chunks=1)
+    with pytest.raises(ValueError, match="--compute wait only"):
+        check(compute="real")
+    with pytest.raises(ValueError, match="needs --schedule interleaved"):
+        JobConfig(schedule="1f1b", chunks=2, tp=1).check()

@@ -675,3 +675,37 @@ def test_zero1_ladder_memory_at_the_target_dp(tmp_path: Path) -> None:
         ).fetchall()
 
     assert peaks("v-replica") == peaks("v-None")
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_interleaved_ladder_predicts_per_rank_work_and_refuses_a_fixed_batch(
+    tmp_path: Path,
+) -> None:
+    """Interleaved 1F1B recorded at dp 2 and 4 (pp 2, 2 chunks a stage, wait mode): with each
+    rank's work kept, the prediction's step has the recording's ops, collectives and p2p and
+    its peaks; at a fixed global batch the slicer refuses in one line naming the schedule, and
+    the store is as it was."""
+    pytest.importorskip("torch")
+    from prism_trace import compare_runs, predict_run
+    from tests.conftest import ingest_runs
+
+    out = tmp_path / "rec"
+    args = ["--out", str(out), "--dp", "2,4", "--pp", "2", "--tp", "1", "--compute", "wait"]
+    args += ["--schedule", "interleaved", "--chunks", "2", "--microbatches", "4"]
+    args += ["--layers", "4", "--steps", "2", "--wait-ms-per-layer", "1", "--no-et"]
+    cmd = [sys.executable, "-m", "prism_trace.datasets.ladder", *args]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    runs = {f"dp{d}": [out / f"tp1-dp{d}-pp2-interleaved-v2-wait-mb4-s2"] for d in (2, 4)}
+    store = ingest_runs(tmp_path / "i.duckdb", runs)
+    assert isinstance(store, Store)
+    got = predict_run(store, run="dp2", against="dp4", compare=compare_runs)
+    c = got.comparison
+    assert c.structure.differences == {"collectives": 0, "p2p": 0, "ops": 0, "classes": 0}
+    assert all(r.peak_error_pct == 0 for r in c.ranks)
+    before = store_contents(store)
+    with pytest.raises(
+        SliceError, match=r"interleaved 1F1B \(virtual pipeline stages\) is not recognised"
+    ):
+        predict_run(store, run="dp2", against="dp4", compare=compare_runs, global_batch="fixed")
+    assert store_contents(store) == before
