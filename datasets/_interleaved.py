@@ -21,9 +21,9 @@ complete them. Nothing here imports torch.
 
 from __future__ import annotations
 
-from prism_trace.datasets._schedule import Action, _peer, check_deadlock_free
+from prism_trace.datasets._schedule import Action, Schedule, _peer, check_deadlock_free, schedule
 
-__all__ = ["interleaved_plans", "virtual_order"]
+__all__ = ["interleaved_plans", "stage_plan", "virtual_order"]
 
 
 def virtual_order(
@@ -163,3 +163,16 @@ def interleaved_plans(stages: int, microbatches: int, chunks: int) -> list[list[
             raise ValueError(msg)
     check_deadlock_free(plans, chunks=chunks)
     return plans
+
+
+def stage_plan(
+    kind: Schedule, *, stage: int, stages: int, microbatches: int, chunks: int = 1
+) -> list[Action]:
+    """The actions of ``stage`` for one step of any schedule: interleaved 1F1B's row of the
+    pipeline's plans, else ``_schedule.schedule``'s."""
+    if kind != "interleaved":
+        return schedule(kind, stage=stage, stages=stages, microbatches=microbatches, chunks=chunks)
+    if not 0 <= stage < stages:
+        msg = f"no schedule for stage {stage} of {stages} with {microbatches} micro-batches"
+        raise ValueError(msg)
+    return interleaved_plans(stages, microbatches, chunks)[stage]

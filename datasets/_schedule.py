@@ -110,16 +110,11 @@ def schedule(
     ``gpipe``: every forward, then every backward in reverse micro-batch order. ``1f1b``:
     ``min(stages - stage - 1, microbatches)`` warm-up forwards, then alternating one forward and
     one backward, then the remaining backwards (Megatron's non-interleaved schedule).
-    ``interleaved``: Megatron's interleaved 1F1B over ``chunks`` model chunks a stage
-    (``_interleaved``).
+    ``interleaved`` is planned for the whole pipeline at once (``_interleaved.stage_plan``).
     """
     if kind == "interleaved":
-        from prism_trace.datasets._interleaved import interleaved_plans
-
-        if not 0 <= stage < stages:
-            msg = f"no schedule for stage {stage} of {stages} with {microbatches} micro-batches"
-            raise ValueError(msg)
-        return interleaved_plans(stages, microbatches, chunks)[stage]
+        msg = "interleaved 1F1B is planned for the whole pipeline: _interleaved.stage_plan"
+        raise ValueError(msg)
     if chunks != 1:
         msg = f"{kind} runs one model chunk a stage, not {chunks}"
         raise ValueError(msg)

@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 from prism_trace.datasets._comm import Comm, CommGroup, groups_metadata, new_groups
 from prism_trace.datasets._device import backend_for, profiler_activities, rank_device
+from prism_trace.datasets._interleaved import stage_plan
 from prism_trace.datasets._measure import max_rss_kb, peak_allocated
 from prism_trace.datasets._model import TensorParallel
 from prism_trace.datasets._ops import STATS
 from prism_trace.datasets._pipeline import Neighbours, run_step
 from prism_trace.datasets._real import RealStage
-from prism_trace.datasets._schedule import schedule
 from prism_trace.datasets._wait import WaitStage
 
 from prism_trace.profiling.scratch import ram_scratch_dir
@@ -84,7 +84,7 @@ def run_rank(rank: int, cfg: JobConfig, out: Path, port: int) -> None:
         else:
             tp_info = TensorParallel(rank=tp_rank, size=cfg.tp, group=tp, comm=comm)
             work = RealStage(cfg, rank, comm=comm, tp=tp_info, dp=dp, device=device)
-        plan = schedule(
+        plan = stage_plan(
             cfg.schedule,
             stage=pp_rank,
             stages=cfg.pp,

@@ -16,7 +16,7 @@ CHECK = REPO / "scripts" / "gpu-check"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from gpu_check import tree_hash  # noqa: E402
-from prism_trace.datasets._config import JobConfig  # noqa: E402
+from prism_trace.datasets._config import LATER_FIELDS, JobConfig  # noqa: E402
 
 STEPS = ("record", "replay", "run", "overhead")
 
@@ -94,9 +94,10 @@ def test_the_generator_refuses_cuda_without_a_gpu(tmp_path: Path) -> None:
 
 
 def test_a_cpu_job_config_is_what_it_was() -> None:
-    """``device`` and ``dp_sync_always`` appear in ``run.json`` only when set, so a CPU job's
-    config (and the ladder's cache key) is unchanged; every config reads back."""
-    later = {"device", "dp_sync_always"}
+    """``LATER_FIELDS`` (``device``, ``dp_sync_always``, ``chunks``) appear in ``run.json``
+    only when set, so a CPU job's config (and the ladder's cache key) is unchanged; every config
+    reads back."""
+    later = set(LATER_FIELDS)
     assert set(JobConfig().to_json()) == {f.name for f in fields(JobConfig)} - later
     cuda = JobConfig(device="cuda", dp=1, dp_sync_always=True)
     assert (cuda.to_json()["device"], cuda.to_json()["dp_sync_always"]) == ("cuda", True)

@@ -86,10 +86,15 @@ def test_schedule_refuses_nonsense() -> None:
     with pytest.raises(ValueError, match="one model chunk a stage"):
         schedule("1f1b", stage=0, stages=2, microbatches=2, chunks=2)
     # The interleaved plan of one stage is its row of the whole pipeline's.
-    from prism_trace.datasets._interleaved import interleaved_plans
+    from prism_trace.datasets._interleaved import interleaved_plans, stage_plan
 
-    got = schedule("interleaved", stage=1, stages=2, microbatches=4, chunks=2)
+    with pytest.raises(ValueError, match="whole pipeline"):
+        schedule("interleaved", stage=1, stages=2, microbatches=4, chunks=2)
+    got = stage_plan("interleaved", stage=1, stages=2, microbatches=4, chunks=2)
     assert got == interleaved_plans(2, 4, 2)[1]
+    assert stage_plan("1f1b", stage=1, stages=2, microbatches=4) == schedule(
+        "1f1b", stage=1, stages=2, microbatches=4
+    )
 
 
 def test_zero_shards_scale_as_one_over_dp() -> None:
