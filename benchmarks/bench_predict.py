@@ -15,6 +15,8 @@ datasets/README.md):
 - ``wait``: fixed per-rank work, tp1 x dp{2,4,8,16} x pp2, 1F1B, plus dp32 (64 ranks);
 - ``wait-long``: ``wait`` at dp{2,4,8,16} with 100 steps of 25 ms a layer, so that the KS
   statistic of step times is measured from enough steps to tell 0.2 from chance (one job);
+- ``interleaved``: ``wait``'s job with Megatron's interleaved 1F1B, 2 model chunks a stage (one
+  job; per-rank work: the slicer does not recognise the schedule at a fixed global batch);
 - ``global-batch``: a fixed global batch (``--global-batch``), the same ladder;
 - ``zero1``: ZeRO-1, sharded optimizer state and reduce-scatter / all-gather of dp shards;
 - ``real``: real compute (the tiny GPT on CPU), dp{2,4} x pp2, where 2 cores allow.
@@ -77,6 +79,12 @@ SCENARIOS = {
     "wait-long": Scenario(
         "wait-long",
         (*WAIT, "--microbatches", "4", "--steps", "100", "--wait-ms-per-layer", "25"),
+        (2, 4, 8, 16),
+        job_seeds=False,
+    ),
+    "interleaved": Scenario(
+        "interleaved",
+        (*WAIT, "--microbatches", "4", "--schedule", "interleaved", "--chunks", "2"),
         (2, 4, 8, 16),
         job_seeds=False,
     ),
