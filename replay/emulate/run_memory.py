@@ -75,25 +75,30 @@ def _memory(
         )
     mem = mem.join(units.cast({"rank": mem.schema["rank"]}), on="rank").drop("rank")
     n = inputs.nodes
-    host = ~n["kind"].is_in(_DEVICE_KINDS) if inputs.source_format != "op_timeline" else None
+    rec_end = n["ts"] + n["dur"].fill_null(0)
+    host = (
+        ~n["kind"].is_in(_DEVICE_KINDS)
+        if inputs.source_format != "op_timeline"
+        else pl.Series([True] * n.height, dtype=pl.Boolean)
+    )
+    # A backend's worker ops float free of the call they serve: nothing is anchored to them.
+    worker = backend_worker_ops(
+        n.select("unit", "track_id", "kind", pl.col("ts").alias("rec_ts")).with_columns(
+            rec_end=rec_end
+        )
+    )
     nodes = pl.DataFrame(
         {
             "unit": n["unit"],
             "node_id": n["node_id"],
             "event_id": n["event_id"],
             "rec_ts": n["ts"],
-            "rec_end": n["ts"] + n["dur"].fill_null(0),
+            "rec_end": rec_end,
             "emu_ts": tl.start + inputs.origin,
             "emu_end": tl.end + inputs.origin,
-            "host": host if host is not None else np.ones(n.height, dtype=bool),
+            "host": host & ~worker,
         }
     ).filter(pl.col("rec_ts").is_not_null())
-    # A backend's worker ops float free of the call they serve: nothing is anchored to them.
-    kinds = n.select("unit", "track_id", "kind", "ts").filter(pl.col("ts").is_not_null())
-    worker = backend_worker_ops(
-        kinds.with_columns(rec_end=nodes["rec_end"]).rename({"ts": "rec_ts"})
-    )
-    nodes = nodes.with_columns(pl.col("host") & ~worker)
     if inputs.kind == "sliced":
         mem, nodes = _at_target_scale(store, inputs, mem, nodes, units, group_sizes)
     dp_rec, dp_tgt = inputs.dp_sizes
