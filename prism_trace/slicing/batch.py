@@ -19,6 +19,12 @@ import polars as pl
 
 from prism_trace.graph.base import EDGE_SCHEMA, NODE_SCHEMA
 from prism_trace.layout.mesh import AXES, ParallelAxis, ParallelLayout
+from prism_trace.slicing.interleaved import (
+    MAX_CHUNKS,
+    markers_per_microbatch,
+    min_target_microbatches,
+    recognise_interleaved,
+)
 from prism_trace.slicing.plan import SliceClass, SliceError
 from prism_trace.slicing.rebatch import RankSteps, RebatchError, rebatch_rank
 from prism_trace.slicing.schedule import (
@@ -51,13 +57,16 @@ class BatchPlan:
         global_batch: ``per-rank``, ``fixed``, or ``explicit`` (``--microbatches``).
         recorded: microbatches per rank and step in the recording (None: not read).
         target: microbatches per rank and step in the slice (None: as recorded).
-        schedule: the recognised schedule (``1f1b``, ``gpipe``; None: not read).
+        schedule: the recognised schedule (``1f1b``, ``gpipe``, ``interleaved``; None: not
+            read).
+        chunks: model chunks per stage of an interleaved schedule (1 otherwise).
     """
 
     global_batch: str
     recorded: int | None = None
     target: int | None = None
     schedule: str | None = None
+    chunks: int = 1
 
     @property
     def changes(self) -> bool:
@@ -73,7 +82,24 @@ class BatchPlan:
                 "target": self.target,
                 "schedule": self.schedule,
             }
+            if self.chunks > 1:
+                out["microbatches"]["chunks"] = self.chunks
         return out
+
+
+@dataclass(frozen=True)
+class _Recognised:
+    """The representatives' steps on one schedule: the count and how a period counts."""
+
+    steps: dict[int, RankSteps]
+    schedule: str
+    microbatches: int
+    chunks: int = 1
+    per_period: int = 1
+
+
+class _NotRecognised(SliceError):
+    """A representative's step fits no schedule tried (worded for the user)."""
 
 
 def target_microbatches(m: int, dp_recorded: int, dp_target: int) -> int:
@@ -136,36 +162,57 @@ def plan_batch(
         return BatchPlan("fixed"), None  # the same dp: the same microbatches, nothing to read
     reps = sorted({c.representative for c in classes})
     nodes, edges = read_graphs(con, rec_id, reps)
-    steps, schedule, m = _recognise_all(nodes, reps, recorded, rec_axes)
+    found = _recognise_all(nodes, reps, recorded, rec_axes)
+    m = found.microbatches
     mode = "explicit" if microbatches is not None else "fixed"
     m_new = (
         microbatches if microbatches is not None else target_microbatches(m, recorded.dp, target.dp)
     )
-    plan = BatchPlan(mode, m, m_new, schedule)
+    plan = BatchPlan(mode, m, m_new, found.schedule, found.chunks)
     if not plan.changes:
         return plan, None
-    if schedule == "1f1b" and m_new < recorded.pp:
-        msg = (
-            f"{m} -> {m_new} microbatches per rank: 1F1B on {recorded.pp} pipeline stages needs"
-            f" at least {recorded.pp} per rank to keep its warm-up and one forward/backward pair"
-        )
-        raise SliceError(msg)
+    _check_target(found, m_new, recorded.pp)
+    per_mb = markers_per_microbatch(recorded.pp, found.chunks) if found.chunks > 1 else 1
     out_nodes, out_edges = [], []
     for rep in reps:
         try:
             n, e = rebatch_rank(
                 nodes.filter(pl.col("rank") == rep),
                 edges.filter(pl.col("rank") == rep),
-                steps[rep],
-                m_new - m,
+                found.steps[rep],
+                (m_new - m) // found.per_period,
             )
         except RebatchError as exc:
-            msg = f"recorded rank {rep}: {m} -> {m_new} microbatches: {exc}"
+            what = (
+                f" (a period: {recorded.pp} microbatches through its {found.chunks} chunks)"
+                if found.chunks > 1
+                else " (a period: one microbatch)"
+            )
+            msg = f"recorded rank {rep}: {m} -> {m_new} microbatches: {exc}{what}"
             raise SliceError(msg) from exc
-        _check_counts(n, rep, recorded, rec_axes, m_new)
+        _check_counts(n, rep, recorded, rec_axes, m_new * per_mb)
         out_nodes.append(n)
         out_edges.append(e)
     return plan, (pl.concat(out_nodes), pl.concat(out_edges))
+
+
+def _check_target(found: _Recognised, m_new: int, pp: int) -> None:
+    """Refuse a target count the recorded schedule's shape cannot take (one line)."""
+    m = found.microbatches
+    if found.schedule == "1f1b" and m_new < pp:
+        msg = (
+            f"{m} -> {m_new} microbatches per rank: 1F1B on {pp} pipeline stages needs"
+            f" at least {pp} per rank to keep its warm-up and one forward/backward pair"
+        )
+        raise SliceError(msg)
+    least = min_target_microbatches(pp)
+    if found.schedule == "interleaved" and (m_new % pp or m_new < least):
+        msg = (
+            f"{m} -> {m_new} microbatches per rank: interleaved 1F1B on {pp} pipeline stages"
+            f" ({found.chunks} chunks each) needs a multiple of {pp} and at least {least}"
+            " per rank (with fewer, every forward runs before the first backward)"
+        )
+        raise SliceError(msg)
 
 
 def read_graphs(
@@ -190,12 +237,53 @@ def read_graphs(
 
 def _recognise_all(
     nodes: pl.DataFrame, reps: list[int], layout: ParallelLayout, rec_axes: dict[int, str]
-) -> tuple[dict[int, RankSteps], str, int]:
+) -> _Recognised:
     """Every representative's steps, on one schedule and one microbatch count.
 
     With few microbatches a stage can read as either schedule (1F1B with one steady pair is
     all forwards, then all backwards); when the stages disagree, GPipe is tried on all of them.
+    When a stage fits neither, interleaved 1F1B is tried on all of them, with 2, 3, ... chunks
+    per stage (``interleaved``).
     """
+    try:
+        return _one_f_one_b_or_gpipe(nodes, reps, layout, rec_axes)
+    except _NotRecognised as exc:
+        if layout.pp < 2:
+            raise
+        first = exc
+    why = ""
+    for chunks in range(2, MAX_CHUNKS + 1):
+        try:
+            return _interleaved(nodes, reps, layout, rec_axes, chunks)
+        except _NotRecognised as exc:
+            why = why or str(exc).rsplit(": ", 1)[-1]
+    msg = f"{first}; nor interleaved 1F1B with 2-{MAX_CHUNKS} chunks per stage ({why})"
+    raise _NotRecognised(msg) from first
+
+
+def _interleaved(
+    nodes: pl.DataFrame,
+    reps: list[int],
+    layout: ParallelLayout,
+    rec_axes: dict[int, str],
+    chunks: int,
+) -> _Recognised:
+    steps: dict[int, RankSteps] = {}
+    counts: set[int] = set()
+    for rep in reps:
+        steps[rep], shape = _recognise_rank(
+            nodes.filter(pl.col("rank") == rep), rep, layout, rec_axes, chunks=chunks
+        )
+        counts.add(shape.microbatches)
+    if len(counts) > 1:
+        msg = f"with {chunks} chunks the stages run different numbers of microbatches"
+        raise _NotRecognised(msg)
+    return _Recognised(steps, "interleaved", counts.pop(), chunks, layout.pp)
+
+
+def _one_f_one_b_or_gpipe(
+    nodes: pl.DataFrame, reps: list[int], layout: ParallelLayout, rec_axes: dict[int, str]
+) -> _Recognised:
     steps: dict[int, RankSteps] = {}
     seen: dict[tuple[str, int], int] = {}
     for rep in reps:
@@ -206,7 +294,7 @@ def _recognise_all(
     if len({m for _, m in seen}) > 1:
         said = "; ".join(f"rank {r}: {m} ({s})" for (s, m), r in seen.items())
         msg = f"the representatives run different numbers of microbatches per step: {said}"
-        raise SliceError(msg)
+        raise _NotRecognised(msg)
     if len(seen) > 1:
         try:
             for rep in reps:
@@ -216,10 +304,10 @@ def _recognise_all(
         except SliceError as exc:
             said = "; ".join(f"rank {r}: {s}" for (s, _), r in seen.items())
             msg = f"the pipeline stages disagree on the schedule: {said}"
-            raise SliceError(msg) from exc
-        return steps, "gpipe", next(iter(seen))[1]
+            raise _NotRecognised(msg) from exc
+        return _Recognised(steps, "gpipe", next(iter(seen))[1])
     (schedule, m), _ = next(iter(seen.items()))
-    return steps, schedule, m
+    return _Recognised(steps, schedule, m)
 
 
 def _markers(
@@ -294,8 +382,10 @@ def _recognise_rank(
     layout: ParallelLayout,
     rec_axes: dict[int, str],
     only: str | None = None,
+    chunks: int = 1,
 ) -> tuple[RankSteps, StepShape]:
-    """Every step of one recorded rank, recognised; they must agree."""
+    """Every step of one recorded rank, recognised (as interleaved 1F1B of ``chunks`` chunks
+    when ``chunks > 1``); they must agree."""
     main = _main_nodes(nodes)
     marker, text = _markers(main, rank, layout, rec_axes)
     token = pl.Series(text).rank("dense").to_numpy().astype(np.int64)
@@ -307,12 +397,18 @@ def _recognise_rank(
     for step in sorted({int(i) for i in main["iteration"].drop_nulls().to_list()}):
         pos = np.flatnonzero(it == step)
         try:
-            shape = recognise_step(
-                token[pos], marker[pos], comm[pos], stage=stage, pp=layout.pp, only=only
+            shape = (
+                recognise_interleaved(
+                    token[pos], marker[pos], stage=stage, pp=layout.pp, chunks=chunks
+                )
+                if chunks > 1
+                else recognise_step(
+                    token[pos], marker[pos], comm[pos], stage=stage, pp=layout.pp, only=only
+                )
             )
         except ScheduleNotRecognised as exc:
             msg = f"recorded rank {rank}, step {step}: schedule not recognised: {exc}"
-            raise SliceError(msg) from exc
+            raise _NotRecognised(msg) from exc
         shapes[step] = shape
         out.runs[step] = tuple(
             Periods(int(pos[0]) + r.start, r.length, r.count) for r in shape.runs

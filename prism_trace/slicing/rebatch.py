@@ -111,7 +111,8 @@ def rebatch_rank(
         nodes: the rank's ``graph_node`` rows (``NODE_SCHEMA``).
         edges: the rank's ``graph_edge`` rows (``EDGE_SCHEMA``).
         steps: its recognised steps (``RankSteps``).
-        delta: microbatches to add (negative: to drop) per step.
+        delta: periods to add (negative: to drop) per step (a period is one microbatch but for
+            interleaved 1F1B, ``schedule.StepShape.per_period``).
 
     Returns:
         The rewritten nodes and edges (same columns).
@@ -133,7 +134,7 @@ def rebatch_rank(
     for g in regions:
         if g.target < 1:
             msg = (
-                f"a step has {g.count} repeatable microbatch(es) here; {-delta} fewer leaves"
+                f"a step has {g.count} repeatable period(s) here; {-delta} fewer leaves"
                 " none to keep its schedule's shape"
             )
             raise RebatchError(msg)

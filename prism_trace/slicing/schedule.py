@@ -71,18 +71,22 @@ class StepShape:
     """One recorded step of one rank, as a schedule.
 
     Attributes:
-        schedule: ``1f1b`` (which includes gradient accumulation without a pipeline) or
-            ``gpipe``.
+        schedule: ``1f1b`` (which includes gradient accumulation without a pipeline),
+            ``gpipe`` or ``interleaved`` (``interleaved``).
         microbatches: microbatches in the step.
-        warmup: forwards before the first backward, less one (1F1B's warm-up), or
-            ``microbatches`` (GPipe).
-        runs: the repeatable regions in node space (one for 1F1B, two for GPipe).
+        warmup: forwards before the first backward, less one (1F1B's warm-up), ``microbatches``
+            (GPipe), or interleaved 1F1B's warm-up forwards (of every chunk).
+        runs: the repeatable regions in node space (one for 1F1B and interleaved, two for GPipe).
+        chunks: model chunks per stage (virtual pipeline stages; 1 but for interleaved).
+        per_period: microbatches in one period of ``runs`` (``pp`` for interleaved, else 1).
     """
 
     schedule: str
     microbatches: int
     warmup: int
     runs: tuple[Periods, ...]
+    chunks: int = 1
+    per_period: int = 1
 
 
 class ScheduleNotRecognised(ValueError):
@@ -386,7 +390,6 @@ def recognise_step(
             return StepShape("gpipe", m, m, (r1, r2))
     msg = (
         f"stage {stage} of {pp}, {m} microbatches: neither 1F1B ({a} warm-up forwards, then"
-        f" forward/backward pairs) nor GPipe (all forwards, then all backwards);"
-        " interleaved 1F1B (virtual pipeline stages) is not recognised"
+        f" forward/backward pairs) nor GPipe (all forwards, then all backwards)"
     )
     raise ScheduleNotRecognised(msg)

@@ -16,6 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from prism_trace.datasets._interleaved import stage_plan
 from prism_trace.datasets._schedule import schedule
 
 from prism_trace.layout.mesh import ParallelLayout
@@ -43,16 +44,32 @@ def _ops(action: str, stage: int, stages: int) -> list[str]:
     )
 
 
+def _peer_stage(action: str, stage: int, stages: int) -> int:
+    """The stage a send/recv goes to: the next one for a forward's output and a backward's
+    input, else the previous; across the wrap-around of interleaved 1F1B's virtual pipeline
+    (the last stage's chunk feeds the first stage's next chunk) at the ends."""
+    nxt = action in ("send_fwd", "recv_bwd")
+    return (stage + 1) % stages if nxt else (stage - 1) % stages
+
+
 def _rank_nodes(
-    kind: str, stage: int, stages: int, dp: int, d: int, m: int, steps: int, ddp: bool
+    kind: str,
+    stage: int,
+    stages: int,
+    dp: int,
+    d: int,
+    m: int,
+    steps: int,
+    ddp: bool,
+    chunks: int = 1,
 ) -> list:
     """``(node_id, kind, name, iteration, group_id, seq, peer, comm_kind)`` of one rank.
 
     Groups: ``dp`` groups ``0..stages-1`` (one per stage), ``pp`` groups ``stages..`` (one per
     dp index). A rank is ``d + dp * stage``. ``ddp``: a gradient bucket is all-reduced inside the
-    last backward of each step, as DDP does.
+    last backward of each step, as DDP does. ``chunks`` (interleaved): chunk ``c`` of the stage
+    is virtual stage ``c * stages + s``, with its ops.
     """
-    me = d + dp * stage
     pp_group = stages + d
     seqs: Counter[tuple] = Counter()
     out = []
@@ -68,17 +85,17 @@ def _rank_nodes(
 
     for step in range(1, steps + 1):
         add("host", "zero_grad", step)
-        plan = schedule(kind, stage=stage, stages=stages, microbatches=m)
+        plan = stage_plan(kind, stage=stage, stages=stages, microbatches=m, chunks=chunks)  # type: ignore[arg-type]
         last_bwd = max(i for i, a in enumerate(plan) if a.kind == "bwd")
         for i, a in enumerate(plan):
             if a.kind in ("fwd", "bwd"):
-                for j, name in enumerate(_ops(a.kind, stage, stages)):
+                virtual = a.chunk * stages + stage
+                for j, name in enumerate(_ops(a.kind, virtual, stages * chunks)):
                     add("host", name, step)
                     if ddp and i == last_bwd and j == 2:
                         add("collective", "bucket", step, stage, None, "all_reduce")
             else:
-                nxt = a.kind in ("send_fwd", "recv_bwd")
-                peer = me + dp if nxt else me - dp
+                peer = d + dp * _peer_stage(a.kind, stage, stages)
                 direction = "send" if a.kind.startswith("send") else "recv"
                 if direction == "recv":
                     add("host", "buffer", step)
@@ -89,9 +106,18 @@ def _rank_nodes(
 
 
 def job(
-    path: Path, kind: str, *, dp: int, pp: int, m: int, steps: int = 2, ddp: bool = False
+    path: Path,
+    kind: str,
+    *,
+    dp: int,
+    pp: int,
+    m: int,
+    steps: int = 2,
+    ddp: bool = False,
+    chunks: int = 1,
 ) -> Store:
-    """A recorded run ``job`` of ``dp * pp`` ranks, every step ``kind`` with ``m`` microbatches."""
+    """A recorded run ``job`` of ``dp * pp`` ranks, every step ``kind`` with ``m`` microbatches
+    (``chunks`` model chunks per stage for ``interleaved``)."""
     s = open_store(path)
     world = dp * pp
     with s.transaction() as con:
@@ -114,7 +140,7 @@ def job(
             for d in range(dp):
                 r = d + dp * st
                 for n, k, name, it, g, seq, peer, ck in _rank_nodes(
-                    kind, st, pp, dp, d, m, steps, ddp
+                    kind, st, pp, dp, d, m, steps, ddp, chunks
                 ):
                     nb = 4096 if k in ("send", "recv") else 65536 if k == "collective" else None
                     rows.append([r, n, k, 1000 + n, name, 100 * n, 90, it, g, seq, peer, nb, ck])
@@ -271,6 +297,63 @@ def test_fixed_global_batch_matches_the_job_at_the_target(
             if a.kind in ("fwd", "bwd")
         )
         assert stage_shape(store, "s", dp_new * s) == [want, want]
+
+
+@pytest.mark.parametrize(
+    ("pp", "chunks", "dp", "m", "dp_new"),
+    [
+        (2, 2, 2, 8, 4),  # 8 -> 4: two of three periods dropped on stage 0
+        (2, 2, 2, 8, 1),  # 8 -> 16
+        (2, 3, 2, 8, 4),  # three chunks
+        (3, 2, 2, 18, 4),  # the wrap-around is no neighbour: no marker
+        (3, 3, 2, 18, 4),
+        (4, 2, 3, 16, 4),  # 16 -> 12: one period of 4 microbatches left on stage 0
+    ],
+)
+def test_fixed_global_batch_of_interleaved_1f1b(
+    tmp_path: Path, pp: int, chunks: int, dp: int, m: int, dp_new: int
+) -> None:
+    """Interleaved 1F1B (Megatron's virtual pipeline stages, with the wrap-around from the last
+    stage to the first): at a fixed global batch the sliced graphs are those of the job recorded
+    at the target's dp, op for op, with the same send/recv and sequence numbers; the plan says
+    how many chunks it found."""
+    store = job(tmp_path / "a.duckdb", "interleaved", dp=dp, pp=pp, m=m, chunks=chunks)
+    m_new = m * dp // dp_new
+    cfg = _slice(store, dp_new, pp, "s", global_batch="fixed")
+    assert cfg["microbatches"] == {
+        "recorded": m,
+        "target": m_new,
+        "schedule": "interleaved",
+        "chunks": chunks,
+    }
+    target = tmp_path / "b.duckdb"
+    job(target, "interleaved", dp=dp_new, pp=pp, m=m_new, chunks=chunks).close()
+    _copy_job(tmp_path, store, target)
+    assert_same_classes(store, "s", "target_job", {dp_new * s: dp_new * s for s in range(pp)})
+
+
+@pytest.mark.parametrize(
+    ("pp", "chunks", "dp", "m", "dp_new", "said"),
+    [
+        (2, 2, 2, 8, 8, "8 -> 2 microbatches per rank: interleaved 1F1B on 2 pipeline stages"),
+        (4, 2, 2, 8, 1, "no two equal periods of 4 microbatches"),  # 1 period recorded
+        # 16 -> 8: stage 0's steady state (6 pairs) holds no whole period of 8 pairs
+        (4, 2, 2, 16, 4, "a period: 4 microbatches through its 2 chunks"),
+    ],
+)
+def test_interleaved_refusals(
+    tmp_path: Path, pp: int, chunks: int, dp: int, m: int, dp_new: int, said: str
+) -> None:
+    """A target below ``2 pp`` microbatches (Megatron then runs every forward first), and a
+    recording whose steady state holds fewer than two periods to tell them by: one line each,
+    the store as it was."""
+    store = job(tmp_path / "a.duckdb", "interleaved", dp=dp, pp=pp, m=m, chunks=chunks)
+    before = store_contents(store)
+    with pytest.raises(SliceError) as exc:
+        _slice(store, dp_new, pp, "s", global_batch="fixed")
+    assert said in str(exc.value)
+    assert "\n" not in str(exc.value)
+    assert store_contents(store) == before
 
 
 def test_neighbouring_stages_pair_up_in_the_emulator(tmp_path: Path) -> None:
@@ -677,28 +760,33 @@ def test_zero1_ladder_memory_at_the_target_dp(tmp_path: Path) -> None:
     assert peaks("v-replica") == peaks("v-None")
 
 
-@pytest.mark.slow
-@pytest.mark.torch
-def test_an_interleaved_ladder_predicts_per_rank_work_and_refuses_a_fixed_batch(
-    tmp_path: Path,
-) -> None:
-    """Interleaved 1F1B recorded at dp 2 and 4 (pp 2, 2 chunks a stage, wait mode): with each
-    rank's work kept, the prediction's step has the recording's ops, collectives and p2p and
-    allocates per step what the recording does; at a fixed global batch the slicer refuses in
-    one line naming the schedule, and the store is as it was."""
-    pytest.importorskip("torch")
-    from prism_trace import compare_runs, predict_run
+def _interleaved_ladder(tmp_path: Path, batch: list[str], folder: str) -> Store:
+    """Interleaved 1F1B recorded at dp 2 and 4 (pp 2, 2 chunks a stage, wait mode, 2 steps),
+    ingested as runs ``dp2`` and ``dp4`` (``folder``: the recordings' name, ``{dp}`` for dp)."""
     from tests.conftest import ingest_runs
 
     out = tmp_path / "rec"
     args = ["--out", str(out), "--dp", "2,4", "--pp", "2", "--tp", "1", "--compute", "wait"]
-    args += ["--schedule", "interleaved", "--chunks", "2", "--microbatches", "4"]
+    args += ["--schedule", "interleaved", "--chunks", "2", *batch]
     args += ["--layers", "4", "--steps", "2", "--wait-ms-per-layer", "1", "--no-et"]
     cmd = [sys.executable, "-m", "prism_trace.datasets.ladder", *args]
     subprocess.run(cmd, check=True, capture_output=True, timeout=600)
-    runs = {f"dp{d}": [out / f"tp1-dp{d}-pp2-interleaved-v2-wait-mb4-s2"] for d in (2, 4)}
+    runs = {f"dp{d}": [out / folder.format(dp=d)] for d in (2, 4)}
     store = ingest_runs(tmp_path / "i.duckdb", runs)
     assert isinstance(store, Store)
+    return store
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_interleaved_ladder_predicts_per_rank_work(tmp_path: Path) -> None:
+    """With each rank's work kept (4 microbatches at dp 2 and 4), the prediction's step has the
+    recording's ops, collectives and p2p and allocates per step what the recording does."""
+    pytest.importorskip("torch")
+    from prism_trace import compare_runs, predict_run
+
+    folder = "tp1-dp{dp}-pp2-interleaved-v2-wait-mb4-s2"
+    store = _interleaved_ladder(tmp_path, ["--microbatches", "4"], folder)
     got = predict_run(store, run="dp2", against="dp4", compare=compare_runs, out_run="p4")
     c = got.comparison
     assert c.structure.differences == {"collectives": 0, "p2p": 0, "ops": 0, "classes": 0}
@@ -706,9 +794,45 @@ def test_an_interleaved_ladder_predicts_per_rank_work_and_refuses_a_fixed_batch(
     # gloo's worker lets go of a buffer, which a loaded host moves between recordings).
     for exemplar, stage in ((0, [0, 1, 2, 3]), (4, [4, 5, 6, 7])):
         assert set(_step_bytes(store, "p4", [exemplar])) == set(_step_bytes(store, "dp4", stage))
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_an_interleaved_ladder_at_a_fixed_global_batch(tmp_path: Path) -> None:
+    """A global batch of 32 (8 microbatches of 2 a rank at dp 2, 4 at dp 4): the dp 2 recording
+    sliced to dp 4 keeps the global batch, and its step has the dp 4 recording's ops,
+    collectives and p2p. Neither goes to dp 8 (2 microbatches: every forward first; and dp 4's
+    steady state holds one period), each refused in one line with the store as it was."""
+    pytest.importorskip("torch")
+    from prism_trace import compare_runs, predict_run
+
+    folder = "tp1-dp{dp}-pp2-interleaved-v2-wait-gb32-s2"
+    store = _interleaved_ladder(tmp_path, ["--global-batch", "32"], folder)
+    got = predict_run(
+        store, run="dp2", against="dp4", compare=compare_runs, global_batch="fixed", out_run="p4"
+    )
+    c = got.comparison
+    assert c.structure.differences == {"collectives": 0, "p2p": 0, "ops": 0, "classes": 0}
+    layout = ParallelLayout.parse("dp=4,pp=2")
+    report = slice_run(store, run="dp2", layout=layout, world=8, out_run="s4", global_batch="fixed")
+    ((cfg,),) = store.con.execute(
+        "SELECT config_json FROM run WHERE run_id = ?", [report.run_id]
+    ).fetchall()
+    assert json.loads(cfg)["microbatches"] == {
+        "recorded": 8,
+        "target": 4,
+        "schedule": "interleaved",
+        "chunks": 2,
+    }
     before = store_contents(store)
-    with pytest.raises(
-        SliceError, match=r"interleaved 1F1B \(virtual pipeline stages\) is not recognised"
-    ):
-        predict_run(store, run="dp2", against="dp4", compare=compare_runs, global_batch="fixed")
+    layout = ParallelLayout.parse("dp=8,pp=2")
+    refusals = {
+        "dp2": r"^8 -> 2 microbatches per rank: interleaved 1F1B on 2 pipeline stages",
+        # 4 microbatches: one period in stage 0's steady state, none to compare it with
+        "dp4": r"nor interleaved 1F1B .*\(no two equal periods of 2 microbatches",
+    }
+    for run, said in refusals.items():
+        with pytest.raises(SliceError, match=said) as exc:
+            slice_run(store, run=run, layout=layout, world=16, out_run="s8", global_batch="fixed")
+        assert "\n" not in str(exc.value)
     assert store_contents(store) == before
