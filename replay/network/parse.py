@@ -1,11 +1,12 @@
 """Read nccl-tests output (``all_reduce_perf`` and its siblings) into typed result tables.
 
 A log is what a person pastes or saves from a run: the tests' own lines, often interleaved with
-``NCCL INFO`` lines, MPI warnings and a launcher's tags (``[1,0]<stdout>:``). So the reader is
-strict only where the data is: a line inside a result table that does not parse as a row of that
-table, or a ``# Rank`` line of the device block that does not parse, is refused with one line
-naming ``file:line``. Everything else (noise) is skipped. A log without result rows is refused:
-nothing could be fitted on it, and a fit that silently used fewer logs than given would mislead.
+``NCCL INFO`` lines, MPI warnings and a launcher's tags (Open MPI's ``[1,0]<stdout>:``, Slurm's
+`` 0: ``). So the reader is strict only where the data is: a line inside a result table that
+does not parse as a row of that table, or a ``# Rank`` line of the device block that does not
+parse, is refused with one line naming ``file:line``. Everything else (noise) is skipped. A log
+without result rows is refused: nothing could be fitted on it, and a fit that silently used fewer
+logs than given would mislead.
 
 What a log tells, and where from:
 
@@ -134,6 +135,9 @@ class NcclTestLog:
 
 _TAG = re.compile(r"^(?:\([^)]*\)\s*)?\[\d+,\d+\]<(stdout|stderr)>:")
 """An Open MPI ``--tag-output`` prefix (optionally after a Ray-style ``(head, rank=0) ``)."""
+_LABEL = re.compile(r"^\s*\d+: ")
+"""Slurm's ``srun --label`` prefix (the task number, right-aligned, then ``: ``); no result row
+or comment of nccl-tests starts with a number and a colon."""
 _DEVICE = re.compile(
     r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\b"
 )
@@ -150,7 +154,8 @@ def _strip(raw: str) -> str | None:
     """The line without a launcher tag; None for a tagged stderr line (not the test's output)."""
     m = _TAG.match(raw)
     if m is None:
-        return raw.rstrip("\n")
+        label = _LABEL.match(raw)
+        return raw[label.end() if label else 0 :].rstrip("\n")
     if m.group(1) == "stderr":
         return None
     return raw[m.end() :].rstrip("\n")

@@ -74,6 +74,22 @@ def test_mpi_tagged_lines() -> None:
     assert lg.rows[0].oop_wrong == 0.0
 
 
+def test_slurm_labelled_lines(tmp_path: Path) -> None:
+    """``srun --label`` puts the task number before every line (NVIDIA/nccl-tests#290): the
+    table reads as the same lines without it, and the ring run's algorithm comes from the
+    poster's ``export NCCL_ALGO=RING`` block."""
+    src = DATA / "nccl-tests-290" / "shahizat_all_reduce_2n.log"
+    (lg,) = read_nccl_log(src)
+    assert (lg.op, lg.ranks, lg.nodes, lg.hosts) == ("all_reduce", 16, 2, ("node005", "node007"))
+    assert [r.size for r in lg.rows] == [1 << k for k in range(23, 34)]
+    bare = tmp_path / "all_reduce_perf_bare.log"
+    bare.write_text("".join(line.split(": ", 1)[1] for line in src.read_text().splitlines(True)))
+    (plain,) = read_nccl_log(bare)
+    assert plain.rows == lg.rows
+    (ring,) = read_nccl_log(DATA / "nccl-tests-290" / "shahizat_ring_all_reduce_2n.log")
+    assert (ring.op, ring.algo, ring.ranks, ring.nodes) == ("all_reduce", "ring", 16, 2)
+
+
 def test_na_errors_and_the_old_layout() -> None:
     (lg,) = read_nccl_log(DATA / "nccl-tests-78" / "all_reduce_perf_256gpu.log")
     assert lg.rows[0].root is None  # no `root` column before nccl-tests 2.x
