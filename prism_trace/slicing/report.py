@@ -69,7 +69,9 @@ class SliceReport:
         if mb:
             lines.append(
                 f"microbatches per rank and step: {mb['recorded']} -> {mb['target']}"
-                f" ({mb['schedule']}, global batch {self.microbatches['global_batch']})"
+                f" ({mb['schedule']}"
+                + (f" of {mb['chunks']} chunks a stage" if mb.get("chunks") else "")
+                + f", global batch {self.microbatches['global_batch']})"
             )
         if self.member_runs:
             lines.append(

@@ -319,7 +319,18 @@ def test_fixed_global_batch_of_interleaved_1f1b(
     how many chunks it found."""
     store = job(tmp_path / "a.duckdb", "interleaved", dp=dp, pp=pp, m=m, chunks=chunks)
     m_new = m * dp // dp_new
-    cfg = _slice(store, dp_new, pp, "s", global_batch="fixed")
+    layout = ParallelLayout.parse(f"dp={dp_new},pp={pp}")
+    report = slice_run(
+        store, run="job", layout=layout, world=dp_new * pp, out_run="s", global_batch="fixed"
+    )
+    assert (
+        f"microbatches per rank and step: {m} -> {m_new} (interleaved of {chunks} chunks a"
+        " stage, global batch fixed)"
+    ) in report.summary()
+    ((text,),) = store.con.execute(
+        "SELECT config_json FROM run WHERE run_id = ?", [report.run_id]
+    ).fetchall()
+    cfg = json.loads(text)
     assert cfg["microbatches"] == {
         "recorded": m,
         "target": m_new,
