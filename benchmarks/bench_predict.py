@@ -82,6 +82,32 @@ SCENARIOS = {
         (2, 4, 8, 16),
         job_seeds=False,
     ),
+    # wait-long with a 16-wide model: one gradient bucket of about 40 KB a stage instead of two of
+    # 256 KB, so the dp all-reduce that this host's gloo makes long at dp 16 (27 ms after the last
+    # arrival against 2 x 24-26 ms: `gloo_host.py --recording`) weighs half as much in the step.
+    "wait-sync": Scenario(
+        "wait-sync",
+        (
+            *WAIT,
+            "--microbatches",
+            "4",
+            "--steps",
+            "100",
+            "--wait-ms-per-layer",
+            "25",
+            "--hidden",
+            "16",
+        ),
+        (2, 4, 8, 16),
+    ),
+    # 64 ranks on 2 cores: with the 64-wide model two recordings of one job differ by 11 % on the
+    # mean (their two 256 KB all-reduces over 32 ranks crowd the cores); with the 16-wide one,
+    # by 0.02 %.
+    "wait-64": Scenario(
+        "wait-64",
+        (*WAIT, "--microbatches", "4", "--steps", "20", "--hidden", "16"),
+        (2, 32),
+    ),
     "interleaved": Scenario(
         "interleaved",
         (*WAIT, "--microbatches", "4", "--schedule", "interleaved", "--chunks", "2"),
@@ -94,7 +120,23 @@ SCENARIOS = {
         (2, 4, 8, 16),
         slice_options=(("global_batch", "fixed"),),
     ),
+    # Interleaved at a fixed global batch: 16, 8, 4 microbatches a rank; dp 16 would leave 2,
+    # fewer than Megatron's interleaved warm-up takes (2 pp).
+    "interleaved-gb": Scenario(
+        "interleaved-gb",
+        (*WAIT, "--global-batch", "64", "--schedule", "interleaved", "--chunks", "2"),
+        (2, 4, 8),
+        slice_options=(("global_batch", "fixed"),),
+        job_seeds=False,
+    ),
     "zero1": Scenario("zero1", (*WAIT, "--microbatches", "4", "--zero", "1"), (2, 4, 8, 16)),
+    # ZeRO-1 with the 16-wide model: its per-owner broadcasts stay small at dp 16.
+    "zero1-sync": Scenario(
+        "zero1-sync",
+        (*WAIT, "--microbatches", "4", "--zero", "1", "--hidden", "16"),
+        (2, 4, 8, 16),
+        job_seeds=False,
+    ),
     "real": Scenario(
         "real", ("--schedule", "1f1b", "--layers", "4", "--steps", "6"), (2, 4), job_seeds=False
     ),
@@ -150,9 +192,18 @@ def _busy(folder: Path) -> float:
 
 
 def predict_scenario(
-    scenario: Scenario, folders: dict[tuple[int, int], Path], seeds: int, work: Path
+    scenario: Scenario,
+    folders: dict[tuple[int, int], Path],
+    seeds: int,
+    work: Path,
+    first_job: dict[tuple[int, int], Path] | None = None,
 ) -> list[dict[str, Any]]:
-    """Ingest the ladder, predict every larger scale from the smallest, and the noise floor."""
+    """Ingest the ladder, predict every larger scale from the smallest, and the noise floor.
+
+    ``first_job`` (for another job seed): job seed 0's recordings, each compared with this job's
+    at the same dp (``between_jobs``): how far apart two jobs of one population are, the spread a
+    prediction that cannot know the unrecorded ranks' draws is up against.
+    """
     from prism_trace import EmulationConfig, Topology, compare_runs, ingest, open_store, predict_run
 
     # Every rank of every recording ran on this one host: the target is one node too (the
@@ -195,6 +246,10 @@ def predict_scenario(
             twin = names.get((dp, 1))
             if twin is not None:
                 row["noise_floor"] = _figures(compare_runs(store, twin, name).as_dict())
+            other = (first_job or {}).get((dp, 0))
+            if other is not None:
+                ingest(store, [other], run=f"{name}-job0", progress=False)
+                row["between_jobs"] = _figures(compare_runs(store, name, f"{name}-job0").as_dict())
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
@@ -258,9 +313,13 @@ def over_jobs(rows: list[dict[str, Any]]) -> str:
     """Per scenario and dp predicted from more than one job seed: the mean of the signed errors
     (a bias the model has) and of their magnitudes (what one job's luck adds)."""
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    apart: dict[tuple[str, int], list[float]] = {}
     for r in rows:
         if r.get("prediction"):
             cells.setdefault((r["scenario"], r["dp"]), []).append(r["prediction"])
+        ks = (r.get("between_jobs") or {}).get("ks_d")
+        if ks is not None:
+            apart.setdefault((r["scenario"], r["dp"]), []).append(ks)
     lines = []
     for (name, dp), preds in sorted(cells.items()):
         if len(preds) < 2:
@@ -273,17 +332,22 @@ def over_jobs(rows: list[dict[str, Any]]) -> str:
             v = sum(abs(x) if magnitude else x for x in xs) / len(xs)
             return f"{v:.3f}" if key == "ks_d" else f"{v:+.2f} %"
 
+        ks_apart = apart.get((name, dp))
         lines.append(
             f"| {name} | {dp} | {len(preds)} | {avg('mean_pct', magnitude=False)} |"
             f" {avg('mean_pct', magnitude=True)} | {avg('p90_pct', magnitude=False)} |"
             f" {avg('p90_pct', magnitude=True)} | {avg('ks_d', magnitude=False)} |"
+            f" {f'{sum(ks_apart) / len(ks_apart):.3f}' if ks_apart else 'n/a'} |"
         )
     if not lines:
         return ""
     return (
-        "\nOver the job seeds:\n\n"
+        "\nOver the job seeds (`KS D: jobs apart`: each other job's recording against job seed"
+        " 0's at the same dp, the spread between two jobs that differ only in their draws):\n\n"
         "| scenario | dp | jobs | mean: bias | mean: avg abs | p90: bias | p90: avg abs |"
-        " KS D: avg |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n"
+        " KS D: avg | KS D: jobs apart |\n|---|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(lines)
+        + "\n"
     )
 
 
@@ -309,12 +373,15 @@ def main() -> None:
             dp = tuple(int(x) for x in a.dp.split(",")) if a.dp else scenario.dp
             dp = tuple(d for d in dp if d in scenario.dp) or dp
             seeds = [int(x) for x in a.job_seeds.split(",")] if scenario.job_seeds else [0]
+            first: dict[tuple[int, int], Path] | None = None
             for job_seed in seeds:
                 folders = record(scenario, dp, a.ladder, job_seed)
                 work = Path(tmp) / f"seed{job_seed}"
                 work.mkdir(exist_ok=True)
-                for row in predict_scenario(scenario, folders, a.seeds, work):
+                other = first if job_seed else None
+                for row in predict_scenario(scenario, folders, a.seeds, work, other):
                     rows.append({**row, "job_seed": job_seed})
+                first = first or (folders if job_seed == 0 else None)
     text = table(rows) + over_jobs(rows)
     print(text)
     if not a.no_note:
