@@ -16,7 +16,7 @@ receives its input, except at the two ends of the virtual pipeline. With ``pp >=
 wrap-around between the last stage and the first is no neighbour (its offset is ``pp - 1``: no
 marker), so every marker kind a stage uses occurs ``m V`` times; with ``pp = 2`` the wrap-around
 goes to the same neighbour and each kind occurs ``m (2V - 1)`` times. A ``V`` fits when ``m`` is
-then a whole multiple of ``pp`` and the step holds at least two equal periods of ``pp`` microbatches
+then a whole multiple of ``pp`` and a period of ``pp`` microbatches is seen repeating (``_region``)
 (``batch`` tries ``V`` = 2, 3, ... on every representative at once: the first and last stages,
 whose first and last chunks differ, rule out a ``V`` that only a middle stage's equal chunks
 would allow).
@@ -72,7 +72,12 @@ def _longest_periodic(tokens: np.ndarray, lag: int) -> tuple[int, int]:
 
 def _region(tokens: np.ndarray, marker: np.ndarray, quota: int) -> Periods | None:
     """The longest region of equal periods holding ``quota`` of every marker kind the step uses
-    (candidate period lengths: the distances between a marker and the one ``quota`` later)."""
+    (candidate period lengths: the distances between a marker and the one ``quota`` later).
+
+    A period is trusted when the stretch of tokens repeating at its length covers at least one
+    and a half of it (with ``m = 3 pp``, a first stage's steady state is ``pp - 2`` pairs short
+    of two periods); the region holds the whole periods of that stretch.
+    """
     kinds = [k for k in (*FWD_MARKERS, *BWD_MARKERS) if (marker == k).any()]
     pos = np.flatnonzero(marker == kinds[0])
     if pos.size <= quota:
@@ -81,8 +86,8 @@ def _region(tokens: np.ndarray, marker: np.ndarray, quota: int) -> Periods | Non
     for lag in np.unique(pos[quota:] - pos[:-quota]).tolist():
         lo, n = _longest_periodic(tokens, lag)
         count = n // lag
-        if count < 2 or (best is not None and count <= best.count):
-            continue
+        if 2 * n < 3 * lag or (best is not None and count <= best.count):
+            continue  # less than a period and a half seen repeating: no period to trust
         window = marker[lo : lo + lag]
         if all(int((window == k).sum()) == quota for k in kinds):
             best = Periods(lo, lag, count)
@@ -123,8 +128,8 @@ def recognise_interleaved(
     run = _region(tokens, marker, per * pp)
     if run is None:
         msg = (
-            f"{m} microbatches of {chunks} chunks: no two equal periods of {pp} microbatches in"
-            " its steady state"
+            f"{m} microbatches of {chunks} chunks: no period of {pp} microbatches seen repeating"
+            " (a period and a half) in its steady state"
         )
         raise ScheduleNotRecognised(msg)
     warmup = min(2 * (pp - stage - 1) + (chunks - 1) * pp, m * chunks)

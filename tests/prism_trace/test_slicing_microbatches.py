@@ -347,7 +347,7 @@ def test_fixed_global_batch_of_interleaved_1f1b(
     ("pp", "chunks", "dp", "m", "dp_new", "said"),
     [
         (2, 2, 2, 8, 8, "8 -> 2 microbatches per rank: interleaved 1F1B on 2 pipeline stages"),
-        (4, 2, 2, 8, 1, "no two equal periods of 4 microbatches"),  # 1 period recorded
+        (4, 2, 2, 8, 1, "no period of 4 microbatches seen repeating"),  # 3/4 of a period
         # 16 -> 8: stage 0's steady state (6 pairs) holds no whole period of 8 pairs
         (4, 2, 2, 16, 4, "a period: 4 microbatches through its 2 chunks"),
     ],
@@ -840,7 +840,7 @@ def test_an_interleaved_ladder_at_a_fixed_global_batch(tmp_path: Path) -> None:
     refusals = {
         "dp2": r"^8 -> 2 microbatches per rank: interleaved 1F1B on 2 pipeline stages",
         # 4 microbatches: one period in stage 0's steady state, none to compare it with
-        "dp4": r"nor interleaved 1F1B .*\(no two equal periods of 2 microbatches",
+        "dp4": r"nor interleaved 1F1B .*\(no period of 2 microbatches seen repeating",
     }
     for run, said in refusals.items():
         with pytest.raises(SliceError, match=said) as exc:
