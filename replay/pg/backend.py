@@ -30,6 +30,8 @@ the virtual peers never hold anyone back.
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +98,21 @@ class PrismProcessGroup(dist.ProcessGroup):  # type: ignore[misc]
                 len(self._members.real_pos),
                 timeout,
             )
+            # Shut the real ranks' gloo group down while the interpreter is alive: left to the
+            # interpreter's teardown, gloo's worker threads can still hold work whose tensors
+            # need the GIL, and the process aborts ("terminate called without an active
+            # exception", exit -6) after the script is done (pytorch/pytorch#179291).
+            atexit.register(_shutdown_real, weakref.ref(self))
+
+    def shutdown(self) -> None:
+        """Shut the real ranks' gloo group down (``destroy_process_group``, or at exit)."""
+        real, self._real = self._real, None
+        if real is not None:
+            real.shutdown()
+
+    def abort(self) -> None:
+        """As ``shutdown``: the virtual peers hold nothing to abort."""
+        self.shutdown()
 
     # -- identity (torch asks for these) --
 
@@ -415,6 +432,12 @@ def _all_reduce_opts(op: Any) -> Any:
 # --------------------------------------------------------------------------------------------
 # Registration
 # --------------------------------------------------------------------------------------------
+
+
+def _shutdown_real(ref: weakref.ReferenceType[PrismProcessGroup]) -> None:
+    group = ref()
+    if group is not None:
+        group.shutdown()
 
 
 def _create(opts: Any, pg_options: Any) -> PrismProcessGroup:
