@@ -62,13 +62,21 @@ PASS_MARK = "prism::calibration_pass"
 def top_level_spans(kineto_json: Path, mark: str = PASS_MARK) -> list[list[tuple[str, int, int]]]:
     """Per ``mark`` annotation of a Kineto trace (one per calibration pass, in order), the
     ``(name, start ns, duration ns)`` of the top-level CPU ops on its thread inside it, in start
-    order (nested ops are inside their parent's span)."""
+    order (nested ops are inside their parent's span).
+
+    Only the host's annotation counts as a mark: under CUDA activity Kineto mirrors each
+    ``record_function`` on the GPU timeline (``gpu_user_annotation``, the span of the kernels it
+    launched), which would count every pass twice."""
     import orjson
 
     events = [
         e
         for e in orjson.loads(kineto_json.read_bytes()).get("traceEvents", [])
-        if e.get("ph") == "X" and (e.get("cat") == "cpu_op" or e.get("name") == mark)
+        if e.get("ph") == "X"
+        and (
+            e.get("cat") == "cpu_op"
+            or (e.get("name") == mark and not str(e.get("cat", "")).startswith("gpu_"))
+        )
     ]
     ev = pl.DataFrame(
         {
