@@ -94,6 +94,10 @@ class _Planner:
         self.live_key: dict[tuple[Any, ...], tuple[tuple[str, Any], TensorMeta]] = {}
         self.live_storage: dict[tuple[int, str], tuple[tuple[str, Any], TensorMeta]] = {}
         self.externals: list[TensorMeta] = []
+        # Views of an external that reach past every external view of its storage seen so far
+        # (a storage whose id the recording gave to a larger allocation later, e.g. gloo's pinned
+        # staging buffers on CUDA): the buffer is made big enough for them too.
+        self.reach: list[TensorMeta] = []
         self.n_slots = 0
         self.n_alias = 0
         self.slot_meta: dict[int, TensorMeta] = {}
@@ -122,6 +126,8 @@ class _Planner:
             # (an address) for a new, larger allocation, so this is not a view of that result.
             same = False
         if base is not None and same:
+            if base[0][0] == "x" and meta.extent > base[1].extent:
+                self.reach.append(meta)
             self._use(base[0], at)
             alias = self.n_alias
             self.n_alias += 1
@@ -303,13 +309,15 @@ def _plan_op(
         shp = out_shapes[j] if j < len(out_shapes) else None
         st = out_strides[j] if j < len(out_strides) else None
         ty = out_types[j] if j < len(out_types) else ""
+        if "nullptr" in str(ty):  # an undefined result (e.g. no bias gradient): no tensor
+            continue
         if is_tensor_ref(v):
             m = _meta(v, shp, st, ty)
             outputs.append((j, None, planner.result(m, at), m))
         elif isinstance(v, list) and v and all(is_tensor_ref(x) or x == _NONE for x in v):
             etypes = _elem_types(ty)
             for k, item in enumerate(v):
-                if item == _NONE:
+                if item == _NONE or "nullptr" in (etypes[k] if k < len(etypes) else etypes[-1]):
                     continue
                 m = _meta(
                     item,
@@ -366,6 +374,7 @@ def build_program(
         row = rows[u.node_id]
         if u.index not in known:
             saved = (dict(planner.live_key), dict(planner.live_storage), len(planner.externals))
+            n_reach = len(planner.reach)
             n_log, n_taken = len(planner.nested_log), len(planner.nested_taken)
             try:
                 calls[u.index] = _plan_op(u, row, planner, device)
@@ -373,6 +382,7 @@ def build_program(
                 known[u.index] = str(exc).splitlines()[0]
                 planner.live_key, planner.live_storage = saved[0], saved[1]
                 del planner.externals[saved[2] :]
+                del planner.reach[n_reach:]
                 del planner.nested_log[n_log:]
                 for storage, made_at in planner.nested_taken[n_taken:]:
                     planner.nested[storage] = made_at
@@ -389,7 +399,7 @@ def build_program(
         frees.setdefault(at, []).append(slot)
     for i, call in calls.items():
         call.frees = sorted(frees.get(i, []))
-    ext_buffer, buffers = _buffers(planner.externals)
+    ext_buffer, buffers = _buffers(planner.externals, planner.reach)
     return Program(
         units=units,
         calls=calls,
@@ -446,8 +456,11 @@ def _substitute_outputs(
     return out
 
 
-def _buffers(externals: list[TensorMeta]) -> tuple[list[int], list[tuple[str, int, str]]]:
-    """One buffer per external storage, big enough for every external view of it."""
+def _buffers(
+    externals: list[TensorMeta], reach: list[TensorMeta]
+) -> tuple[list[int], list[tuple[str, int, str]]]:
+    """One buffer per external storage, big enough for every external view of it and every
+    view made from one (``reach``)."""
     index: dict[tuple[int, str, str], int] = {}
     sizes: list[int] = []
     kinds: list[tuple[str, str]] = []
@@ -461,6 +474,9 @@ def _buffers(externals: list[TensorMeta]) -> tuple[list[int], list[tuple[str, in
             kinds.append((m.dtype, m.device))
         sizes[b] = max(sizes[b], m.extent)
         ext_buffer.append(b)
+    for m in reach:
+        b = index[(*m.storage, m.dtype)]
+        sizes[b] = max(sizes[b], m.extent)
     return ext_buffer, [(d, n, dev) for (d, dev), n in zip(kinds, sizes, strict=True)]
 
 

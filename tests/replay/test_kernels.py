@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import orjson
 import polars as pl
 import pytest
 
@@ -320,3 +321,61 @@ def test_the_bare_pass_runs_the_same_ops_without_clock_or_hooks(rank0: tuple) ->
         len(v) for v in program.nested_outputs.values()
     )
     assert logs[0] == logs[1]
+
+
+def test_an_undefined_result_is_no_tensor(rank0: tuple) -> None:
+    """CUDA's attention backward returns an undefined tensor where there is no bias gradient; the
+    ET writes it as ``Tensor(nullptr (uninitialized))`` with an empty reference. It is no result
+    (the first replay on a GPU refused the op: 'has no torch dtype here')."""
+    ops, comm = rank0
+    units, skipped = select_units(ops, comm)
+    program = build_program(units, ops, device=_cpu, skipped=skipped)
+    call = next(c for c in program.calls.values() if len({j for j, *_ in c.outputs}) >= 2)
+    victim = call.unit.node_id
+    row = ops.filter(pl.col("node_id") == victim)
+    types = orjson.loads(row["output_types"][0])
+    vals = orjson.loads(row["outputs"][0])
+    last = max(j for j, *_ in call.outputs)
+    types[last] = "Tensor(nullptr (uninitialized))"
+    vals[last] = [vals[last][0], 0, 0, 0, 0, ""]
+    bad = ops.with_columns(
+        pl.when(pl.col("node_id") == victim)
+        .then(pl.lit(orjson.dumps(types).decode()))
+        .otherwise(pl.col("output_types"))
+        .alias("output_types"),
+        pl.when(pl.col("node_id") == victim)
+        .then(pl.lit(orjson.dumps(vals).decode()))
+        .otherwise(pl.col("outputs"))
+        .alias("outputs"),
+    )
+    units, skipped = select_units(bad, comm)
+    program = build_program(units, bad, device=_cpu, skipped=skipped)
+    assert program.unsupported_ops() == []
+    rebuilt = program.calls[call.unit.index]
+    assert {j for j, *_ in rebuilt.outputs} == {j for j, *_ in call.outputs} - {last}
+
+
+def test_an_external_storage_is_made_big_enough_for_its_larger_views() -> None:
+    """gloo on CUDA stages each bucket through a pinned host buffer whose storage id (an address)
+    the recording reuses for a larger bucket later: the first view seen is smaller than a later
+    one. The buffer must hold both (the first GPU run refused the later copy_: 'setStorage: ...
+    out of bounds for storage of size 4200448')."""
+    from prism_trace.replay.kernels.rebuild import _buffers, _Planner
+    from prism_trace.replay.kernels.schema import TensorMeta
+
+    planner = _Planner()
+    aliases: list = []
+    small = TensorMeta(
+        key=(1, 77, 0, 1050112, 4, "cpu"), shape=(1050112,), strides=(1,), dtype="float32"
+    )
+    large = TensorMeta(
+        key=(2, 77, 0, 1050624, 4, "cpu"), shape=(1050624,), strides=(1,), dtype="float32"
+    )
+    assert planner.tensor(small, 0, aliases)[0] == "x"
+    assert planner.tensor(large, 1, aliases)[0] == "a"  # a view of the same buffer
+    ext_buffer, buffers = _buffers(planner.externals, planner.reach)
+    assert ext_buffer == [0]
+    assert buffers == [("float32", 1050624, "cpu")]
+    base = torch.empty(buffers[0][1])
+    view = torch.as_strided(base, large.shape, large.strides, large.offset)
+    assert view.numel() == 1050624
