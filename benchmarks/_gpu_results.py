@@ -245,6 +245,8 @@ def write_results(
 ) -> list[Path]:
     """``gpu-check_<host>_<date>.json`` (everything) and ``.md`` (the tables) in `out`."""
     stem = f"gpu-check_{env['host_kind']}_{env['date']}"
+    if env.get("steps"):  # a partial rerun: a file of its own beside the full run's
+        stem += "_" + "-".join(env["steps"])
     doc = {
         "environment": env,
         "quick": quick,
@@ -263,6 +265,8 @@ def _markdown(
 ) -> str:
     dev = env["device"]
     cmd = f"scripts/gpu-check --device {dev}" + (" --quick" if quick else "")
+    if env.get("steps"):
+        cmd += f" --steps {','.join(env['steps'])}"
     lines = [
         f"# gpu-check on {dev}: {env.get('gpu') or env['cpu']}",
         "",

@@ -64,6 +64,7 @@ from _gpu_results import (  # noqa: E402
 
 __all__ = ["Check", "Sizes", "main", "tree_hash"]
 
+STEPS = ("record", "replay", "run", "overhead")
 SOURCE_DIRS = ("prism_trace", "replay", "analysis", "datasets")
 """What the prism-trace wheel is built from (``tree_hash``)."""
 
@@ -149,6 +150,9 @@ class Check:
     def __init__(self, device: str, out: Path, *, quick: bool, python: str) -> None:
         """Lay out ``out`` (``work/`` for recordings and stores, ``logs/``)."""
         self.device, self.out, self.quick, self.py = device, out, quick, python
+        # --debug: an unexpected error leaves its traceback in logs/ (the first GPU run left only
+        # "unexpected ValueError: zip() ..." and the bug had to be found again on a lent GPU).
+        self.cli = [python, "-m", "prism_trace.cli", "--debug"]
         self.sizes = Sizes.of(device, quick=quick)
         self.work = out / "work"
         self.logs = out / "logs"
@@ -190,7 +194,7 @@ class Check:
 
     def prism(self, step: str, *args: str, timeout_s: float = 300.0) -> str:
         """``prism ARGS`` (the CLI of the interpreter running the check)."""
-        return self.sh(step, [self.py, "-m", "prism_trace.cli", *args], timeout_s=timeout_s)
+        return self.sh(step, [*self.cli, *args], timeout_s=timeout_s)
 
     def json_of(self, step: str, cmd: list[str], *, timeout_s: float = 300.0) -> Any:
         """The last JSON object a command prints on stdout (libraries print lines before it)."""
@@ -244,6 +248,11 @@ class Check:
     def record(self) -> dict[str, Any]:
         """Step 1: the 1-rank job (twice for the noise floor), and 2 ranks when they can run."""
         names = ["rec1", "rec1b"] if self.sizes.noise_floor else ["rec1"]
+        if self.device == "cuda" and self.sizes.noise_floor:
+            # A job first, unused: on the H200 the first recording of a fresh process and GPU ran
+            # 242 ms a step and the second 172 ms (CUDA context, cuBLAS heuristics, clocks), so
+            # the noise floor measured the warm-up and not the machine.
+            self._generate("warm-up", 1)
         for name in names:
             self.recordings[name] = self._generate(name, 1)
         notes = []
@@ -272,19 +281,17 @@ class Check:
         args += ["--device", self.device, "--iterations", str(s.iterations), "--warmup", "1"]
         args += ["--threads", "1", "--instrument", instrument, "--replace", "--json"]
         try:
-            rep = self.json_of("replay", [self.py, "-m", "prism_trace.cli", *args])
+            rep = self.json_of("replay", [*self.cli, *args])
         except StepError as exc:  # an op this torch cannot rebuild: the rest still measured
             if "--substitute-recorded" not in str(exc):
                 raise
             notes.append(f"{out_run}: {exc}; replayed again with --substitute-recorded")
-            cmd = [self.py, "-m", "prism_trace.cli", *args, "--substitute-recorded"]
+            cmd = [*self.cli, *args, "--substitute-recorded"]
             rep = self.json_of("replay", cmd)
         val = self.json_of(
             "replay",
             [
-                self.py,
-                "-m",
-                "prism_trace.cli",
+                *self.cli,
                 "validate",
                 str(self.db),
                 "--replayed",
@@ -355,9 +362,7 @@ class Check:
                 str(cfg_path),
             ]
             launch = ["run", "--world", "8", "--ranks", "0", "--json", "--timeout-s", "300", "--"]
-            report = self.json_of(
-                "run", [self.py, "-m", "prism_trace.cli", *launch, *entry, "--out", str(out)]
-            )
+            report = self.json_of("run", [*self.cli, *launch, *entry, "--out", str(out)])
             mine = json.loads((out / "rank0.steps.json").read_text())
             steps = [s["dur_ns"] for s in mine["steps"] if s["profiled"]]
             mean_abs, of_mean, _ = _errors(steps, rec1["rank0_steps_ns"])
@@ -443,7 +448,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer steps and passes (the test)")
     ap.add_argument("--host-kind", default=None, help="label of the results file")
     ap.add_argument("--tree-hash", action="store_true", help="print the source tree's hash, exit")
+    ap.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help=f"comma-separated steps to run, in this order: {','.join(STEPS)} (a lent GPU's"
+        " minutes are few: rerun only what a fix touched; replay and run need record)",
+    )
     a = ap.parse_args(argv)
+    chosen = [x.strip() for x in a.steps.split(",") if x.strip()]
+    if not chosen or not set(chosen) <= set(STEPS):
+        ap.error(f"--steps: choose from {','.join(STEPS)}, not {a.steps!r}")
     if a.tree_hash:
         print(tree_hash())
         return 0
@@ -455,16 +469,14 @@ def main(argv: list[str] | None = None) -> int:
             "gpu-check: --device cuda: no CUDA device is available to this torch", file=sys.stderr
         )
         return 1
-    for name, fn in (
-        ("record", check.record),
-        ("replay", check.replay),
-        ("run", check.run),
-        ("overhead", check.overhead),
-    ):
-        check.run_step(name, fn)
+    for name in STEPS:
+        if name in chosen:
+            check.run_step(name, getattr(check, name))
     env["load_average_after"] = os.getloadavg()
     env["seconds"] = round(time.perf_counter() - t0, 1)
     env["sizes"] = asdict(check.sizes)
+    if tuple(chosen) != STEPS:
+        env["steps"] = [x for x in STEPS if x in chosen]
     goals: list[Target] = targets(check.steps, a.device)
     paths = write_results(check.out, env, check.steps, goals, quick=a.quick)
     print(f"gpu-check: wrote {', '.join(str(p) for p in paths)} in {env['seconds']} s")

@@ -266,7 +266,9 @@ class _Driver:
         """Every pass starts from the same data (no drift)."""
         if self.pristine is not None:
             for buf, saved in zip(self.buffers, self.pristine, strict=True):
-                buf.copy_(saved)
+                buf.copy_(saved)  # from host memory onto the device: wait for it to land
+            if self.sync is not None:
+                self.sync()
 
     def run_bare(self, fn: Any, externals: list[Any]) -> int:
         """Wall time of one pass of the bare function (``render(timed=False)``): the same
