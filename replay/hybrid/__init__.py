@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from prism_trace.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
+    from prism_trace.replay.hybrid.blas import BLAS_OPS, blas_threads, hold_blas_workspaces
     from prism_trace.replay.hybrid.call_overhead import (
         PASS_MARK,
         CallOverhead,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from prism_trace.replay.hybrid.write import write_replayed_header
 
 _EXPORTS = {
+    "BLAS_OPS": "blas",
     "CallOverhead": "call_overhead",
     "KernelReplayOptions": "options",
     "MAX_PASSES": "options",
@@ -46,13 +48,16 @@ _EXPORTS = {
     "ReplayOptionsError": "options",
     "ReplayReport": "options",
     "agree": "real_comm",
+    "blas_threads": "blas",
     "expected_events": "call_overhead",
+    "hold_blas_workspaces": "blas",
     "replay_run": "replay",
     "specs_for_rank": "real_comm",
     "top_level_spans": "call_overhead",
     "write_replayed_header": "write",
 }
 __all__ = [
+    "BLAS_OPS",
     "MAX_PASSES",
     "MAX_THREADS",
     "PASS_MARK",
@@ -65,7 +70,9 @@ __all__ = [
     "ReplayOptionsError",
     "ReplayReport",
     "agree",
+    "blas_threads",
     "expected_events",
+    "hold_blas_workspaces",
     "replay_run",
     "specs_for_rank",
     "top_level_spans",

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         ArgSpec,
         TensorMeta,
         contiguous_strides,
+        dtype_of_type,
         is_tensor_ref,
         parse_schema,
     )
@@ -36,6 +37,7 @@ _EXPORTS = {
     "check_program": "codegen",
     "compile_pass": "codegen",
     "contiguous_strides": "schema",
+    "dtype_of_type": "schema",
     "external_buffers": "rebuild",
     "is_tensor_ref": "schema",
     "make_externals": "rebuild",
@@ -56,6 +58,7 @@ __all__ = [
     "check_program",
     "compile_pass",
     "contiguous_strides",
+    "dtype_of_type",
     "external_buffers",
     "is_tensor_ref",
     "make_externals",

@@ -13,6 +13,7 @@ __all__ = [
     "ArgSpec",
     "TensorMeta",
     "contiguous_strides",
+    "dtype_of_type",
     "is_tensor_ref",
     "parse_schema",
 ]
@@ -238,14 +239,15 @@ def _elem_types(t: str) -> list[str]:
     return [t]
 
 
-def _dtype_of(type_text: str) -> str | None:
+def dtype_of_type(type_text: str) -> str | None:
+    """The torch dtype name of an ET tensor type (``Tensor(float)`` → ``float32``), or None."""
     m = _TENSOR_TYPE.match(type_text)
     return _TYPE_DTYPES.get(m.group(1)) if m else None
 
 
 def _meta(ref: list[Any], shape: Any, strides: Any, type_text: str) -> TensorMeta:
     key = tuple(ref) if len(ref) == 6 else (*ref, "cpu")
-    dtype = _dtype_of(type_text)
+    dtype = dtype_of_type(type_text)
     if dtype is None:
         msg = f"tensor type {type_text!r} has no torch dtype here"
         raise _Unsupported(msg)

@@ -1,0 +1,138 @@
+"""The cuBLAS workspaces a recording held, held again by its replay on a GPU.
+
+PyTorch gives each host thread its own cuBLAS handle, and each (handle, stream) pair a
+workspace allocated through the caching allocator (32 MiB on Hopper), kept until the process
+ends. A training step runs its forward pass on the main thread and its backward pass on the
+autograd engine's device thread, so a recording holds two workspaces from the first step on; the
+replay runs every op on one thread and would hold one. On the first GPU run (an H200,
+benchmarks/results/gpu-check_h200-*_record-replay.md) the replay's peak was 33554432 B (exactly
+one workspace) below the recording's.
+
+So before its passes the replay runs, for every other recorded thread that ran GEMMs, the same
+GEMM ops once on a thread of its own, all of them alive together so that each takes a handle of
+its own. The workspaces outlive the threads (PyTorch keeps them per handle), as the recording's
+did. Which ops count is a list (cuBLAS's GEMM family as ATen names them); an op that reaches
+cuBLAS under another name is not seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+import polars as pl
+from prism_trace.replay.kernels.schema import dtype_of_type
+
+__all__ = ["BLAS_OPS", "blas_threads", "hold_blas_workspaces"]
+
+BLAS_OPS = frozenset(
+    {
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::addbmm",
+        "aten::_addmm_activation",
+        "aten::mv",
+        "aten::addmv",
+    }
+)
+"""ATen ops that call cuBLAS / cuBLASLt for a floating-point GEMM (or GEMV) on CUDA."""
+
+
+def blas_threads(ops: pl.DataFrame) -> list[list[tuple[str, str]]]:
+    """Per recorded host thread that ran a GEMM on a GPU, its distinct ``(op, dtype)``: the
+    busiest thread (the one the replay's own thread stands for) first.
+
+    Args:
+        ops: one rank's ``et_op`` rows (``name``, ``tid``, ``inputs``, ``input_types``).
+    """
+    if ops.is_empty() or "tid" not in ops.columns:
+        return []
+    gemm = ops.filter(
+        pl.col("name").is_in(list(BLAS_OPS))
+        & pl.col("inputs").cast(pl.String).str.contains('"cuda')
+        & pl.col("tid").is_not_null()
+    )
+    if gemm.is_empty():
+        return []
+    first_type = pl.col("input_types").cast(pl.String).str.extract(r'^\["([^"]*)"', 1)
+    kinds = (
+        gemm.select("tid", "name", first_type.alias("type"))
+        .unique()
+        .sort("tid", "name", "type")
+        .to_dicts()
+    )
+    busy = ops.group_by("tid").len().filter(pl.col("tid").is_not_null())
+    order = busy.sort(["len", "tid"], descending=[True, False])["tid"].to_list()
+    per: dict[int, list[tuple[str, str]]] = {}
+    for k in kinds:
+        dtype = dtype_of_type(k["type"] or "") or "float32"
+        per.setdefault(int(k["tid"]), []).append((k["name"], dtype))
+    return [per[t] for t in order if t in per]
+
+
+def _run_gemms(kinds: list[tuple[str, str]], device: Any) -> None:
+    import torch
+
+    for name, dtype_name in kinds:
+        dt = getattr(torch, dtype_name)
+        m = torch.ones(2, 2, dtype=dt, device=device)
+        b = torch.ones(1, 2, 2, dtype=dt, device=device)
+        v = torch.ones(2, dtype=dt, device=device)
+        op = name.removeprefix("aten::")
+        if op in ("mm",):
+            torch.mm(m, m)
+        elif op in ("addmm", "_addmm_activation"):
+            torch.addmm(m, m, m)
+        elif op == "bmm":
+            torch.bmm(b, b)
+        elif op in ("baddbmm",):
+            torch.baddbmm(b, b, b)
+        elif op == "addbmm":
+            torch.addbmm(m, b, b)
+        elif op == "mv":
+            torch.mv(m, v)
+        elif op == "addmv":
+            torch.addmv(v, m, v)
+    torch.cuda.synchronize(device)
+
+
+def hold_blas_workspaces(threads: list[list[tuple[str, str]]], device: Any) -> int:
+    """Run each recorded thread's GEMMs once: the first on this thread, the others on helper
+    threads alive together; returns how many threads ran them.
+
+    Args:
+        threads: from ``blas_threads``.
+        device: the CUDA ``torch.device`` the replay runs on.
+    """
+    if not threads:
+        return 0
+    _run_gemms(threads[0], device)  # this thread's handle first: no helper's is left to it
+    others = threads[1:]
+    if not others:
+        return 1
+    import torch
+
+    all_ran = threading.Barrier(len(others))
+    errors: list[BaseException] = []
+
+    def helper(kinds: list[tuple[str, str]]) -> None:
+        try:
+            torch.cuda.set_device(device)
+            _run_gemms(kinds, device)
+        except BaseException as exc:  # reported on the replay's thread
+            errors.append(exc)
+        finally:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                all_ran.wait(timeout=60)
+
+    workers = [threading.Thread(target=helper, args=(k,), daemon=True) for k in others]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise errors[0]
+    return len(threads)
