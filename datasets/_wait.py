@@ -159,7 +159,8 @@ class WaitStage:
         """DP gradient buckets, the optimizer step, ZeRO-1's all-gathers; no loss in wait mode."""
         cfg, n = self.cfg, self.cfg.dp
         grads = torch.zeros(0)
-        if n > 1:
+        sync = n > 1 or cfg.dp_sync_always  # one member: a dp=1 recording of every rank's work
+        if sync:
             for b in self.buckets:
                 if cfg.zero:
                     flat = torch.zeros(b.padded)
@@ -172,7 +173,7 @@ class WaitStage:
             step=step, numel=self.updated_numel, block_numel=self.layer_numel
         )
         wait_op("optimizer_step", grads, [0], secs, -1)
-        if cfg.zero and n > 1:
+        if cfg.zero and sync:
             for b in self.buckets:
                 self.comm.all_gather(torch.zeros(b.chunk), self.dp)
         return None

@@ -35,6 +35,8 @@ class SliceReport:
     """``global_batch``, and with it the recorded and target microbatches and the schedule."""
     member_runs: int = 0
     """Runs of per-member ops (``members``) repeated or dropped to their group's target size."""
+    dp_from_one_member: bool = False
+    """The target's data-parallel calls grow from a dp=1 recording's one-member group."""
 
     @property
     def mapping(self) -> dict[int, str]:
@@ -46,13 +48,22 @@ class SliceReport:
 
     @property
     def notes(self) -> list[str]:
-        """Classes whose representative is a symmetric TP/CP peer, one line each."""
-        return [
+        """Classes whose representative is a symmetric TP/CP peer, one line each; a dp grown
+        from one-member groups, and what that leaves to the models."""
+        notes = [
             f"rank {c.representative} stands in for tp={c.tp}, cp={c.cp} (pp={c.pp}, ep={c.ep}):"
             " no recorded rank has that coordinate; its TP/CP peers run the same program"
             for c in self.classes
             if c.symmetric
         ]
+        if self.dp_from_one_member:
+            notes.append(
+                f"dp={self.layout.dp} grows from the recording's one-member data-parallel calls:"
+                " their transfer at the target is the network model's alone (nothing to scale),"
+                " and every replica runs the recorded one's times (no other replica's speed was"
+                " recorded)"
+            )
+        return notes
 
     def summary(self) -> str:
         """The mapping report as text: which recorded rank stands for which target ranks."""

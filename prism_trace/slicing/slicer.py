@@ -18,7 +18,7 @@ from prism_trace.graph.build import build_graph
 from prism_trace.layout.assign import write_axes
 from prism_trace.layout.choice import infer_layout
 from prism_trace.layout.mesh import EMBD, WORLD, ParallelAxis, ParallelLayout, parse_axes
-from prism_trace.layout.roles import group_axis
+from prism_trace.layout.roles import described_axis, group_axis
 from prism_trace.limits import MAX_RANKS
 from prism_trace.slicing.batch import plan_batch
 from prism_trace.slicing.members import rewrite_member_ops
@@ -123,7 +123,7 @@ def slice_run(
             dtype=np.int64,
         )
         classes = plan_classes(recorded, layout, recorded_ranks, from_ranks)
-        _check_dp_recorded(con, rec_id, recorded, layout)
+        dp_from_one = _check_dp_recorded(con, rec_id, recorded, layout)
 
         built = not count_rows(con, "graph_node", rec_id)
         if built:
@@ -221,19 +221,29 @@ def slice_run(
         elapsed_s=time.perf_counter() - t0,
         microbatches=batch.as_config(),
         member_runs=member_runs,
+        dp_from_one_member=dp_from_one,
     )
 
 
 def _check_dp_recorded(
     con: duckdb.DuckDBPyConnection, rec_id: int, recorded: ParallelLayout, target: ParallelLayout
-) -> None:
+) -> bool:
     """Refuse a new dp when the recording holds no data-parallel communication to scale.
 
     A dp=1 recording (or one whose calls all stay inside a replica) says nothing about the
     gradient reductions of a larger dp: building them from another axis's groups would be wrong.
+    A dp=1 recording whose calls run on a one-member data-parallel group does hold them: a group
+    its description names data-parallel (Megatron's and torchtitan's, the generator's
+    ``--dp-sync-always``), or the default group of a one-rank job (DDP at world size 1). Those
+    calls are the gradient reductions of every dp; their transfer at the target comes from the
+    network model alone (a one-member call has none to scale), and the other replicas' speeds
+    from nothing recorded.
+
+    Returns:
+        Whether the target's data-parallel calls grow from one-member groups (a report note).
     """
     if target.dp == recorded.dp:
-        return
+        return False
     rows = con.execute(
         "SELECT g.name, g.description, g.ranks FROM comm_group g WHERE g.run_id = ?"
         " AND g.ranks IS NOT NULL AND (EXISTS (SELECT 1 FROM collective c"
@@ -242,7 +252,7 @@ def _check_dp_recorded(
         " FROM graph_node n WHERE n.run_id = g.run_id AND n.group_id = g.group_id))",
         [rec_id],
     ).fetchall()
-    spans_dp = False
+    spans_dp = one_member = False
     for name, desc, ranks in rows:
         try:
             value = group_axis(recorded, ranks, desc, name=name)
@@ -250,16 +260,28 @@ def _check_dp_recorded(
             continue
         if value == WORLD or (value != EMBD and ParallelAxis.DP in parse_axes(value)):
             spans_dp = spans_dp or recorded.dp > 1
+            if recorded.dp == 1 and _one_member_dp(recorded, value, desc):
+                spans_dp = one_member = True
     if not spans_dp:
         need = (
             "its data-parallel calls must be matched across the replicas (see `prism graph`:"
             " calls left unmatched run alone)"
             if recorded.dp > 1
-            else "record at least two data-parallel replicas (or declare the recorded layout"
-            " with `prism graph --layout`)"
+            else "record at least two data-parallel replicas, or one whose gradient reductions"
+            " run on a one-member group described as data-parallel (or declare the recorded"
+            " layout with `prism graph --layout`)"
         )
         msg = (
             f"axis `dp`: the recording (layout {recorded.spec}) has no matched data-parallel"
             f" communication, so dp={target.dp} cannot be built from it; {need}"
         )
         raise SliceError(msg)
+    return one_member
+
+
+def _one_member_dp(recorded: ParallelLayout, value: str, description: str | None) -> bool:
+    """A dp=1 recording's group that is its data-parallel group: named so, or the world of one."""
+    described = described_axis(description)
+    if described is not None and described not in (WORLD, EMBD):
+        return ParallelAxis.DP in parse_axes(described)
+    return value == WORLD and recorded.world_size == 1

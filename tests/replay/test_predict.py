@@ -310,3 +310,54 @@ def test_peak_errors_count_the_ranks_within_the_bound() -> None:
     )
     assert (e["peak_ranks"], e["peak_ranks_within_target"]) == (3, 2)
     assert e["peak_max_abs_error_pct"] == 0.6
+
+
+# --- from one replica: a dp=1 recording whose gradients go through a one-member group --------
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_a_one_replica_recording_predicts_the_structure_and_memory_of_dp4(
+    tmp_path: Path,
+) -> None:
+    """A single-GPU trace of a DP job (DDP at world size 1, Megatron's dp=1 group; here the
+    generator's `--dp-sync-always`): its one-member all-reduces are every dp's gradient
+    reductions, so dp 4 is built from it, op for op, and each rank's peak is the recording's.
+    Step time is not claimed: the all-reduce's transfer at 4 members comes from the network
+    model alone (nothing recorded to scale), and the slice says so."""
+    pytest.importorskip("torch")
+    from tests.conftest import ingest_runs
+
+    subprocess.run(
+        [
+            sys.executable,
+            *("-m", "prism_trace.datasets.ladder", "--out", str(tmp_path / "rec")),
+            *("--dp", "1,4", "--pp", "1", "--compute", "wait", "--steps", "2"),
+            *("--wait-ms-per-layer", "1", "--no-et", "--dp-sync-always"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    runs = {f"dp{d}": [tmp_path / "rec" / f"tp1-dp{d}-pp1-gpipe-wait-mb4-s2"] for d in (1, 4)}
+    db = tmp_path / "one.duckdb"
+    ingest_runs(db, runs).close()  # type: ignore[attr-defined]
+    with open_store(db) as store:
+        p = predict_run(store, run="dp1", against="dp4", compare=compare_runs, out_run="kept")
+        st = p.comparison.structure
+        assert p.layout == "tp=1,cp=1,ep=1,dp=4,pp=1"
+        assert st.differences == {"collectives": 0, "p2p": 0, "ops": 0, "classes": 0}, st.as_dict()
+        assert all(k.counts["collectives"][0] > 0 for k in st.classes)
+        assert all(r.peak_error_pct is not None for r in p.comparison.ranks)
+        # What each rank allocates in a step is the recording's, byte for byte (its peak also
+        # depends on when gloo's worker thread frees a bucket, which a loaded host moves).
+        per_step = (
+            "SELECT iteration, sum(bytes) FILTER (WHERE bytes > 0) FROM memory"
+            " WHERE run_id = ? AND rank = ? AND iteration IS NOT NULL GROUP BY ALL ORDER BY ALL"
+        )
+        kept = store.con.execute(per_step, [store.require_run("kept"), 0]).fetchall()
+        assert kept
+        for rank in range(4):
+            assert store.con.execute(per_step, [store.require_run("dp4"), rank]).fetchall() == kept
+    res = _cli("slice", db, "--run", "dp1", "--world", "4", "--layout", "dp=4", "--out-run", "s4")
+    assert res.exit_code == 0, res.output
+    assert "dp=4 grows from the recording's one-member data-parallel calls" in res.output
