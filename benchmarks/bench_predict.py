@@ -137,6 +137,15 @@ SCENARIOS = {
         (2, 4, 8, 16),
         job_seeds=False,
     ),
+    # One replica recorded (dp 1: its gradient all-reduce over a one-member group), the 16-wide
+    # model: structure and memory from a single-GPU trace; its step time meets neither the
+    # other replicas' draws (slowest of N) nor a transfer to scale (the network model's alone).
+    "one-replica": Scenario(
+        "one-replica",
+        (*WAIT, "--microbatches", "4", "--hidden", "16", "--dp-sync-always"),
+        (1, 4, 8, 16),
+        job_seeds=False,
+    ),
     "real": Scenario(
         "real", ("--schedule", "1f1b", "--layers", "4", "--steps", "6"), (2, 4), job_seeds=False
     ),
@@ -364,6 +373,12 @@ def main() -> None:
         " factors and noise), so that a bias of the model shows apart from one job's luck",
     )
     ap.add_argument("--no-note", action="store_true", help="do not write benchmarks/results")
+    ap.add_argument(
+        "--note-tag",
+        default="",
+        help="results file predict-TAG_<host>_<date>.md (a run of some scenarios beside the"
+        " day's full one)",
+    )
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -388,6 +403,7 @@ def main() -> None:
         command = (
             f"python benchmarks/bench_predict.py --scenarios {a.scenarios} --seeds {a.seeds}"
             + (f" --job-seeds {a.job_seeds}" if a.job_seeds != "0" else "")
+            + (f" --note-tag {a.note_tag}" if a.note_tag else "")
         )
         body = (
             "Predicted from the smallest dp of each ladder (`prism predict`, variance `replica`"
@@ -398,7 +414,7 @@ def main() -> None:
             f"{text}\n{time.perf_counter() - t0:.0f} s in all."
         )
         note = write_note(
-            "predict",
+            f"predict-{a.note_tag}" if a.note_tag else "predict",
             host_kind(),
             title="Prediction against recordings at the target scale",
             command=command,

@@ -114,20 +114,26 @@ def test_a_replayed_run_is_compared_on_what_it_holds(sample_db: Path) -> None:
 def ladder_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A dp-2 and a dp-4 recording of one wait-mode job (pp 2), as runs `dp2` and `dp4`."""
     pytest.importorskip("torch")
+    return _record_ladder(tmp_path_factory.mktemp("ladder"), dp=(2, 4), pp=2)
+
+
+def _record_ladder(
+    root: Path, *, dp: tuple[int, ...], pp: int, extra: tuple[str, ...] = ()
+) -> Path:
+    """A tiny wait-mode ladder recorded into ``root`` and ingested as runs ``dp<N>``."""
     from tests.conftest import ingest_runs
 
-    root = tmp_path_factory.mktemp("ladder")
     subprocess.run(
         [
             sys.executable,
             *("-m", "prism_trace.datasets.ladder", "--out", str(root / "rec")),
-            *("--dp", "2,4", "--pp", "2", "--compute", "wait", "--steps", "2"),
-            *("--wait-ms-per-layer", "1", "--no-et"),
+            *("--dp", ",".join(map(str, dp)), "--pp", str(pp), "--compute", "wait"),
+            *("--steps", "2", "--wait-ms-per-layer", "1", "--no-et", *extra),
         ],
         check=True,
         capture_output=True,
     )
-    runs = {f"dp{d}": [root / "rec" / f"tp1-dp{d}-pp2-gpipe-wait-mb4-s2"] for d in (2, 4)}
+    runs = {f"dp{d}": [root / "rec" / f"tp1-dp{d}-pp{pp}-gpipe-wait-mb4-s2"] for d in dp}
     db = root / "ladder.duckdb"
     ingest_runs(db, runs).close()  # type: ignore[attr-defined]
     return db
@@ -326,21 +332,7 @@ def test_a_one_replica_recording_predicts_the_structure_and_memory_of_dp4(
     Step time is not claimed: the all-reduce's transfer at 4 members comes from the network
     model alone (nothing recorded to scale), and the slice says so."""
     pytest.importorskip("torch")
-    from tests.conftest import ingest_runs
-
-    subprocess.run(
-        [
-            sys.executable,
-            *("-m", "prism_trace.datasets.ladder", "--out", str(tmp_path / "rec")),
-            *("--dp", "1,4", "--pp", "1", "--compute", "wait", "--steps", "2"),
-            *("--wait-ms-per-layer", "1", "--no-et", "--dp-sync-always"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    runs = {f"dp{d}": [tmp_path / "rec" / f"tp1-dp{d}-pp1-gpipe-wait-mb4-s2"] for d in (1, 4)}
-    db = tmp_path / "one.duckdb"
-    ingest_runs(db, runs).close()  # type: ignore[attr-defined]
+    db = _record_ladder(tmp_path, dp=(1, 4), pp=1, extra=("--dp-sync-always",))
     with open_store(db) as store:
         p = predict_run(store, run="dp1", against="dp4", compare=compare_runs, out_run="kept")
         st = p.comparison.structure
