@@ -146,6 +146,16 @@ SCENARIOS = {
         (1, 4, 8, 16),
         job_seeds=False,
     ),
+    # Interleaved 1F1B with the real model (2 chunks a stage, one layer a virtual stage).
+    "interleaved-real": Scenario(
+        "interleaved-real",
+        (
+            *("--schedule", "interleaved", "--chunks", "2", "--layers", "4"),
+            *("--microbatches", "4", "--steps", "6"),
+        ),
+        (2, 4),
+        job_seeds=False,
+    ),
     "real": Scenario(
         "real", ("--schedule", "1f1b", "--layers", "4", "--steps", "6"), (2, 4), job_seeds=False
     ),

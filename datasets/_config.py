@@ -115,7 +115,7 @@ class JobConfig:
 
     def _check_interleaved(self) -> None:
         """Interleaved 1F1B as Megatron runs it: at least 2 stages and 2 chunks, micro-batches a
-        multiple of the stages, a layer for every virtual stage; wait mode only, for now."""
+        multiple of the stages, a layer for every virtual stage."""
         if self.pp < 2 or self.chunks < 2:
             msg = (
                 "interleaved 1F1B needs pp >= 2 and --chunks >= 2,"
@@ -130,12 +130,6 @@ class JobConfig:
             raise ValueError(msg)
         if self.model.layers < self.pp * self.chunks:
             msg = f"{self.model.layers} layers cannot fill {self.pp * self.chunks} virtual stages"
-            raise ValueError(msg)
-        if self.compute != "wait":
-            msg = (
-                "interleaved 1F1B runs with --compute wait only"
-                " (the real model has one chunk a stage)"
-            )
             raise ValueError(msg)
 
     @property

@@ -45,7 +45,15 @@ class RealStage:
         self.device = device
         _, dp_rank, pp_rank = cfg.layout.coords(rank)
         self.dp_rank = dp_rank
-        self.stage = Stage(cfg.model, stage=pp_rank, stages=cfg.pp, tp=tp)
+        # Model chunk c of this stage is virtual stage c * pp + pp_rank of pp * chunks (Megatron's
+        # interleaved layout); with one chunk, the stage itself.
+        virtual = cfg.pp * cfg.chunks
+        self.chunk_models = [
+            Stage(cfg.model, stage=c * cfg.pp + pp_rank, stages=virtual, tp=tp)
+            for c in range(cfg.chunks)
+        ]
+        self.stage = torch.nn.ModuleList(self.chunk_models)
+        self.last_stage = self.chunk_models[-1].last
         if device is not None:
             self.stage.to(device)
         self.optimizer: torch.optim.Optimizer | ZeroOptimizer
@@ -58,10 +66,11 @@ class RealStage:
         else:
             self.optimizer = torch.optim.SGD(self.stage.parameters(), lr=cfg.lr)
         self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._by_mb: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._by_mb: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._losses: list[float] = []
-        self._tokens: torch.Tensor | None = None
-        self._targets: torch.Tensor | None = None
+        # Per micro-batch (tokens, targets): drawn when its first action comes, read by the first
+        # and the last virtual stage (interleaved: other micro-batches run in between).
+        self._batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def state_bytes(self) -> dict[str, int]:
         """Bytes of the parameters and of the optimizer state once it exists (after a step)."""
@@ -88,52 +97,52 @@ class RealStage:
 
     def prepare(self, step: int, mb: int) -> None:
         """Draw the micro-batch's tokens (every stage does, before receiving anything)."""
-        self._tokens, self._targets = self._batch(step, mb)
+        if self.cfg.chunks == 1:  # one micro-batch in flight per forward: the last one's go
+            self._batches.clear()
+        self._batches[mb] = self._batch(step, mb)
 
     def forward(
         self, step: int, mb: int, x: torch.Tensor | None, *, chunk: int = 0
     ) -> torch.Tensor | None:
-        """The stage's forward of `mb`; the loss (kept for backward) on the last stage. One model
-        chunk a stage (``JobConfig.check`` refuses interleaved 1F1B in real mode)."""
-        assert chunk == 0, chunk
+        """The forward of `mb` through model chunk `chunk`; the loss (kept for backward) on the
+        last virtual stage."""
         cfg, m = self.cfg, self.cfg.model
-        if self.stage.first:
-            assert self._tokens is not None
-            x = self._tokens
+        model = self.chunk_models[chunk]
+        tokens, targets = self._batches[mb]
+        if model.first:
+            x = tokens
         else:
             assert x is not None
             x.requires_grad_()
-        y = self.stage(x)
+        y = model(x)
         if cfg.has_straggler:
-            secs = cfg.straggler_s / cfg.microbatches if cfg.is_straggler(self.rank) else 0.0
+            per = cfg.microbatches * cfg.chunks
+            secs = cfg.straggler_s / per if cfg.is_straggler(self.rank) else 0.0
             straggle(y.detach(), secs, cfg.straggler_spin)
         out: torch.Tensor | None = None
-        if self.stage.last:
-            assert self._targets is not None
-            y = (
-                F.cross_entropy(y.reshape(-1, m.vocab), self._targets.reshape(-1))
-                / cfg.microbatches
-            )
+        if model.last:
+            y = F.cross_entropy(y.reshape(-1, m.vocab), targets.reshape(-1)) / cfg.microbatches
             self._losses.append(y.item())
         else:
             out = y.detach()
         # Kept until the step ends, as the GPipe loop always kept its lists (the graph's saved
         # tensors go at each backward).
         self._saved.append((x, y))
-        self._by_mb[mb] = (x, y)
+        self._by_mb[mb, chunk] = (x, y)
         return out
 
     def backward(
         self, step: int, mb: int, dy: torch.Tensor | None, *, chunk: int = 0
     ) -> torch.Tensor | None:
-        """The stage's backward of `mb`; the input gradient to send (None on the first stage)."""
-        assert chunk == 0, chunk
-        x, y = self._by_mb.pop(mb)
-        if self.stage.last:
+        """The backward of `mb` through model chunk `chunk`; the input gradient to send (None on
+        the first virtual stage)."""
+        model = self.chunk_models[chunk]
+        x, y = self._by_mb.pop((mb, chunk))
+        if model.last:
             y.backward()
         else:
             torch.autograd.backward(y, dy)
-        if self.stage.first:
+        if model.first:
             return None
         assert x.grad is not None
         return x.grad
@@ -146,9 +155,9 @@ class RealStage:
             self._sync_grads()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = sum(self._losses) if self.stage.last else None
+        loss = sum(self._losses) if self.last_stage else None
         self._saved, self._losses = [], []
-        self._tokens = self._targets = None
+        self._batches.clear()
         return loss
 
     def _sync_grads(self) -> None:

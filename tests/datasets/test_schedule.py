@@ -300,7 +300,6 @@ def test_interleaved_jobs_megatron_cannot_run_are_refused() -> None:
         check(microbatches=3)
     with pytest.raises(ValueError, match="--chunks >= 2"):
         check(chunks=1)
-    with pytest.raises(ValueError, match="--compute wait only"):
-        check(compute="real")
+    check(compute="real")  # the real model splits into the same virtual stages
     with pytest.raises(ValueError, match="needs --schedule interleaved"):
         JobConfig(schedule="1f1b", chunks=2, tp=1).check()
