@@ -167,6 +167,19 @@ def targets(steps: dict[str, dict[str, Any]], device: str) -> list[Target]:
             ),
         )
     )
+    zero = steps.get("run_zero", {})
+    if zero:
+        err = zero.get("error_pct")
+        out.append(
+            Target(
+                f"prism run peak memory, ZeRO-1 at world 2 vs its recording's rank 0"
+                f" ({zero.get('memory_key', '?')})",
+                err,
+                "within 0.01 %",
+                _within(err, 0.01),
+                f"{zero.get('prism_run')} B under prism run; recorded {zero.get('recorded')} B",
+            )
+        )
     return out
 
 

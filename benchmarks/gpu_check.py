@@ -64,7 +64,7 @@ from _gpu_results import (  # noqa: E402
 
 __all__ = ["Check", "Sizes", "main", "tree_hash"]
 
-STEPS = ("record", "replay", "run", "overhead")
+STEPS = ("record", "replay", "run", "run_zero", "overhead")
 SOURCE_DIRS = ("prism_trace", "replay", "analysis", "datasets")
 """What the prism-trace wheel is built from (``tree_hash``)."""
 
@@ -221,15 +221,17 @@ class Check:
             f"gpu-check: {name} {status} in {secs} s" + (f": {error}" if error else ""), flush=True
         )
 
-    def _generate(self, name: str, dp: int) -> dict[str, Any]:
+    def _generate(
+        self, name: str, dp: int, *, extra: tuple[str, ...] = (), step: str = "record"
+    ) -> dict[str, Any]:
         s, d = self.sizes, self.work / name
         cmd = [self.py, "-m", "prism_trace.datasets.generate", "--dp", str(dp), "--tp", "1"]
-        cmd += ["--pp", "1", "--device", self.device, "--out", str(d)]
+        cmd += ["--pp", "1", "--device", self.device, "--out", str(d), *extra]
         if dp == 1:  # the gradient all-reduce too (one member): the work of a DP job's rank
             cmd.append("--dp-sync-always")
         for k in ("steps", "microbatches", "microbatch_size", "hidden", "seq", "layers", "heads"):
             cmd += [f"--{k.replace('_', '-')}", str(getattr(s, k))]
-        self.sh("record", cmd)
+        self.sh(step, cmd)
         run = json.loads((d / "run.json").read_text())
         r0 = run["ranks"][0]
         steps = [st["dur_ns"] for st in r0["steps"] if st["profiled"]]
@@ -408,8 +410,33 @@ class Check:
             figures["noise_floor_mean_abs_pct"] = floor[0]
         return figures
 
+    def run_zero(self) -> dict[str, Any]:
+        """Step 4: ZeRO-1 (Adam's state sharded over dp 2, 2 ranks on one device through gloo):
+        rank 0 under ``prism run --world 2`` against rank 0 of the recording; its optimizer
+        shards and reduce-scatter outputs are the target's, so the peaks should be equal."""
+        zero = ("--zero", "1", "--optimizer", "adam")
+        rec = self._generate("rec2z", 2, extra=zero, step="run-zero")
+        cfg_path = self.work / "zero-dp2.json"
+        cfg_path.write_text(json.dumps({"config": rec["config"]}))
+        out = self.work / "run-zero"
+        entry = [self.py, str(HERE / "bench_run_accuracy.py"), "rank", "--config", str(cfg_path)]
+        launch = ["run", "--world", "2", "--ranks", "0", "--json", "--timeout-s", "300", "--"]
+        self.json_of("run-zero", [*self.cli, *launch, *entry, "--out", str(out)])
+        mine = json.loads((out / "rank0.steps.json").read_text())
+        key = "cuda_max_allocated_bytes" if self.device == "cuda" else "peak_allocated_bytes"
+        recorded, run_peak = rec[f"rank0_{key}"], mine.get(key)
+        err = None
+        if recorded and run_peak is not None:
+            err = 100.0 * (run_peak - recorded) / recorded
+        return {
+            "memory_key": key,
+            "recorded": recorded,
+            "prism_run": run_peak,
+            "error_pct": err,
+        }
+
     def overhead(self) -> dict[str, Any]:
-        """Step 4: replay overhead on kernels of about 10 µs and about 1 ms."""
+        """Step 5: replay overhead on kernels of about 10 µs and about 1 ms."""
         db = self.work / "kernels.duckdb"
         sets = []
         for target_us, ops in zip((10.0, 1000.0), self.sizes.kernel_ops, strict=True):

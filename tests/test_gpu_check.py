@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from gpu_check import tree_hash  # noqa: E402
 from prism_trace.datasets._config import LATER_FIELDS, JobConfig  # noqa: E402
 
-STEPS = ("record", "replay", "run", "overhead")
+STEPS = ("record", "replay", "run", "run_zero", "overhead")
 
 
 @pytest.mark.slow
@@ -51,6 +51,24 @@ def test_every_step_runs_on_cpu(tmp_path: Path) -> None:
     assert run["repeats"][0]["unscheduled_calls"] > 0  # the dp all-reduces met the fake group
     assert run["memory_run"][0] > 0
     assert [s["record"]["ops"] for s in doc["steps"]["overhead"]["sets"]] == [50, 4]
+    zero = doc["steps"]["run_zero"]
+    assert zero["recorded"] > 0
+    assert zero["prism_run"] > 0
+
+
+def test_a_subset_of_steps_runs_into_a_file_of_its_own(tmp_path: Path) -> None:
+    """``--steps`` reruns only what a fix touched (a lent GPU's minutes are few); a step name
+    it does not know is a usage error."""
+    p = subprocess.run(
+        [str(CHECK), "--device", "cpu", "--quick", "--steps", "nope", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert p.returncode == 2
+    assert "--steps: choose from record,replay,run,run_zero,overhead" in p.stderr
+    assert not list(tmp_path.glob("gpu-check_*"))
 
 
 def test_no_cuda_is_one_line_and_a_failure(tmp_path: Path) -> None:
