@@ -40,6 +40,9 @@ BLAS_OPS = frozenset(
 )
 """ATen ops that call cuBLAS / cuBLASLt for a floating-point GEMM (or GEMV) on CUDA."""
 
+_GEMM_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "complex64", "complex128"})
+"""Dtypes cuBLAS multiplies; an integer ``mm`` has no CUDA kernel to warm."""
+
 
 def blas_threads(ops: pl.DataFrame) -> list[list[tuple[str, str]]]:
     """Per recorded host thread that ran a GEMM on a GPU, its distinct ``(op, dtype)``: the
@@ -69,6 +72,8 @@ def blas_threads(ops: pl.DataFrame) -> list[list[tuple[str, str]]]:
     per: dict[int, list[tuple[str, str]]] = {}
     for k in kinds:
         dtype = dtype_of_type(k["type"] or "") or "float32"
+        if dtype not in _GEMM_DTYPES:  # no cuBLAS GEMM for it (and none to warm)
+            continue
         per.setdefault(int(k["tid"]), []).append((k["name"], dtype))
     return [per[t] for t in order if t in per]
 

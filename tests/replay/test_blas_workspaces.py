@@ -30,6 +30,7 @@ def test_busiest_thread_first_with_its_gemm_kinds() -> None:
         (3, "aten::copy_", _GPU, f32),
         (4, "aten::mm", _CPU, f32),
         (None, "aten::mm", _GPU, f32),
+        (5, "aten::mm", _GPU, '["Tensor(long int)","Tensor(long int)"]'),  # no cuBLAS GEMM
     ]
     assert blas_threads(_ops(rows)) == [
         [("aten::mm", "float32")],
