@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/gloo_host.py [--sizes 4,40960,262144,1048576] [--ranks 2,4,8,16] [--reps 15]
     python benchmarks/gloo_host.py --recording LADDER/tp1-dp16-pp2-1f1b-wait-mb4-s100
+    python benchmarks/gloo_host.py --spin-check --ranks 2,4,8 --reps 5
 
 Measured on a 2-core host (``benchmarks/results/gloo-host_*.md``): from 2 to 16 ranks, a 40 KiB
 and a 256 KiB all-reduce grow about a hundredfold while the ring's hops grow 15-fold, and a
@@ -85,6 +86,48 @@ def measure(n: int, nbytes: int, reps: int) -> float:
     return statistics.median(took) / 1e3
 
 
+def _waiting_rank(rank: int, n: int, late_s: float, reps: int, port: int, out: object) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    t = torch.ones(10240)
+    ratios = []
+    for i in range(reps + 1):
+        dist.barrier()
+        if rank == n - 1:
+            time.sleep(late_s)  # the late rank: every other rank waits for it inside the call
+        c0, w0 = time.process_time_ns(), time.perf_counter_ns()
+        dist.all_reduce(t)
+        cpu, wall = time.process_time_ns() - c0, time.perf_counter_ns() - w0
+        if rank != n - 1 and i >= 1:  # one warm-up call
+            ratios.append(cpu / wall)
+    out.put(ratios)  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def spin_check(n: int, late_s: float, reps: int) -> tuple[float, float]:
+    """Whether a rank waiting inside a gloo all-reduce keeps a core: the median and the largest
+    CPU time over wall time of the waiting ranks' calls (all of the process's threads), while
+    one rank of ``n`` arrives ``late_s`` late. About 1: it spins; about 0: it sleeps."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_waiting_rank, args=(r, n, late_s, reps, port, q)) for r in range(n)
+    ]
+    for p in procs:
+        p.start()
+    ratios = [x for _ in procs for x in q.get(timeout=600)]
+    for p in procs:
+        p.join(timeout=60)
+    return statistics.median(ratios), max(ratios)
+
+
 _P2P = ("gloo:send", "gloo:recv")
 """Left out: a blocking send or receive's shortest call is no transfer (it waits for its peer)."""
 
@@ -124,7 +167,22 @@ def main() -> None:
     ap.add_argument("--ranks", default="2,4,8,16", help="group sizes, comma-separated")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--no-note", action="store_true", help="do not write benchmarks/results")
+    ap.add_argument(
+        "--spin-check",
+        action="store_true",
+        help="whether ranks waiting in an all-reduce spin: their CPU over wall time, one rank"
+        " 200 ms late, for each of --ranks (prints, writes nothing)",
+    )
     a = ap.parse_args()
+    if a.spin_check:
+        for n in (int(x) for x in a.ranks.split(",")):
+            med, top = spin_check(n, 0.2, a.reps)
+            print(
+                f"{n} ranks, one 200 ms late: waiting ranks' CPU / wall median {med:.3f},"
+                f" largest {top:.3f}",
+                flush=True,
+            )
+        return
     if a.recording:
         for name, per_step in recorded(a.recording).items():
             for j, (count, us) in enumerate(per_step):
