@@ -60,8 +60,8 @@ class SliceReport:
             notes.append(
                 f"dp={self.layout.dp} grows from the recording's one-member data-parallel calls:"
                 " their transfer at the target is the network model's alone (nothing to scale),"
-                " and every replica runs the recorded one's times (no other replica's speed was"
-                " recorded)"
+                " and no other replica's speed was recorded (replicas differ only by what a"
+                " variance mode draws from the recorded one)"
             )
         return notes
 

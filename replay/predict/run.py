@@ -229,7 +229,11 @@ def predict_run(
                 name = out_run if keep else _free_name(store, f"{run}->{against}:seed{seed}", names)
                 assert name is not None
                 cfg = dataclasses.replace(base, what_if=what_if, seed=seed)
-                emulate_run(store, run=run, out_run=name, replace=keep and replace, config=cfg)
+                rep = emulate_run(
+                    store, run=run, out_run=name, replace=keep and replace, config=cfg
+                )
+                if i == 0:  # what the slice to the target said (the same for every seed)
+                    notes += rep.slice_notes
                 names.append(name)
             t1 = time.perf_counter()
             _graph_for_ops(store, against)

@@ -337,6 +337,8 @@ def test_a_one_replica_recording_predicts_the_structure_and_memory_of_dp4(
         p = predict_run(store, run="dp1", against="dp4", compare=compare_runs, out_run="kept")
         st = p.comparison.structure
         assert p.layout == "tp=1,cp=1,ep=1,dp=4,pp=1"
+        (note,) = p.notes  # the slice's, repeated: what the prediction cannot know
+        assert note.startswith("dp=4 grows from the recording's one-member data-parallel calls")
         assert st.differences == {"collectives": 0, "p2p": 0, "ops": 0, "classes": 0}, st.as_dict()
         assert all(k.counts["collectives"][0] > 0 for k in st.classes)
         assert all(r.peak_error_pct is not None for r in p.comparison.ranks)
