@@ -251,9 +251,10 @@ class Check:
         """Step 1: the 1-rank job (twice for the noise floor), and 2 ranks when they can run."""
         names = ["rec1", "rec1b"] if self.sizes.noise_floor else ["rec1"]
         if self.device == "cuda" and self.sizes.noise_floor:
-            # A job first, unused: on the H200 the first recording of a fresh process and GPU ran
-            # 242 ms a step and the second 172 ms (CUDA context, cuBLAS heuristics, clocks), so
-            # the noise floor measured the warm-up and not the machine.
+            # A job first, unused: on the H200 the first recording on a fresh machine ran 242 ms
+            # a step and the second 172 ms, so the noise floor measured the warm-up and not the
+            # machine. Each recording is a process of its own: what carries over is the device's
+            # and the host's state (clocks, driver, page cache), not the CUDA context.
             self._generate("warm-up", 1)
         for name in names:
             self.recordings[name] = self._generate(name, 1)

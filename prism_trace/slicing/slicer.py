@@ -232,10 +232,11 @@ def _check_dp_recorded(
 
     A dp=1 recording (or one whose calls all stay inside a replica) says nothing about the
     gradient reductions of a larger dp: building them from another axis's groups would be wrong.
-    A dp=1 recording whose calls run on a one-member data-parallel group does hold them: a group
-    its description names data-parallel (Megatron's and torchtitan's, the generator's
-    ``--dp-sync-always``), or the default group of a one-rank job (DDP at world size 1). Those
-    calls are the gradient reductions of every dp; their transfer at the target comes from the
+    A dp=1 recording whose all-reduces or reduce-scatters run on a one-member data-parallel group
+    does hold them: a group its description names data-parallel (Megatron's and torchtitan's, the
+    generator's ``--dp-sync-always``), or the default group of a one-rank job (DDP at world size
+    1; a barrier or a broadcast alone is no gradient reduction). Those calls are the gradient
+    reductions of every dp; their transfer at the target comes from the
     network model alone (a one-member call has none to scale), and the other replicas' speeds
     from nothing recorded.
 
@@ -245,7 +246,9 @@ def _check_dp_recorded(
     if target.dp == recorded.dp:
         return False
     rows = con.execute(
-        "SELECT g.name, g.description, g.ranks FROM comm_group g WHERE g.run_id = ?"
+        "SELECT g.name, g.description, g.ranks, EXISTS (SELECT 1 FROM collective c"
+        " WHERE c.run_id = g.run_id AND c.group_id = g.group_id"
+        " AND c.kind IN ('all_reduce', 'reduce_scatter')) FROM comm_group g WHERE g.run_id = ?"
         " AND g.ranks IS NOT NULL AND (EXISTS (SELECT 1 FROM collective c"
         " WHERE c.run_id = g.run_id AND c.group_id = g.group_id) OR EXISTS (SELECT 1 FROM p2p p"
         " WHERE p.run_id = g.run_id AND p.group_id = g.group_id) OR EXISTS (SELECT 1"
@@ -253,14 +256,15 @@ def _check_dp_recorded(
         [rec_id],
     ).fetchall()
     spans_dp = one_member = False
-    for name, desc, ranks in rows:
+    for name, desc, ranks, reduces in rows:
         try:
             value = group_axis(recorded, ranks, desc, name=name)
         except PrismError:
             continue
         if value == WORLD or (value != EMBD and ParallelAxis.DP in parse_axes(value)):
             spans_dp = spans_dp or recorded.dp > 1
-            if recorded.dp == 1 and _one_member_dp(recorded, value, desc):
+            one = recorded.dp == 1 and reduces and len(ranks) == 1
+            if one and _one_member_dp(recorded, value, desc):
                 spans_dp = one_member = True
     if not spans_dp:
         need = (

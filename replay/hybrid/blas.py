@@ -17,7 +17,6 @@ cuBLAS under another name is not seen.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from typing import Any
 
@@ -87,10 +86,12 @@ def _run_gemms(kinds: list[tuple[str, str]], device: Any) -> None:
         b = torch.ones(1, 2, 2, dtype=dt, device=device)
         v = torch.ones(2, dtype=dt, device=device)
         op = name.removeprefix("aten::")
-        if op in ("mm",):
+        if op == "mm":
             torch.mm(m, m)
-        elif op in ("addmm", "_addmm_activation"):
-            torch.addmm(m, m, m)
+        elif op == "addmm":  # a 1-D bias, as a linear layer's: the cuBLASLt path where it has one
+            torch.addmm(v, m, m)
+        elif op == "_addmm_activation":
+            torch._addmm_activation(v, m, m)
         elif op == "bmm":
             torch.bmm(b, b)
         elif op in ("baddbmm",):
@@ -130,14 +131,23 @@ def hold_blas_workspaces(threads: list[list[tuple[str, str]]], device: Any) -> i
         except BaseException as exc:  # reported on the replay's thread
             errors.append(exc)
         finally:
-            with contextlib.suppress(threading.BrokenBarrierError):
-                all_ran.wait(timeout=60)
+            try:  # alive until every helper holds a handle of its own
+                all_ran.wait(timeout=_WAIT_S)
+            except threading.BrokenBarrierError as exc:
+                errors.append(exc)
 
     workers = [threading.Thread(target=helper, args=(k,), daemon=True) for k in others]
     for w in workers:
         w.start()
     for w in workers:
-        w.join()
-    if errors:
-        raise errors[0]
+        w.join(timeout=2 * _WAIT_S)
+    if errors or any(w.is_alive() for w in workers):
+        # Fewer workspaces than the recording held would skew the peak without a word: stop.
+        what = repr(errors[0]) if errors else "a helper thread did not finish"
+        msg = f"holding the recording's {len(threads)} cuBLAS workspaces failed: {what}"
+        raise RuntimeError(msg) from (errors[0] if errors else None)
     return len(threads)
+
+
+_WAIT_S = 60.0
+"""How long a helper waits for the others (each runs a few 2 x 2 GEMMs)."""

@@ -309,7 +309,7 @@ def _plan_op(
         shp = out_shapes[j] if j < len(out_shapes) else None
         st = out_strides[j] if j < len(out_strides) else None
         ty = out_types[j] if j < len(out_types) else ""
-        if "nullptr" in str(ty):  # an undefined result (e.g. no bias gradient): no tensor
+        if is_tensor_ref(v) and "nullptr" in str(ty):  # undefined (no bias gradient): no tensor
             continue
         if is_tensor_ref(v):
             m = _meta(v, shp, st, ty)

@@ -94,3 +94,14 @@ def test_one_rank_slices_to_any_dp(store: Store) -> None:
         [store.require_run("dp64")],
     ).fetchall()
     assert size == 64
+
+
+def test_a_one_rank_job_without_reductions_stays_refused(tmp_path: Path) -> None:
+    """Broadcasts or barriers on a one-member group are no gradient reductions: nothing to build
+    a larger dp's from."""
+    from prism_trace.slicing.plan import SliceError
+
+    s: Store = ingest_runs(tmp_path / "b.duckdb", {"h200": [H200]})  # type: ignore[assignment]
+    s.con.execute("UPDATE collective SET kind = 'broadcast'")
+    with pytest.raises(SliceError, match="no matched data-parallel communication"):
+        slice_run(s, run="h200", layout=ParallelLayout.parse("dp=4"), world=4, out_run="dp4")

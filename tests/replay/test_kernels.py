@@ -379,3 +379,34 @@ def test_an_external_storage_is_made_big_enough_for_its_larger_views() -> None:
     base = torch.empty(buffers[0][1])
     view = torch.as_strided(base, large.shape, large.strides, large.offset)
     assert view.numel() == 1050624
+
+
+def test_an_undefined_element_of_a_list_result_leaves_the_others(rank0: tuple) -> None:
+    """A list result with one undefined element keeps its other elements as results."""
+    ops, comm = rank0
+    units, skipped = select_units(ops, comm)
+    program = build_program(units, ops, device=_cpu, skipped=skipped)
+    call = next(c for c in program.calls.values() if any(i is not None for _, i, _, _ in c.outputs))
+    row = ops.filter(pl.col("node_id") == call.unit.node_id)
+    types = orjson.loads(row["output_types"][0])
+    vals = orjson.loads(row["outputs"][0])
+    j = next(j for j, i, _, _ in call.outputs if i is not None)
+    elems = types[j][len("GenericList[") : -1].split(",")
+    elems[-1] = "Tensor(nullptr (uninitialized))"
+    types[j] = "GenericList[" + ",".join(elems) + "]"
+    vals[j][-1] = [vals[j][-1][0], 0, 0, 0, 0, ""]
+    bad = ops.with_columns(
+        pl.when(pl.col("node_id") == call.unit.node_id)
+        .then(pl.lit(orjson.dumps(types).decode()))
+        .otherwise(pl.col("output_types"))
+        .alias("output_types"),
+        pl.when(pl.col("node_id") == call.unit.node_id)
+        .then(pl.lit(orjson.dumps(vals).decode()))
+        .otherwise(pl.col("outputs"))
+        .alias("outputs"),
+    )
+    units, skipped = select_units(bad, comm)
+    rebuilt = build_program(units, bad, device=_cpu, skipped=skipped).calls[call.unit.index]
+    assert len(rebuilt.outputs) == len(call.outputs) - 1
+    last = len(vals[j]) - 1
+    assert (j, last) not in {(jj, i) for jj, i, _, _ in rebuilt.outputs}
