@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         target_groups,
     )
     from prism_trace.slicing.rebatch import RankSteps, rebatch_rank
-    from prism_trace.slicing.report import SliceReport
+    from prism_trace.slicing.report import SliceReport, one_member_note
     from prism_trace.slicing.schedule import (
         BWD_MARKERS,
         FWD_MARKERS,
@@ -85,6 +85,7 @@ _EXPORTS = {
     "map_comm_ops": "plan",
     "markers_per_microbatch": "interleaved",
     "min_target_microbatches": "interleaved",
+    "one_member_note": "report",
     "plan_batch": "batch",
     "plan_classes": "plan",
     "read_graphs": "batch",
@@ -128,6 +129,7 @@ __all__ = [
     "map_comm_ops",
     "markers_per_microbatch",
     "min_target_microbatches",
+    "one_member_note",
     "plan_batch",
     "plan_classes",
     "read_graphs",

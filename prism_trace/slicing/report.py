@@ -8,7 +8,7 @@ from typing import Any
 from prism_trace.layout.mesh import ParallelLayout
 from prism_trace.slicing.plan import SliceClass
 
-__all__ = ["SliceReport"]
+__all__ = ["SliceReport", "one_member_note"]
 
 
 @dataclass
@@ -57,12 +57,7 @@ class SliceReport:
             if c.symmetric
         ]
         if self.dp_from_one_member:
-            notes.append(
-                f"dp={self.layout.dp} grows from the recording's one-member data-parallel calls:"
-                " their transfer at the target is the network model's alone (nothing to scale),"
-                " and no other replica's speed was recorded (replicas differ only by what a"
-                " variance mode draws from the recorded one)"
-            )
+            notes.append(one_member_note(self.layout.dp))
         return notes
 
     def summary(self) -> str:
@@ -119,3 +114,15 @@ class SliceReport:
             "elapsed_s": round(self.elapsed_s, 3),
             **self.microbatches,
         }
+
+
+def one_member_note(dp: int) -> str:
+    """What a dp grown from one-member data-parallel groups leaves to the models: said by the
+    slice, and again by every emulation and prediction of it
+    (``config_json.dp_from_one_member``)."""
+    return (
+        f"dp={dp} grows from the recording's one-member data-parallel calls: their transfer at"
+        " the target is the network model's alone (nothing to scale), and no other replica's"
+        " speed was recorded (replicas differ only by what a variance mode draws from the"
+        " recorded one)"
+    )

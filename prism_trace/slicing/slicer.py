@@ -187,6 +187,7 @@ def slice_run(
             "recorded_layout": recorded.spec,
             "recorded_order": recorded.order_spec,
             **batch.as_config(),
+            **({"dp_from_one_member": True} if dp_from_one else {}),
         }
         run_id = new_run(
             con,

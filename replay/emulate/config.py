@@ -248,5 +248,5 @@ class EmulationReport:
             )
         if len(self.iterations) > 10:
             lines.append(f"  ... {len(self.iterations) - 10} more iterations")
-        lines += [f"  note: {n}" for n in (*self.slice_notes, *self.notes)]
+        lines += [f"  note: {n}" for n in dict.fromkeys((*self.slice_notes, *self.notes))]
         return "\n".join(lines)

@@ -321,7 +321,7 @@ def emulate_run(
         "total": time.perf_counter() - t0,
     }
     report = _report(written, input_run=run, out_run=out_run, seconds=seconds)
-    report.slice_notes = [n for n in slice_notes if n not in report.notes]
+    report.slice_notes = slice_notes
     return report
 
 

@@ -14,6 +14,7 @@ from prism_trace.replay.emulate.values import LoadedRun
 from prism_trace.replay.model.timing import recorded_completion
 
 from prism_trace.errors import PrismError, RunStateError
+from prism_trace.slicing.report import one_member_note
 
 if TYPE_CHECKING:
     import duckdb
@@ -85,6 +86,15 @@ def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLa
         return ParallelLayout.parse(cfg[key], cfg.get(order_key))
     except (KeyError, ValueError, TypeError, IndexError, PrismError):
         return None
+
+
+def _sliced_from_one_member(store: Store, run_id: int) -> bool:
+    """Whether a sliced run grew its dp from one-member data-parallel groups (its config says)."""
+    rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
+    try:
+        return bool(json.loads(rows[0][0] or "{}").get("dp_from_one_member"))
+    except (ValueError, TypeError, IndexError, AttributeError):
+        return False
 
 
 def _dp_sizes(store: Store, run_id: int, kind: str) -> tuple[int, int]:
@@ -161,6 +171,8 @@ def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
     notes: list[str] = []
     if kind == "recorded":
         rank_unit, notes = _with_symmetric_peers(store, name, rank_unit)
+    elif _sliced_from_one_member(store, run_id):
+        notes.append(one_member_note(_dp_sizes(store, run_id, "sliced")[1]))
     ts = nodes["ts"]
     origin = int(ts.min()) if ts.null_count() < ts.len() else 0  # type: ignore[arg-type]
     recorded_graph = None

@@ -94,6 +94,11 @@ def test_one_rank_slices_to_any_dp(store: Store) -> None:
         [store.require_run("dp64")],
     ).fetchall()
     assert size == 64
+    # Said again wherever the slice is emulated (its config keeps it).
+    from prism_trace.replay.emulate.driver import emulate_run
+
+    rep = emulate_run(store, run="dp64", out_run="e64")
+    assert [n for n in rep.notes if n.startswith("dp=64 grows from the recording's one-member")]
 
 
 def test_a_one_rank_job_without_reductions_stays_refused(tmp_path: Path) -> None:
