@@ -34,6 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -72,18 +73,24 @@ def _rank(rank: int, n: int, nbytes: int, reps: int, port: int, out: object) -> 
 
 def measure(n: int, nbytes: int, reps: int) -> float:
     """Median transfer (µs) of a gloo all-reduce of ``nbytes`` over ``n`` local processes."""
+    return statistics.median(_run_ranks(_rank, n, nbytes, reps)) / 1e3
+
+
+def _run_ranks(target: Any, n: int, *args: Any) -> list[float]:
+    """Run ``target(rank, n, *args, port, queue)`` in ``n`` spawned processes; every value the
+    ranks put on the queue, in one list."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, n, nbytes, reps, port, q)) for r in range(n)]
+    procs = [ctx.Process(target=target, args=(r, n, *args, port, q)) for r in range(n)]
     for p in procs:
         p.start()
-    took = [t for _ in procs for t in q.get(timeout=600)]
+    out = [x for _ in procs for x in q.get(timeout=600)]
     for p in procs:
         p.join(timeout=60)
-    return statistics.median(took) / 1e3
+    return out
 
 
 def _waiting_rank(rank: int, n: int, late_s: float, reps: int, port: int, out: object) -> None:
@@ -112,19 +119,7 @@ def spin_check(n: int, late_s: float, reps: int) -> tuple[float, float]:
     """Whether a rank waiting inside a gloo all-reduce keeps a core: the median and the largest
     CPU time over wall time of the waiting ranks' calls (all of the process's threads), while
     one rank of ``n`` arrives ``late_s`` late. About 1: it spins; about 0: it sleeps."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_waiting_rank, args=(r, n, late_s, reps, port, q)) for r in range(n)
-    ]
-    for p in procs:
-        p.start()
-    ratios = [x for _ in procs for x in q.get(timeout=600)]
-    for p in procs:
-        p.join(timeout=60)
+    ratios = _run_ranks(_waiting_rank, n, late_s, reps)
     return statistics.median(ratios), max(ratios)
 
 

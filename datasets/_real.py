@@ -53,7 +53,6 @@ class RealStage:
             for c in range(cfg.chunks)
         ]
         self.stage = torch.nn.ModuleList(self.chunk_models)
-        self.last_stage = self.chunk_models[-1].last
         if device is not None:
             self.stage.to(device)
         self.optimizer: torch.optim.Optimizer | ZeroOptimizer
@@ -155,7 +154,7 @@ class RealStage:
             self._sync_grads()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = sum(self._losses) if self.last_stage else None
+        loss = sum(self._losses) if self.chunk_models[-1].last else None
         self._saved, self._losses = [], []
         self._batches.clear()
         return loss

@@ -193,9 +193,6 @@ class EmulationReport:
     iterations: list[dict[str, Any]] = field(default_factory=list)
     peak_memory: dict[int, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    slice_notes: list[str] = field(default_factory=list)
-    """What the dp what-if's re-slice said of the target (e.g. a dp grown from one-member groups,
-    and what that leaves to the models); empty without the what-if."""
 
     @property
     def events_per_s(self) -> float:
@@ -227,7 +224,6 @@ class EmulationReport:
             "iterations": self.iterations,
             "peak_memory": {str(k): v for k, v in sorted(self.peak_memory.items())},
             "notes": self.notes,
-            "slice_notes": self.slice_notes,
         }
 
     def summary(self) -> str:
@@ -248,5 +244,5 @@ class EmulationReport:
             )
         if len(self.iterations) > 10:
             lines.append(f"  ... {len(self.iterations) - 10} more iterations")
-        lines += [f"  note: {n}" for n in dict.fromkeys((*self.slice_notes, *self.notes))]
+        lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)

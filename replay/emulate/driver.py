@@ -121,14 +121,11 @@ def _load_and_prepare(
 
 
 @contextlib.contextmanager
-def _dp_what_if(
-    store: Store, run: str, config: EmulationConfig, notes: list[str] | None = None
-) -> Iterator[str]:
+def _dp_what_if(store: Store, run: str, config: EmulationConfig) -> Iterator[str]:
     """The run to emulate: ``run`` itself, or, for the ``dp`` what-if, a temporary re-slice.
 
     A recorded run is sliced to its inferred layout with the new dp; a sliced run is re-sliced
-    from its parent with the same representatives. The temporary run is deleted afterwards; what
-    the slice said of the target goes to ``notes``.
+    from its parent with the same representatives. The temporary run is deleted afterwards.
     """
     dp = config.what_if.dp
     if dp is None:
@@ -169,7 +166,6 @@ def _dp_what_if(
         layout=target,
         from_ranks=from_ranks,
         name=f"_what_if_dp{dp}_{run}",
-        notes=notes,
         **batch,
     ) as tmp:
         yield tmp
@@ -215,12 +211,10 @@ def temporary_slice(
     name: str,
     global_batch: str = "per-rank",
     microbatches: int | None = None,
-    notes: list[str] | None = None,
 ) -> Iterator[str]:
     """Slice ``run`` to ``layout`` as run ``name`` for the duration of the block, then delete it
     (also on error): the dp what-if and the validation's slice check leave nothing behind.
-    ``global_batch`` and ``microbatches`` are ``slice_run``'s; the slice's notes are added to
-    ``notes``.
+    ``global_batch`` and ``microbatches`` are ``slice_run``'s.
 
     The block is one transaction (the caller's, when it has one) and the slice is deleted before
     it ends, so the slice is never committed: a command that fails leaves no trace of it, one that
@@ -229,7 +223,7 @@ def temporary_slice(
     from prism_trace.slicing.slicer import slice_run
 
     with store.transaction():
-        report = slice_run(
+        slice_run(
             store,
             run=run,
             layout=layout,
@@ -240,8 +234,6 @@ def temporary_slice(
             global_batch=global_batch,
             microbatches=microbatches,
         )
-        if notes is not None:
-            notes += report.notes
         try:
             yield name
         except BaseException:
@@ -304,8 +296,7 @@ def emulate_run(
         raise UsageError(msg)
     with store.transaction():
         old_id = claim_run_name(store, out_run, replace=replace, over=("emulated",))
-        slice_notes: list[str] = []
-        with _dp_what_if(store, run, config, slice_notes) as target:
+        with _dp_what_if(store, run, config) as target:
             prepared = _load_and_prepare(store, target, config, input_run=run)
             t_load = time.perf_counter() - t0
             res = run_emulation(store, prepared, config)
@@ -320,9 +311,7 @@ def emulate_run(
         "rank_step": written.rank_step_s,  # of which the rank_step rows
         "total": time.perf_counter() - t0,
     }
-    report = _report(written, input_run=run, out_run=out_run, seconds=seconds)
-    report.slice_notes = slice_notes
-    return report
+    return _report(written, input_run=run, out_run=out_run, seconds=seconds)
 
 
 def _report(

@@ -79,22 +79,22 @@ def _run_layout(store: Store, run_id: int, *, key: str = "layout") -> ParallelLa
     ``recorded_layout`` (the recording's), with its order; None when absent."""
     from prism_trace.layout.mesh import ParallelLayout
 
-    rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
+    cfg = _run_config(store, run_id)
     order_key = "order" if key == "layout" else key.replace("layout", "order")
     try:
-        cfg = json.loads(rows[0][0] or "{}")
         return ParallelLayout.parse(cfg[key], cfg.get(order_key))
-    except (KeyError, ValueError, TypeError, IndexError, PrismError):
+    except (KeyError, ValueError, TypeError, PrismError):
         return None
 
 
-def _sliced_from_one_member(store: Store, run_id: int) -> bool:
-    """Whether a sliced run grew its dp from one-member data-parallel groups (its config says)."""
+def _run_config(store: Store, run_id: int) -> dict[str, Any]:
+    """A run's ``config_json`` as a dict (empty when absent or not an object)."""
     rows = store.con.execute("SELECT config_json FROM run WHERE run_id = ?", [run_id]).fetchall()
     try:
-        return bool(json.loads(rows[0][0] or "{}").get("dp_from_one_member"))
-    except (ValueError, TypeError, IndexError, AttributeError):
-        return False
+        cfg = json.loads(rows[0][0] or "{}")
+    except (ValueError, TypeError, IndexError):
+        return {}
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def _dp_sizes(store: Store, run_id: int, kind: str) -> tuple[int, int]:
@@ -171,7 +171,7 @@ def _load(store: Store, run_id: int, *, name: str) -> LoadedRun:
     notes: list[str] = []
     if kind == "recorded":
         rank_unit, notes = _with_symmetric_peers(store, name, rank_unit)
-    elif _sliced_from_one_member(store, run_id):
+    elif _run_config(store, run_id).get("dp_from_one_member"):
         notes.append(one_member_note(_dp_sizes(store, run_id, "sliced")[1]))
     ts = nodes["ts"]
     origin = int(ts.min()) if ts.null_count() < ts.len() else 0  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from prism_trace.replay.whatif.config import WhatIfConfig
 
 from prism_trace.errors import RunStateError, UsageError
 from prism_trace.layout.choice import infer_layout
+from prism_trace.slicing.report import one_member_note
 from prism_trace.store.write import claim_run_name, drop_run
 
 if TYPE_CHECKING:
@@ -232,8 +233,9 @@ def predict_run(
                 rep = emulate_run(
                     store, run=run, out_run=name, replace=keep and replace, config=cfg
                 )
-                if i == 0:  # what the slice to the target said (the same for every seed)
-                    notes += rep.slice_notes
+                grown = one_member_note(target.dp)
+                if i == 0 and grown in rep.notes:  # what one recorded replica cannot tell
+                    notes.append(grown)
                 names.append(name)
             t1 = time.perf_counter()
             _graph_for_ops(store, against)
