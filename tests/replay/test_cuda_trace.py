@@ -110,3 +110,36 @@ def test_a_one_rank_job_without_reductions_stays_refused(tmp_path: Path) -> None
     s.con.execute("UPDATE collective SET kind = 'broadcast'")
     with pytest.raises(SliceError, match="no matched data-parallel communication"):
         slice_run(s, run="h200", layout=ParallelLayout.parse("dp=4"), world=4, out_run="dp4")
+
+
+@pytest.mark.parametrize(
+    ("description", "sliced"),
+    [
+        ("default_pg", True),  # DDP at world size 1: the default group
+        (None, True),  # an older trace without group descriptions
+        ("mesh_dp", True),  # torchtitan
+        ("DATA_PARALLEL_GROUP", True),  # Megatron
+        ("dp_cp", True),
+        ("tp", False),
+        ("pp", False),
+    ],
+)
+def test_other_frameworks_group_names(
+    tmp_path: Path, description: str | None, sliced: bool
+) -> None:
+    """The reductions' group as other frameworks (or none) name it: a data-parallel or default
+    group of one rank grows to dp 4; a group named for another axis does not."""
+    from prism_trace.slicing.plan import SliceError
+
+    s: Store = ingest_runs(tmp_path / "n.duckdb", {"h200": [H200]})  # type: ignore[assignment]
+    s.con.execute(
+        "UPDATE comm_group SET description = ?"
+        " WHERE group_id IN (SELECT DISTINCT group_id FROM collective)",
+        [description],
+    )
+    layout = ParallelLayout.parse("dp=4")
+    if sliced:
+        assert slice_run(s, run="h200", layout=layout, world=4, out_run="dp4").dp_from_one_member
+    else:
+        with pytest.raises(SliceError, match="no matched data-parallel communication"):
+            slice_run(s, run="h200", layout=layout, world=4, out_run="dp4")
