@@ -36,6 +36,7 @@ time, summed over ranks) says how far a recording is from host-bound; compare wi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -216,18 +217,25 @@ def predict_scenario(
     seeds: int,
     work: Path,
     first_job: dict[tuple[int, int], Path] | None = None,
+    network: Path | None = None,
 ) -> list[dict[str, Any]]:
     """Ingest the ladder, predict every larger scale from the smallest, and the noise floor.
 
     ``first_job`` (for another job seed): job seed 0's recordings, each compared with this job's
     at the same dp (``between_jobs``): how far apart two jobs of one population are, the spread a
-    prediction that cannot know the unrecorded ranks' draws is up against.
+    prediction that cannot know the unrecorded ranks' draws is up against. ``network``: a model
+    fitted on this host's collectives (``gloo_tests.py``, ``prism network fit``) that prices the
+    target's collectives instead of the topology preset, as ``prism predict --network`` does.
     """
     from prism_trace import EmulationConfig, Topology, compare_runs, ingest, open_store, predict_run
 
     # Every rank of every recording ran on this one host: the target is one node too (the
     # default topology puts 8 ranks on a node, and a dp group across nodes on the NIC's model).
     one_host = EmulationConfig(topology=Topology(ranks_per_node=max(folders)[0] * scenario.pp))
+    if network is not None:
+        from prism_trace.replay.network import read_network_file
+
+        one_host = dataclasses.replace(one_host, network=read_network_file(network))
 
     db = work / f"{scenario.name}.duckdb"
     rows: list[dict[str, Any]] = []
@@ -389,6 +397,13 @@ def main() -> None:
         help="results file predict-TAG_<host>_<date>.md (a run of some scenarios beside the"
         " day's full one)",
     )
+    ap.add_argument(
+        "--network",
+        type=Path,
+        default=None,
+        help="a network model of this host (gloo_tests.py logs, prism network fit) pricing the"
+        " target's collectives, as prism predict --network",
+    )
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -404,7 +419,7 @@ def main() -> None:
                 work = Path(tmp) / f"seed{job_seed}"
                 work.mkdir(exist_ok=True)
                 other = first if job_seed else None
-                for row in predict_scenario(scenario, folders, a.seeds, work, other):
+                for row in predict_scenario(scenario, folders, a.seeds, work, other, a.network):
                     rows.append({**row, "job_seed": job_seed})
                 first = first or (folders if job_seed == 0 else None)
     text = table(rows) + over_jobs(rows)
@@ -414,10 +429,13 @@ def main() -> None:
             f"python benchmarks/bench_predict.py --scenarios {a.scenarios} --seeds {a.seeds}"
             + (f" --job-seeds {a.job_seeds}" if a.job_seeds != "0" else "")
             + (f" --note-tag {a.note_tag}" if a.note_tag else "")
+            + (f" --network {a.network}" if a.network else "")
         )
         body = (
             "Predicted from the smallest dp of each ladder (`prism predict`, variance `replica`"
-            f" over {a.seeds} seeds); the noise floor is a second recording of the same job"
+            f" over {a.seeds} seeds"
+            + (f", collectives priced by the network model {a.network}" if a.network else "")
+            + "); the noise floor is a second recording of the same job"
             " compared with the first. Errors are predicted against recorded; `peak mem max`"
             " is the largest per-rank |error| of peak memory, `peak mem ≤ 0.5 %` the ranks within"
             " issue 30's bound.\n\n"

@@ -184,12 +184,36 @@ def _start(rows: FitRows, logs: Sequence[NcclTestLog]) -> NetworkModel:
     intra = best.get("one") or multi_total or 100.0
     inter = best.get("multi") or intra / 8.0
     rpn = [lg.ranks_per_node for lg in logs if lg.ranks_per_node]
-    return NetworkModel(
+    model = NetworkModel(
         intra_gbps=max(intra, 1e-3),
         inter_gbps=max(inter, 1e-3),
         nvls_gbps=max(intra, 1e-3),
         ranks_per_node=max(rpn) if rpn else 8,
     )
+    slow = _latency_ratio(model, rows)
+    if slow <= _SLOW_NETWORK:
+        return model
+    return replace(
+        model, base_latency_scale=slow, intra_latency_scale=slow, inter_latency_scale=slow
+    )
+
+
+_SLOW_NETWORK = 10.0
+"""A network whose smallest calls take over ten times NCCL's latency (gloo or TCP sockets, not
+NCCL's kernels) starts from its own latency: a millisecond hop is not within reach of NCCL's
+microsecond tables (``_SPAN``)."""
+
+
+def _latency_ratio(model: NetworkModel, rows: FitRows) -> float:
+    """Median, over the logs, of measured over modelled time of each log's smallest size: about
+    1 on NCCL, hundreds on gloo over loopback."""
+    ratios = []
+    for i in np.unique(rows.log):
+        sel = np.flatnonzero(rows.log == i)
+        first = sel[np.argmin(rows.size[sel])]
+        one = _subset(rows, np.arange(rows.size.size) == first)
+        ratios.append(float(rows.time_us[first] / predict_rows(model, one)[0]))
+    return float(np.median(ratios)) if ratios else 1.0
 
 
 def _with(model: NetworkModel, names: Sequence[str], x: np.ndarray) -> NetworkModel:
