@@ -40,7 +40,7 @@ def network_fit_cmd(logs: tuple[Path, ...], out: Path, as_json: bool) -> None:
     LOGS are the outputs of all_reduce_perf, all_gather_perf, reduce_scatter_perf,
     alltoall_perf or sendrecv_perf, with their `# Using devices` blocks (ranks and nodes).
     """
-    from prism_trace.replay.network.fit import fit_network
+    from prism_trace.replay.network.fit import fit_network, log_errors
     from prism_trace.replay.network.io import write_network_file
     from prism_trace.replay.network.parse import read_nccl_logs
     from prism_trace.replay.network.predict import choice_by_size
@@ -67,6 +67,16 @@ def network_fit_cmd(logs: tuple[Path, ...], out: Path, as_json: bool) -> None:
     )
     err = model.fit_error if model.fit_error is not None else float("nan")
     click.echo(f"median |error| on the fitted rows: {100 * err:.1f} %")
+    per_log = ", ".join(f"{k} {100 * v:.1f} %" for k, v in log_errors(model, parsed).items())
+    click.echo(f"median |error| per log: {per_log}")
+    failed = [(lg.path, r.line) for lg in parsed for r in lg.rows if r.failed_check]
+    if failed:
+        where = ", ".join(f"{Path(f).name}:{line}" for f, line in failed[:5])
+        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+        click.echo(
+            f"data check failed (#wrong > 0) on {len(failed)} row(s), whose failed columns are"
+            f" left out: {where}{more}"
+        )
     click.echo(f"determined by the logs: {', '.join(model.determined) or 'none'}")
     for label, pairs in choices.items():
         steps = ", ".join(f"{c} from {_size(b)}" for b, c in pairs)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
         FitRows,
         fit_network,
         fit_rows,
+        log_errors,
         nelder_mead,
         predict_rows,
     )
@@ -61,6 +62,7 @@ _EXPORTS = {
     "choice_by_size": "predict",
     "fit_network": "fit",
     "fit_rows": "fit",
+    "log_errors": "fit",
     "nelder_mead": "fit",
     "network_kinds": "transfer",
     "network_time_us": "model",
@@ -90,6 +92,7 @@ __all__ = [
     "choice_by_size",
     "fit_network",
     "fit_rows",
+    "log_errors",
     "nelder_mead",
     "network_kinds",
     "network_time_us",

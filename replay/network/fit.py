@@ -24,7 +24,15 @@ import numpy as np
 from prism_trace.replay.network.model import NetworkModel, network_time_us
 from prism_trace.replay.network.parse import NcclLogError, NcclTestLog
 
-__all__ = ["FITTED_PARAMETERS", "FitRows", "fit_network", "fit_rows", "nelder_mead", "predict_rows"]
+__all__ = [
+    "FITTED_PARAMETERS",
+    "FitRows",
+    "fit_network",
+    "fit_rows",
+    "log_errors",
+    "nelder_mead",
+    "predict_rows",
+]
 
 FITTED_PARAMETERS = (
     "intra_gbps",
@@ -65,7 +73,8 @@ class FitRows:
 
 
 def fit_rows(logs: Sequence[NcclTestLog]) -> FitRows:
-    """The rows of ``logs`` with a positive size and time.
+    """The rows of ``logs`` with a positive size and time (a row whose data check failed in
+    both columns has none: `ResultRow.time_us`).
 
     Raises:
         NcclLogError: a log whose ranks or nodes are unknown (no device block, no mpirun line).
@@ -174,8 +183,8 @@ def _start(rows: FitRows, logs: Sequence[NcclTestLog]) -> NetworkModel:
     for lg in logs:
         bw = max((r.oop_busbw for r in lg.rows), default=0.0)
         key = "one" if lg.nodes == 1 else "multi"
-        if key == "multi" and lg.ranks_per_node:
-            bw = bw / lg.ranks_per_node
+        if key == "multi" and lg.ranks_per_node and lg.op not in _PER_GPU:
+            bw = bw / lg.ranks_per_node  # a ring leaves the node through its g NICs
         best[key] = max(best.get(key, 0.0), bw)
     multi_total = max(
         (max((r.oop_busbw for r in lg.rows), default=0.0) for lg in logs if (lg.nodes or 1) > 1),
@@ -197,6 +206,10 @@ def _start(rows: FitRows, logs: Sequence[NcclTestLog]) -> NetworkModel:
         model, base_latency_scale=slow, intra_latency_scale=slow, inter_latency_scale=slow
     )
 
+
+_PER_GPU = ("all_to_all", "sendrecv")
+"""Kinds whose multi-node bus bandwidth is already one GPU's NIC (pairwise exchanges), not a
+ring's ``g`` NICs together."""
 
 _SLOW_NETWORK = 10.0
 """A network whose smallest calls take over ten times NCCL's latency (gloo or TCP sockets, not
@@ -270,6 +283,38 @@ def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
     model = without
     if with_nvls is not None and _loss(with_nvls, anchor_rows) < _loss(without, anchor_rows) - 1e-3:
         model = with_nvls
+    model = _fit_efficiencies(model, rows, kinds, anchor)
+    if not np.any(anchor_rows.nodes > 1) and np.any(rows.nodes > 1):
+        # The anchor ran on one node only, so its fit left the network (NIC and hop) at the
+        # start; the other kinds' rows across nodes measure it, and their one-node rows tell
+        # their efficiency from the NIC: fitted together, on every row but the anchor's.
+        effs = [
+            f"{k}_efficiency"
+            for k in kinds
+            if k != anchor and f"{k}_efficiency" in NetworkModel.__dataclass_fields__
+        ]
+        model = _fit(
+            model, ["inter_gbps", "inter_latency_scale", *effs], _subset(rows, rows.op != anchor)
+        )
+        model = replace(model, **{e: min(getattr(model, e), 2.0) for e in effs})
+    pred = predict_rows(model, rows)
+    err = float(np.median(np.abs(pred / rows.time_us - 1.0)))
+    determined = _determined(model, rows)
+    return replace(model, fitted_from=rows.labels, fit_error=round(err, 4), determined=determined)
+
+
+def log_errors(model: NetworkModel, logs: Sequence[NcclTestLog]) -> dict[str, float]:
+    """Median |model/measured - 1| of each log's rows, by label: one log far off shows even
+    where the pooled median (`NetworkModel.fit_error`) is dominated by the others' rows."""
+    rows = fit_rows(logs)
+    err = np.abs(predict_rows(model, rows) / rows.time_us - 1.0)
+    return {rows.labels[i]: float(np.median(err[rows.log == i])) for i in np.unique(rows.log)}
+
+
+def _fit_efficiencies(
+    model: NetworkModel, rows: FitRows, kinds: np.ndarray, anchor: str
+) -> NetworkModel:
+    """Each kind's bandwidth efficiency against the anchor, on its own rows (at most 2)."""
     for kind in kinds:
         if kind == anchor or f"{kind}_efficiency" not in NetworkModel.__dataclass_fields__:
             continue
@@ -277,10 +322,7 @@ def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
         model = _fit(model, [f"{kind}_efficiency"], sub)
         eff = min(getattr(model, f"{kind}_efficiency"), 2.0)
         model = replace(model, **{f"{kind}_efficiency": eff})
-    pred = predict_rows(model, rows)
-    err = float(np.median(np.abs(pred / rows.time_us - 1.0)))
-    determined = _determined(model, rows)
-    return replace(model, fitted_from=rows.labels, fit_error=round(err, 4), determined=determined)
+    return model
 
 
 def _subset(rows: FitRows, keep: np.ndarray) -> FitRows:

@@ -88,11 +88,25 @@ class ResultRow:
 
     @property
     def time_us(self) -> float:
-        """The faster of the out-of-place and in-place times: a one-off hiccup (a 1.3 ms
-        out-of-place 8 MiB beside a 0.32 ms in-place one) is a stall, not the network."""
-        if self.ip_us is None or self.ip_us <= 0:
-            return self.oop_us
-        return min(self.oop_us, self.ip_us)
+        """The faster of the out-of-place and in-place times whose data check passed (0: none
+        did): a one-off hiccup (a 1.3 ms out-of-place 8 MiB beside a 0.32 ms in-place one) is a
+        stall, not the network, and a call that delivered wrong data measured no network."""
+        times = [
+            t
+            for t, wrong in ((self.oop_us, self.oop_wrong), (self.ip_us, self.ip_wrong))
+            if t is not None and t > 0 and not self._failed(wrong)
+        ]
+        return min(times, default=0.0)
+
+    @property
+    def failed_check(self) -> bool:
+        """Whether a column reports wrong data (``#wrong`` above 0)."""
+        return self._failed(self.oop_wrong) or self._failed(self.ip_wrong)
+
+    def _failed(self, wrong: float | None) -> bool:
+        # Only the ``#wrong`` column (logs with a ``root`` column) counts elements; the old
+        # ``error`` column is a float's largest deviation, where a rounding error is no failure.
+        return self.root is not None and wrong is not None and wrong > 0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import pytest
 from prism_trace.replay import EmulationConfig, emulate_run
 from prism_trace.replay.model.timing import TimingConfig, TransferQuery
 from prism_trace.replay.model.topology import Topology
-from prism_trace.replay.network.fit import fit_network
+from prism_trace.replay.network.fit import fit_network, fit_rows, log_errors
 from prism_trace.replay.network.io import read_network_file, write_network_file
 from prism_trace.replay.network.model import NetworkModel, network_time_us
 from prism_trace.replay.network.parse import read_nccl_log
@@ -51,8 +51,9 @@ def synthetic_log(path: Path, op: str, nodes: int, model: NetworkModel = TRUTH) 
     t, _ = network_time_us(
         model, op, np.array(SIZES), np.full(len(SIZES), n), np.full(len(SIZES), nodes)
     )
+    stem = {"all_to_all": "alltoall"}.get(op, op)  # nccl-tests' binary names it so
     lines = [
-        f"# Collective test starting: {op}_perf",
+        f"# Collective test starting: {stem}_perf",
         "# nThread 1 nGpus 1 minBytes 1024 maxBytes 1073741824 step: 4(factor)",
         "#",
         "# Using devices",
@@ -281,3 +282,53 @@ def test_a_cluster_shape_unlike_the_topologys_is_noted(tmp_path: Path) -> None:
     same = EmulationConfig(network=net, topology=Topology(ranks_per_node=4))
     quiet = emulate_run(store, run="h", out_run="e4", config=same)
     assert not any("ranks per node" in n for n in quiet.notes)
+
+
+def test_all_reduce_on_one_node_leaves_the_nic_to_the_kinds_that_crossed_nodes(
+    tmp_path: Path,
+) -> None:
+    """all_reduce logged on one node only, all_to_all and sendrecv on one and two: the NIC is
+    fitted on the two-node rows (their bus bandwidth is one GPU's, not a ring's node), so a
+    larger all_reduce follows. Before, the NIC stayed at its start: 2-node rows 4-6x off."""
+    logs = [
+        synthetic_log(tmp_path / "ar1.log", "all_reduce", 1),
+        synthetic_log(tmp_path / "a2a1.log", "all_to_all", 1),
+        synthetic_log(tmp_path / "a2a2.log", "all_to_all", 2),
+        synthetic_log(tmp_path / "sr2.log", "sendrecv", 2),
+    ]
+    parsed = [lg for p in logs for lg in read_nccl_log(p)]
+    model = fit_network(parsed)
+    assert model.inter_gbps == pytest.approx(TRUTH.inter_gbps, rel=0.05)
+    assert max(log_errors(model, parsed).values()) < 0.05
+    n, nodes = np.full(len(SIZES), 32), np.full(len(SIZES), 4)
+    want, _ = network_time_us(TRUTH, "all_to_all", np.array(SIZES), n, nodes)
+    got, _ = network_time_us(model, "all_to_all", np.array(SIZES), n, nodes)
+    big = np.array(SIZES) >= 1 << 20
+    assert np.median(np.abs(got[big] / want[big] - 1)) < 0.05
+
+
+def test_rows_whose_data_check_failed_are_not_fitted(tmp_path: Path) -> None:
+    """A call that delivered wrong data measured no network: its column's time is left out."""
+    path = synthetic_log(tmp_path / "ar2.log", "all_reduce", 2)
+    lines = path.read_text().splitlines()
+    row = len(lines) - 2  # one row near the end: 256 MiB
+    cols = lines[row].split()
+    slow = f"{float(cols[5]) * 10:.2f}"
+    oop_failed = [*cols[:5], slow, *cols[6:8], "1216", *cols[9:]]
+    lines[row] = " ".join(oop_failed)
+    both = len(lines) - 1
+    cols = lines[both].split()
+    lines[both] = " ".join([*cols[:8], "3", *cols[9:12], "7"])
+    path.write_text("\n".join(lines) + "\n")
+    (log,) = read_nccl_log(path)
+    rows = {r.line: r for r in log.rows}
+    assert rows[row + 1].failed_check
+    assert rows[row + 1].time_us == rows[row + 1].ip_us  # the in-place column passed
+    assert rows[both + 1].time_us == 0.0  # both failed: no time to fit
+    assert fit_rows([log]).size.size == len(SIZES) - 1
+    old_layout = read_nccl_log(DATA.parent / "nccl-tests-78" / "all_reduce_perf_256gpu.log")[0]
+    assert not any(r.failed_check for r in old_layout.rows)  # `error` is a deviation, not a count
+    result = prism("network", "fit", str(path), "-o", str(tmp_path / "n.toml"))
+    assert result.returncode == 0, result.stderr
+    assert "data check failed (#wrong > 0) on 2 row(s)" in result.stdout
+    assert "median |error| per log: all_reduce@16r/2n" in result.stdout

@@ -223,3 +223,31 @@ def test_a_log_of_several_tests_gives_each_its_own(tmp_path: Path) -> None:
     ]
     # the blank line and the noise line between the two: the second table starts 2 lines later
     assert logs[1].rows[0].line == len(first.splitlines()) + 2 + logs[0].rows[0].line
+
+
+NCCL = DATA
+
+
+def test_alps_slurm_labels_and_failed_checks() -> None:
+    """Alps' srun -l logs: a ` 0: ` label on every line, no `Collective test starting` line (the
+    command line names the test), 4 ranks a node, and a float `#wrong` of a failed check."""
+    (log,) = read_nccl_log(NCCL / "alps-gh200" / "run_0000" / "all_reduce_16n.log")
+    assert (log.op, log.ranks, log.nodes, log.ranks_per_node) == ("all_reduce", 64, 16, 4)
+    assert len(log.rows) == 30
+    (bad,) = [r for r in log.rows if r.failed_check]
+    assert bad.size == 64 << 20
+    assert bad.oop_wrong == pytest.approx(3.08036e07)
+    assert bad.time_us == 0.0  # both columns failed: nothing to fit
+
+
+def test_one_log_of_five_tests_on_ten_nodes() -> None:
+    logs = read_nccl_log(NCCL / "xxrjun-h100" / "all_five_10n.log")
+    assert [lg.op for lg in logs] == [
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "sendrecv",
+    ]
+    assert {(lg.ranks, lg.nodes) for lg in logs} == {(80, 10)}
+    assert all(len(lg.rows) == 10 and not any(r.failed_check for r in lg.rows) for lg in logs)
