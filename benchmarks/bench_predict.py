@@ -218,6 +218,7 @@ def predict_scenario(
     work: Path,
     first_job: dict[tuple[int, int], Path] | None = None,
     network: Path | None = None,
+    pooled: dict[tuple[str, int], tuple[list[float], list[float]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Ingest the ladder, predict every larger scale from the smallest, and the noise floor.
 
@@ -226,6 +227,9 @@ def predict_scenario(
     prediction that cannot know the unrecorded ranks' draws is up against. ``network``: a model
     fitted on this host's collectives (``gloo_tests.py``, ``prism network fit``) that prices the
     target's collectives instead of the topology preset, as ``prism predict --network`` does.
+    ``pooled`` collects each prediction's per-rank step times and the recording's, per
+    (scenario, dp), so that the jobs' predictions can be set against the jobs' recordings as two
+    populations (`over_jobs`).
     """
     from prism_trace import EmulationConfig, Topology, compare_runs, ingest, open_store, predict_run
 
@@ -258,11 +262,21 @@ def predict_scenario(
             }
             if dp != small:
                 t0 = time.perf_counter()
+
+                def compare(st: Any, names: list[str], against: str, dp: int = dp) -> Any:
+                    c = compare_runs(st, names, against)
+                    if pooled is not None:
+                        pred, rec = _step_samples(st, names, against, c.steps.iterations)
+                        mine = pooled.setdefault((scenario.name, dp), ([], []))
+                        mine[0].extend(pred)
+                        mine[1].extend(rec)
+                    return c
+
                 p = predict_run(
                     store,
                     run=base,
                     against=name,
-                    compare=compare_runs,
+                    compare=compare,
                     variance="replica",
                     seeds=seeds,
                     config=one_host,
@@ -280,6 +294,23 @@ def predict_scenario(
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
+
+
+def _step_samples(
+    store: Any, predicted: list[str], recorded: str, iterations: list[int]
+) -> tuple[list[float], list[float]]:
+    """Per-rank step times (ns) of the predicted runs and of the recording over
+    ``iterations``, on the ranks all of them hold: the samples the comparison's KS D reads."""
+    names = [*predicted, recorded]
+    rows = store.con.execute(
+        "SELECT r.name, i.rank, i.dur FROM iteration i JOIN run r USING (run_id)"
+        " WHERE list_contains($1, r.name) AND list_contains($2, i.iteration)",
+        [names, iterations],
+    ).fetchall()
+    ranks = set.intersection(*({rk for n, rk, _ in rows if n == name} for name in names))
+    pred = [float(d) for n, rk, d in rows if n != recorded and rk in ranks]
+    rec = [float(d) for n, rk, d in rows if n == recorded and rk in ranks]
+    return pred, rec
 
 
 def _figures(comparison: dict[str, Any]) -> dict[str, Any]:
@@ -336,9 +367,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     return head + "\n".join(out) + "\n"
 
 
-def over_jobs(rows: list[dict[str, Any]]) -> str:
+def over_jobs(
+    rows: list[dict[str, Any]],
+    pooled: dict[tuple[str, int], tuple[list[float], list[float]]] | None = None,
+) -> str:
     """Per scenario and dp predicted from more than one job seed: the mean of the signed errors
-    (a bias the model has) and of their magnitudes (what one job's luck adds)."""
+    (a bias the model has) and of their magnitudes (what one job's luck adds), and the KS D of
+    every job's predictions pooled against every job's recording pooled (``pooled``): whether
+    the predictions have the step-time distribution of the population of such jobs, which a
+    prediction that cannot know the unrecorded ranks' draws can promise, where one job's own
+    distribution is that population's spread away."""
+    from prism_trace.analysis.prediction.steps import ks_two_sample
+
     cells: dict[tuple[str, int], list[dict[str, Any]]] = {}
     apart: dict[tuple[str, int], list[float]] = {}
     for r in rows:
@@ -360,19 +400,24 @@ def over_jobs(rows: list[dict[str, Any]]) -> str:
             return f"{v:.3f}" if key == "ks_d" else f"{v:+.2f} %"
 
         ks_apart = apart.get((name, dp))
+        pred, rec = (pooled or {}).get((name, dp), ([], []))
         lines.append(
             f"| {name} | {dp} | {len(preds)} | {avg('mean_pct', magnitude=False)} |"
             f" {avg('mean_pct', magnitude=True)} | {avg('p90_pct', magnitude=False)} |"
             f" {avg('p90_pct', magnitude=True)} | {avg('ks_d', magnitude=False)} |"
             f" {f'{sum(ks_apart) / len(ks_apart):.3f}' if ks_apart else 'n/a'} |"
+            f" {f'{ks_two_sample(pred, rec):.3f}' if pred and rec else 'n/a'} |"
         )
     if not lines:
         return ""
     return (
         "\nOver the job seeds (`KS D: jobs apart`: each other job's recording against job seed"
-        " 0's at the same dp, the spread between two jobs that differ only in their draws):\n\n"
+        " 0's at the same dp, the spread between two jobs that differ only in their draws;"
+        " `KS D: pooled`: every job's predictions pooled against every job's recording pooled,"
+        " the population of such jobs against the model's):\n\n"
         "| scenario | dp | jobs | mean: bias | mean: avg abs | p90: bias | p90: avg abs |"
-        " KS D: avg | KS D: jobs apart |\n|---|---|---|---|---|---|---|---|---|\n"
+        " KS D: avg | KS D: jobs apart | KS D: pooled |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n"
         + "\n".join(lines)
         + "\n"
     )
@@ -406,6 +451,7 @@ def main() -> None:
     )
     a = ap.parse_args()
     rows: list[dict[str, Any]] = []
+    pooled: dict[tuple[str, int], tuple[list[float], list[float]]] = {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.scenarios.split(","):
@@ -419,10 +465,12 @@ def main() -> None:
                 work = Path(tmp) / f"seed{job_seed}"
                 work.mkdir(exist_ok=True)
                 other = first if job_seed else None
-                for row in predict_scenario(scenario, folders, a.seeds, work, other, a.network):
+                for row in predict_scenario(
+                    scenario, folders, a.seeds, work, other, a.network, pooled
+                ):
                     rows.append({**row, "job_seed": job_seed})
                 first = first or (folders if job_seed == 0 else None)
-    text = table(rows) + over_jobs(rows)
+    text = table(rows) + over_jobs(rows, pooled)
     print(text)
     if not a.no_note:
         command = (

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -79,6 +80,7 @@ def _rank(
     ops: tuple[str, ...],
     sizes: tuple[int, ...],
     reps: int,
+    spread_s: float,
     port: int,
     out: object,
 ) -> None:
@@ -96,7 +98,8 @@ def _rank(
             for i in range(reps + 2):
                 dist.barrier()
                 last = i % n  # who arrives last turns, so no rank's position is favoured
-                time.sleep(0.010 + (0.002 if rank == last else 0.0))
+                early = spread_s * random.Random(f"{i}:{rank}").random()  # the others' spread
+                time.sleep(0.010 + (spread_s + 0.002 if rank == last else early))
                 t0 = time.monotonic_ns()
                 call()  # type: ignore[operator]
                 if i >= 2:  # two warm-up calls
@@ -106,12 +109,13 @@ def _rank(
 
 
 def measure_group(
-    n: int, ops: tuple[str, ...], sizes: tuple[int, ...], reps: int
+    n: int, ops: tuple[str, ...], sizes: tuple[int, ...], reps: int, spread_s: float = 0.0
 ) -> dict[tuple[str, int], float]:
     """Median last-arriver time (µs) of each (collective, nccl-tests size) over ``n`` local
-    processes, all measured in one group (one spawn)."""
+    processes, all measured in one group (one spawn); the others arrive spread uniformly over
+    ``spread_s`` before the last."""
     calls: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
-    for op, nbytes, i, t0, t1 in _run_ranks(_rank, n, ops, sizes, reps):  # type: ignore[misc]
+    for op, nbytes, i, t0, t1 in _run_ranks(_rank, n, ops, sizes, reps, spread_s):  # type: ignore[misc]
         calls.setdefault((op, nbytes, i), []).append((t0, t1))
     samples: dict[tuple[str, int], list[float]] = {}
     for (op, nbytes, _), spans in calls.items():
@@ -167,6 +171,12 @@ def main() -> None:
     ap.add_argument("--ops", default=",".join(OPS), help="collectives, comma-separated")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes, comma-separated")
     ap.add_argument("--reps", type=int, default=15, help="timed calls per size (median)")
+    ap.add_argument(
+        "--spread-ms",
+        type=float,
+        default=0.0,
+        help="the other ranks arrive spread uniformly over this long before the last one",
+    )
     a = ap.parse_args()
     ops = tuple(a.ops.split(","))
     for op in ops:
@@ -176,7 +186,7 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     for n in (int(x) for x in a.ranks.split(",")):
         t0 = time.perf_counter()
-        times = measure_group(n, ops, sizes, a.reps)
+        times = measure_group(n, ops, sizes, a.reps, a.spread_ms / 1e3)
         for op in ops:
             path = a.out / f"{op}_perf_{n}r.log"
             mine = {size: us for (o, size), us in times.items() if o == op}
