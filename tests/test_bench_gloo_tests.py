@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -14,15 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _module():  # type: ignore[no-untyped-def]
+    """The benchmark script, imported as its folder's scripts import each other."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(
-        "gloo_tests", REPO / "benchmarks" / "gloo_tests.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("gloo_tests")
 
 
 @pytest.mark.parametrize(
