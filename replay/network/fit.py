@@ -259,7 +259,9 @@ def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
 
     Shared parameters first (bandwidths, latency scales; NVLS tried on and off, the better
     kept), then each collective kind's efficiency against all_reduce (fixed at 1 when the logs
-    hold all_reduce, else the kind with most rows). ``determined`` lists the parameters whose
+    hold all_reduce, else the kind with most rows). When the anchor's logs all sit on one node,
+    the NIC and the network hop are fitted last, with the other kinds' efficiencies, on those
+    kinds' rows. ``determined`` lists the parameters whose
     doubling or halving (either one) moves the mean error by more than 0.01: a parameter only
     one of the two moves hurts is a bound, not a value (docs/network.md).
 
