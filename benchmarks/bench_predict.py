@@ -417,9 +417,7 @@ def over_jobs(
         " the population of such jobs against the model's):\n\n"
         "| scenario | dp | jobs | mean: bias | mean: avg abs | p90: bias | p90: avg abs |"
         " KS D: avg | KS D: jobs apart | KS D: pooled |\n"
-        "|---|---|---|---|---|---|---|---|---|---|\n"
-        + "\n".join(lines)
-        + "\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n"
     )
 
 
