@@ -67,7 +67,10 @@ def network_fit_cmd(logs: tuple[Path, ...], out: Path, as_json: bool) -> None:
     )
     err = model.fit_error if model.fit_error is not None else float("nan")
     click.echo(f"median |error| on the fitted rows: {100 * err:.1f} %")
-    per_log = ", ".join(f"{k} {100 * v:.1f} %" for k, v in log_errors(model, parsed).items())
+    per_log = ", ".join(
+        f"{k} {'no rows' if v is None else f'{100 * v:.1f} %'}"
+        for k, v in log_errors(model, parsed)
+    )
     click.echo(f"median |error| per log: {per_log}")
     failed = [(lg.path, r.line) for lg in parsed for r in lg.rows if r.failed_check]
     if failed:

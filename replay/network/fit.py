@@ -7,7 +7,9 @@ simplex (Nelder-Mead, in log space, so every parameter stays positive). The log 
 stalled row (nccl-tests sometimes shows a 4x outlier) from pulling the rest.
 
 Starting values come from the logs themselves: the best busbw of one-node rows (intra), of
-multi-node rows divided by the ranks per node (inter), NCCL's own latency tables (scale 1). A
+multi-node rows (inter: a ring's divided by the ranks per node, an all_to_all's or sendrecv's as
+it is, one GPU's NIC), NCCL's own latency tables (scale 1, or the logs' own where their
+smallest calls are over ten times slower: gloo, sockets). A
 parameter the rows do not constrain (no multi-node log: the NIC; no one-node or NVLS-capable log:
 NVLS) stays where it started; `fit_network` reports which ones the data determined by moving each
 one and watching the error.
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 from prism_trace.replay.network.model import NetworkModel, network_time_us
-from prism_trace.replay.network.parse import NcclLogError, NcclTestLog
+from prism_trace.replay.network.parse import NcclLogError, NcclTestLog, ResultRow
 
 __all__ = [
     "FITTED_PARAMETERS",
@@ -181,13 +183,17 @@ def _start(rows: FitRows, logs: Sequence[NcclTestLog]) -> NetworkModel:
     """Starting values from the logs' best bus bandwidths and NCCL's latency tables."""
     best: dict[str, float] = {}
     for lg in logs:
-        bw = max((r.oop_busbw for r in lg.rows), default=0.0)
+        bw = max((_passed_busbw(r) for r in lg.rows), default=0.0)
         key = "one" if lg.nodes == 1 else "multi"
         if key == "multi" and lg.ranks_per_node and lg.op not in _PER_GPU:
             bw = bw / lg.ranks_per_node  # a ring leaves the node through its g NICs
         best[key] = max(best.get(key, 0.0), bw)
     multi_total = max(
-        (max((r.oop_busbw for r in lg.rows), default=0.0) for lg in logs if (lg.nodes or 1) > 1),
+        (
+            max((_passed_busbw(r) for r in lg.rows), default=0.0)
+            for lg in logs
+            if (lg.nodes or 1) > 1
+        ),
         default=0.0,
     )
     intra = best.get("one") or multi_total or 100.0
@@ -217,6 +223,12 @@ NCCL's kernels) starts from its own latency: a millisecond hop is not within rea
 microsecond tables (``_SPAN``)."""
 
 
+def _passed_busbw(row: ResultRow) -> float:
+    """The row's best bus bandwidth among the columns whose data check passed."""
+    cols = ((row.oop_busbw, row.oop_wrong), (row.ip_busbw, row.ip_wrong))
+    return max((bw or 0.0 for bw, wrong in cols if not row.column_failed(wrong)), default=0.0)
+
+
 def _latency_ratio(model: NetworkModel, rows: FitRows) -> float:
     """Median, over the logs, of measured over modelled time of each log's smallest size: about
     1 on NCCL, hundreds on gloo over loopback."""
@@ -244,14 +256,21 @@ _SPAN = 6.0
 
 def _fit(model: NetworkModel, names: Sequence[str], rows: FitRows) -> NetworkModel:
     x0 = np.log([float(getattr(model, k)) for k in names])
+    # An efficiency above 2 is refused by the model itself: the simplex must not step there.
+    top = np.array([_EFFICIENCY_CAP if k.endswith("_efficiency") else np.inf for k in names])
+    lo, hi = x0 - _SPAN, np.minimum(x0 + _SPAN, np.maximum(top, x0))
 
     def loss(v: np.ndarray) -> float:
-        v = np.clip(v, x0 - _SPAN, x0 + _SPAN)
+        v = np.clip(v, lo, hi)
         return _loss(_with(model, names, v), rows) + _PRIOR * float(np.sum((v - x0) ** 2))
 
     x = nelder_mead(loss, x0)
     x = nelder_mead(loss, x)  # a restart: the simplex stalls on the loss's kinks
-    return _with(model, names, np.clip(x, x0 - _SPAN, x0 + _SPAN))
+    return _with(model, names, np.clip(x, lo, hi))
+
+
+_EFFICIENCY_CAP = math.log(2.0)
+"""The largest efficiency (log): `NetworkModel` refuses more than 2."""
 
 
 def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
@@ -260,8 +279,8 @@ def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
     Shared parameters first (bandwidths, latency scales; NVLS tried on and off, the better
     kept), then each collective kind's efficiency against all_reduce (fixed at 1 when the logs
     hold all_reduce, else the kind with most rows). When the anchor's logs all sit on one node,
-    the NIC and the network hop are fitted last, with the other kinds' efficiencies, on those
-    kinds' rows. ``determined`` lists the parameters whose
+    the NIC and the network hop are fitted last, on the other kinds that ran on one node and
+    across nodes (`_fit_network_on_other_kinds`). ``determined`` lists the parameters whose
     doubling or halving (either one) moves the mean error by more than 0.01: a parameter only
     one of the two moves hurts is a bound, not a value (docs/network.md).
 
@@ -286,31 +305,58 @@ def fit_network(logs: Sequence[NcclTestLog]) -> NetworkModel:
     if with_nvls is not None and _loss(with_nvls, anchor_rows) < _loss(without, anchor_rows) - 1e-3:
         model = with_nvls
     model = _fit_efficiencies(model, rows, kinds, anchor)
-    if not np.any(anchor_rows.nodes > 1) and np.any(rows.nodes > 1):
-        # The anchor ran on one node only, so its fit left the network (NIC and hop) at the
-        # start; the other kinds' rows across nodes measure it, and their one-node rows tell
-        # their efficiency from the NIC: fitted together, on every row but the anchor's.
-        effs = [
-            f"{k}_efficiency"
-            for k in kinds
-            if k != anchor and f"{k}_efficiency" in NetworkModel.__dataclass_fields__
-        ]
-        model = _fit(
-            model, ["inter_gbps", "inter_latency_scale", *effs], _subset(rows, rows.op != anchor)
-        )
-        model = replace(model, **{e: min(getattr(model, e), 2.0) for e in effs})
+    nic_measured = True
+    if not np.any(anchor_rows.nodes > 1):
+        model, nic_measured = _fit_network_on_other_kinds(model, rows, anchor)
     pred = predict_rows(model, rows)
     err = float(np.median(np.abs(pred / rows.time_us - 1.0)))
     determined = _determined(model, rows)
+    if not nic_measured:  # an efficiency fitted across nodes only absorbs whatever the NIC is
+        determined = tuple(k for k in determined if k not in ("inter_gbps", "inter_latency_scale"))
     return replace(model, fitted_from=rows.labels, fit_error=round(err, 4), determined=determined)
 
 
-def log_errors(model: NetworkModel, logs: Sequence[NcclTestLog]) -> dict[str, float]:
-    """Median |model/measured - 1| of each log's rows, by label: one log far off shows even
-    where the pooled median (`NetworkModel.fit_error`) is dominated by the others' rows."""
+def log_errors(model: NetworkModel, logs: Sequence[NcclTestLog]) -> list[tuple[str, float | None]]:
+    """Median |model/measured - 1| of each log's rows, as (``FILE label``, error), one entry per
+    test in ``logs`` order (None: no row to compare, every one failed its data check): one log
+    far off shows even where the pooled median (`NetworkModel.fit_error`) is dominated by the
+    others' rows."""
     rows = fit_rows(logs)
     err = np.abs(predict_rows(model, rows) / rows.time_us - 1.0)
-    return {rows.labels[i]: float(np.median(err[rows.log == i])) for i in np.unique(rows.log)}
+    out: list[tuple[str, float | None]] = []
+    for i, lg in enumerate(logs):
+        mine = err[rows.log == i]
+        name = f"{lg.path.rsplit('/', 1)[-1]} {lg.label}"
+        out.append((name, float(np.median(mine)) if mine.size else None))
+    return out
+
+
+def _fit_network_on_other_kinds(
+    model: NetworkModel, rows: FitRows, anchor: str
+) -> tuple[NetworkModel, bool]:
+    """The NIC and the network hop when the anchor ran on one node only (its fit left them at
+    the start): from the other kinds that ran both on one node (which pins their efficiency
+    against the fitted intra-node bandwidth) and across nodes (which then measures the NIC),
+    fitted together with those efficiencies on those kinds' rows. A kind seen across nodes only
+    cannot tell its efficiency from the NIC, and is left to its own efficiency fit. Returns the
+    model and whether any kind measured the NIC."""
+    kinds = [
+        str(k)
+        for k in np.unique(rows.op)
+        if k != anchor
+        and f"{k}_efficiency" in NetworkModel.__dataclass_fields__
+        and np.any((rows.op == k) & (rows.nodes == 1))
+        and np.any((rows.op == k) & (rows.nodes > 1))
+    ]
+    if not kinds:
+        return model, False
+    effs = [f"{k}_efficiency" for k in kinds]
+    model = _fit(
+        model, ["inter_gbps", "inter_latency_scale", *effs], _subset(rows, np.isin(rows.op, kinds))
+    )
+    # The kinds seen across nodes only: their efficiency again, against the NIC just fitted.
+    rest = np.unique(rows.op[~np.isin(rows.op, [*kinds, anchor])])
+    return _fit_efficiencies(model, rows, rest, anchor), True
 
 
 def _fit_efficiencies(
@@ -320,10 +366,7 @@ def _fit_efficiencies(
     for kind in kinds:
         if kind == anchor or f"{kind}_efficiency" not in NetworkModel.__dataclass_fields__:
             continue
-        sub = _subset(rows, rows.op == kind)
-        model = _fit(model, [f"{kind}_efficiency"], sub)
-        eff = min(getattr(model, f"{kind}_efficiency"), 2.0)
-        model = replace(model, **{f"{kind}_efficiency": eff})
+        model = _fit(model, [f"{kind}_efficiency"], _subset(rows, rows.op == kind))
     return model
 
 

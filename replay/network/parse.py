@@ -94,16 +94,17 @@ class ResultRow:
         times = [
             t
             for t, wrong in ((self.oop_us, self.oop_wrong), (self.ip_us, self.ip_wrong))
-            if t is not None and t > 0 and not self._failed(wrong)
+            if t is not None and t > 0 and not self.column_failed(wrong)
         ]
         return min(times, default=0.0)
 
     @property
     def failed_check(self) -> bool:
         """Whether a column reports wrong data (``#wrong`` above 0)."""
-        return self._failed(self.oop_wrong) or self._failed(self.ip_wrong)
+        return self.column_failed(self.oop_wrong) or self.column_failed(self.ip_wrong)
 
-    def _failed(self, wrong: float | None) -> bool:
+    def column_failed(self, wrong: float | None) -> bool:
+        """Whether ``wrong`` (one column's error value) reports wrong data."""
         # Only the ``#wrong`` column (logs with a ``root`` column) counts elements; the old
         # ``error`` column is a float's largest deviation, where a rounding error is no failure.
         return self.root is not None and wrong is not None and wrong > 0
