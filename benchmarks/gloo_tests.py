@@ -18,14 +18,14 @@ Usage::
         [--ops all_reduce,reduce_scatter,all_gather] [--sizes 4,1024,...] [--reps 15]
     prism network fit DIR/*.log -o host-gloo.toml
 
-Measured on the 2-core host (``results/gloo-tests_x86-64-2cpu_2026-11-28.md``): a 16-rank all-
-reduce of 40-256 KiB takes 56-66 ms after the last arrival on a quiet host, whether the others
-arrive together or spread over 10 or 40 ms before it (``--spread-ms``), twice what the same
-calls take inside the ladder recordings (27-28 ms at dp 16: ``gloo_host.py --recording``). So
-these logs do not stand for the job's own network, and the ladders' predictions are not priced
-with a fit of them; and a 4-byte call (gloo's one-element path: 3 ms at 16 ranks) is 20 times
-faster than a 1 KiB one, which no latency-plus-bandwidth model follows (``prism network fit`` of
-the four all-reduce logs: median error 60 %).
+Measured on the 2-core host (``results/gloo-tests_x86-64-2cpu_2026-11-28.md``): a 16-rank
+all-reduce of 40-256 KiB takes 56-66 ms after the last arrival on a quiet host, whether the
+others arrive together or spread over 10 or 40 ms before it (``--spread-ms``), twice what the
+same calls take inside the ladder recordings (27-28 ms at dp 16: ``gloo_host.py --recording``).
+So these logs do not stand for the job's own network, and the ladders' predictions are not
+priced with a fit of them; and a 4-byte call (gloo's one-element path: 3 ms at 16 ranks) is 20
+times faster than a 1 KiB one, which no latency-plus-bandwidth model follows (``prism network
+fit`` of the four all-reduce logs: median error 60 %).
 
 The sizes are nccl-tests' ``size`` (``max(in, out)`` bytes of float32): the whole input of a
 reduce_scatter and the whole output of an all_gather, rounded down to a multiple of ``4n``.
